@@ -1,0 +1,31 @@
+# One-command set-up and test. `make test` works on a fresh clone with only python3 on PATH.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export WANDB_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: venv test demo lint
+venv: $(STAMP)
+
+# Re-runs only when the package metadata or the pinned set changed (idempotent).
+$(STAMP): pyproject.toml constraints/cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -c constraints/cpu.txt "torch==2.13.0"
+	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[dev]"
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+demo: venv
+	bash launch/run.sh recipes/demo_cpu.yaml
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .

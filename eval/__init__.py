@@ -1,0 +1,1 @@
+"""Checkpoint evaluation, paper tables, figures and statistics."""
