@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
-_TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_response>", "</tool_response>"
+# An answer block is the innermost <answer>…</answer>: "<answer>a<answer>b</answer>" holds "b".
+_ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _SEARCH_CALL = re.compile(
     r"\s*<function=search>\s*<parameter=query>(.*?)</parameter>\s*</function>\s*", re.DOTALL
@@ -22,13 +23,27 @@ _TRAILING_SPECIALS = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
 
 def strip_tool_responses(text: str) -> str:
     """Remove every ``<tool_response>`` block; an unclosed one is removed to the end of text."""
-    return _TOOL_RESPONSE.sub("", text)
+    if _OPEN not in text:
+        return text
+    kept, pos = [], 0
+    while (start := text.find(_OPEN, pos)) != -1:
+        kept.append(text[pos:start])
+        end = text.find(_CLOSE, start)
+        if end == -1:
+            return "".join(kept)
+        pos = end + len(_CLOSE)
+    kept.append(text[pos:])
+    return "".join(kept)
+
+
+def _last_answer(body: str) -> str | None:
+    matches = _ANSWER.findall(body)
+    return matches[-1].strip() if matches else None
 
 
 def extract_answer(text: str) -> str | None:
     """Content of the LAST ``<answer>…</answer>`` outside tool responses, stripped; None if absent."""
-    matches = _ANSWER.findall(strip_tool_responses(text))
-    return matches[-1].strip() if matches else None
+    return _last_answer(strip_tool_responses(text))
 
 
 def _tool_calls_ok(text: str) -> bool:
@@ -73,7 +88,16 @@ def is_well_formed(text: str) -> bool:
     and the text ends right after ``</answer>`` (whitespace and ``<|im_end|>``/``<|endoftext|>``
     aside).
     """
+    return _well_formed_body(strip_tool_responses(text))
+
+
+def parse_response(text: str) -> tuple[str | None, bool]:
+    """``(extract_answer(text), is_well_formed(text))``, stripping tool responses once."""
     body = strip_tool_responses(text)
+    return _last_answer(body), _well_formed_body(body)
+
+
+def _well_formed_body(body: str) -> bool:
     if body.count("<answer>") != 1 or body.count("</answer>") != 1:
         return False
     answer = _ANSWER.search(body)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from reward_fns.answer import extract_answer, is_well_formed
+from reward_fns.answer import parse_response
 from reward_fns.metrics import all_metrics
 
 FORMAT_FLOOR = 0.1
@@ -28,9 +28,9 @@ class Scored:
 
 def score_rollout(text: str, golds: Sequence[str]) -> Scored:
     """Extract the last answer of ``text`` and score it; no answer scores 0 on every metric."""
-    answer = extract_answer(text)
+    answer, well_formed = parse_response(text)
     em, f1, acc = all_metrics(answer, golds) if answer is not None else (0.0, 0.0, 0.0)
-    return Scored(em, f1, acc, float(is_well_formed(text)), float(answer is not None))
+    return Scored(em, f1, acc, float(well_formed), float(answer is not None))
 
 
 def em_only(s: Scored) -> float:
