@@ -20,8 +20,29 @@ from collections import Counter
 from reward_fns import SHAPES, score_rollout
 
 WORDS = [
-    "paris", "the", "river", "Thames", "a", "king", "of", "France", "1999", "yes", "no", "John",
-    "Smith", "an", "Academy", "Award", "Best", "Film", "U.S.", "state", "Titan", "IIIE", "rocket",
+    "paris",
+    "the",
+    "river",
+    "Thames",
+    "a",
+    "king",
+    "of",
+    "France",
+    "1999",
+    "yes",
+    "no",
+    "John",
+    "Smith",
+    "an",
+    "Academy",
+    "Award",
+    "Best",
+    "Film",
+    "U.S.",
+    "state",
+    "Titan",
+    "IIIE",
+    "rocket",
 ]
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
 
@@ -38,7 +59,9 @@ def synthetic_rows(n: int, seed: int) -> list[tuple[str, list[str]]]:
         parts = []
         for _ in range(rng.randint(0, 3)):
             parts.append(CALL.format(q=phrase(4)))
-            parts.append(f"\nuser\n<tool_response>\nDoc 1 (Title: {phrase(2)}) {phrase(60)}\n</tool_response>\n")
+            parts.append(
+                f"\nuser\n<tool_response>\nDoc 1 (Title: {phrase(2)}) {phrase(60)}\n</tool_response>\n"
+            )
         if rng.random() < 0.85:
             parts.append(f"<answer>{phrase(rng.randint(1, 4))}</answer>")
         rows.append(("".join(parts), [phrase(rng.randint(1, 3)) for _ in range(rng.randint(1, 3))]))
@@ -119,10 +142,13 @@ def main() -> None:
         results[name] = [fn(text, golds) for text, golds in rows]
         timings[name] = time.perf_counter() - start
     mismatches = sum(
-        any(abs(a - b) > 1e-12 for a, b in zip(r, o)) for r, o in zip(results["reference"], results["reward_fns"])
+        any(abs(a - b) > 1e-12 for a, b in zip(r, o, strict=True))
+        for r, o in zip(results["reference"], results["reward_fns"], strict=True)
     )
     for name, secs in timings.items():
-        print(f"{name:>10}: {len(rows) / secs:>10,.0f} rows/s  ({secs:.2f} s for {len(rows):,} rows x 3 shapes)")
+        print(
+            f"{name:>10}: {len(rows) / secs:>10,.0f} rows/s  ({secs:.2f} s for {len(rows):,} rows x 3 shapes)"
+        )
     print(f"speed-up reward_fns / reference: {timings['reference'] / timings['reward_fns']:.2f}x")
     print(f"rows whose scores differ: {mismatches}")
     if mismatches:

@@ -103,7 +103,7 @@ def _well_formed_body(body: str) -> bool:
     answer = _ANSWER.search(body)
     if answer is None:
         return False
-    tail = body[answer.end():]
+    tail = body[answer.end() :]
     if _TRAILING_SPECIALS.fullmatch(tail) is None:
         return False
     return _tool_calls_ok(body) and _think_balanced(body)

@@ -133,9 +133,28 @@ def test_non_string_solution_scores_zero():
 
 
 TAGS = st.sampled_from(
-    ["<answer>", "</answer>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-     "<think>", "</think>", "<function=search>", "<parameter=query>", "</parameter>", "</function>",
-     "<|im_end|>", " the ", "yes", "no", "Paris", "\n", ".", ""]
+    [
+        "<answer>",
+        "</answer>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
+        "<function=search>",
+        "<parameter=query>",
+        "</parameter>",
+        "</function>",
+        "<|im_end|>",
+        " the ",
+        "yes",
+        "no",
+        "Paris",
+        "\n",
+        ".",
+        "",
+    ]
 )
 TEXT = st.lists(st.one_of(TAGS, st.text(max_size=12)), max_size=30).map("".join)
 GOLDS = st.one_of(st.text(max_size=15), st.lists(st.one_of(st.text(max_size=10), TAGS), max_size=4))
@@ -144,7 +163,9 @@ GOLDS = st.one_of(st.text(max_size=15), st.lists(st.one_of(st.text(max_size=10),
 @settings(max_examples=400, deadline=None)
 @given(text=TEXT, golds=GOLDS)
 def test_properties_never_raise_and_bounded(text, golds):
-    results = {shape: compute_score("x", text, golds, shape=shape) for shape in ("em_only", "f1_only", "f1_format")}
+    results = {
+        shape: compute_score("x", text, golds, shape=shape) for shape in ("em_only", "f1_only", "f1_format")
+    }
     for out in results.values():
         assert all(0.0 <= v <= 1.0 for v in out.values())
     r = results["f1_only"]
@@ -175,12 +196,22 @@ def test_entry_points_load_through_verl():
 
     for name in ("em_only", "f1_only", "f1_format", "compute_score"):
         fn = load_extern_object("pkg://reward_fns.compute_score", name)
-        assert fn(data_source="musique", solution_str="<answer>Paris</answer>", ground_truth=["Paris"])["em"] == 1.0
+        assert (
+            fn(data_source="musique", solution_str="<answer>Paris</answer>", ground_truth=["Paris"])["em"]
+            == 1.0
+        )
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create(
-        {"reward": {"custom_reward_function": {"path": "pkg://reward_fns.compute_score", "name": "f1_format",
-                                               "reward_kwargs": {}}}}
+        {
+            "reward": {
+                "custom_reward_function": {
+                    "path": "pkg://reward_fns.compute_score",
+                    "name": "f1_format",
+                    "reward_kwargs": {},
+                }
+            }
+        }
     )
     fn = get_custom_reward_fn(cfg)
     assert fn(data_source="nq", solution_str="<answer>Lyon</answer>", ground_truth="Paris")["score"] == 0.1
