@@ -1,0 +1,197 @@
+"""Find a training run's checkpoints, turn each into a loadable HF model folder, read its config.
+
+verl layout (``trainer.default_local_dir``)::
+
+    RUN/global_step_N/actor/model_world_size_W_rank_R.pt   FSDP shards (+ fsdp_config.json)
+    RUN/global_step_N/actor/huggingface/                   config + tokenizer (+ weights if
+                                                           save_contents has hf_model)
+
+A step whose ``actor/huggingface`` holds weights is used as is; otherwise its FSDP shards are
+merged with verl's model merger (``verl.model_merger``, backend fsdp, bf16 weights) into a
+cache folder, written under a temporary name and renamed when complete, so an interrupted
+merge is redone rather than half used. Step 0 is the untrained model (``--base-model``, or the
+run config's ``actor_rollout_ref.model.path`` when that is a local folder).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import OmegaConf
+
+from reward_fns import SHAPES
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
+CONFIG_CANDIDATES = (
+    "config.yaml",
+    "resolved_config.yaml",
+    "run_config.yaml",
+    ".hydra/config.yaml",
+    "recipe.yaml",
+)
+"""Where a run folder may keep its composed training config (first existing file wins)."""
+
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One model to evaluate. ``kind``: ``hf`` (a loadable folder), ``fsdp`` (shards to merge)."""
+
+    step: int
+    path: Path
+    kind: Literal["hf", "fsdp"]
+
+
+def is_hf_model_dir(path: Path) -> bool:
+    """A folder with ``config.json`` and weight files that ``from_pretrained`` can load."""
+    return (path / "config.json").is_file() and any(any(path.glob(g)) for g in WEIGHT_GLOBS)
+
+
+def _step_checkpoint(step: int, step_dir: Path) -> Checkpoint:
+    actor = step_dir / "actor"
+    if is_hf_model_dir(actor / "huggingface"):
+        return Checkpoint(step, actor / "huggingface", "hf")
+    if any(actor.glob("model_world_size_*_rank_*.pt")):
+        if not (actor / "fsdp_config.json").is_file():
+            raise ValueError(f"{actor}: FSDP shards without fsdp_config.json; the checkpoint is incomplete")
+        if not (actor / "huggingface" / "config.json").is_file():
+            raise ValueError(f"{actor}/huggingface/config.json is missing; verl's merger needs it")
+        return Checkpoint(step, actor, "fsdp")
+    if is_hf_model_dir(step_dir):
+        return Checkpoint(step, step_dir, "hf")
+    raise ValueError(
+        f"{step_dir}: no model found (expected actor/model_world_size_*_rank_*.pt or actor/huggingface weights)"
+    )
+
+
+def discover(run_dir: Path) -> list[Checkpoint]:
+    """Checkpoints of ``run_dir`` sorted by step.
+
+    Steps beyond ``latest_checkpointed_iteration.txt`` (still being written by a running
+    trainer) are left out. A run folder that is itself an HF model folder is its own step 0.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"--run-dir {run_dir} is not a folder")
+    found = {int(m.group(1)): p for p in run_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))}
+    if not found:
+        if is_hf_model_dir(run_dir):
+            return [Checkpoint(0, run_dir, "hf")]
+        raise ValueError(f"--run-dir {run_dir} holds no global_step_N folders and is not an HF model folder")
+    latest_file = run_dir / "latest_checkpointed_iteration.txt"
+    if latest_file.is_file() and latest_file.read_text().strip().isdigit():
+        latest = int(latest_file.read_text().strip())
+        found = {s: p for s, p in found.items() if s <= latest}
+    return [_step_checkpoint(s, found[s]) for s in sorted(found)]
+
+
+def materialize(ckpt: Checkpoint, cache_dir: Path) -> Path:
+    """An HF model folder for ``ckpt``: itself, or the FSDP merge cached at ``cache_dir/global_step_N``."""
+    if ckpt.kind == "hf":
+        return ckpt.path
+    target = cache_dir / f"global_step_{ckpt.step}"
+    if is_hf_model_dir(target):
+        return target
+    from verl.model_merger.base_model_merger import ModelMergerConfig
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{ckpt.step}.", dir=cache_dir))
+    try:
+        config = ModelMergerConfig(
+            operation="merge",
+            backend="fsdp",
+            local_dir=str(ckpt.path),
+            target_dir=str(tmp),
+            hf_model_config_path=str(ckpt.path / "huggingface"),
+        )
+        merger = FSDPModelMerger(config)
+        merger.merge_and_save()
+        merger.cleanup()
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def find_run_config(run_dir: Path) -> Path | None:
+    for name in CONFIG_CANDIDATES:
+        path = Path(run_dir) / name
+        if path.is_file():
+            return path
+    return None
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A YAML config as a plain dict (interpolations resolved where they can be)."""
+    conf = OmegaConf.load(path)
+    try:
+        return OmegaConf.to_container(conf, resolve=True)  # type: ignore[return-value]
+    except Exception:
+        return OmegaConf.to_container(conf, resolve=False)  # type: ignore[return-value]
+
+
+def _get(cfg: dict[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def run_info(
+    run_dir: Path,
+    shape: str | None = None,
+    seed: int | None = None,
+    horizon: int | None = None,
+) -> dict[str, Any]:
+    """``{"run", "shape", "seed", "horizon", "config", "config_path"}`` for ``run.json``.
+
+    Values come from the run's saved config (reward function name or ``reward_kwargs.shape``,
+    ``data.seed``, ``trainer.total_training_steps``), then from a ``<shape>_s<seed>`` run
+    name, and the explicit arguments override both. Unknown values stay ``None``.
+    """
+    run_dir = Path(run_dir).resolve()
+    config_path = find_run_config(run_dir)
+    config = load_config(config_path) if config_path else {}
+    reward_fn = _get(config, "reward.custom_reward_function.name")
+    found_shape = _get(config, "reward.custom_reward_function.reward_kwargs.shape")
+    if found_shape is None and reward_fn in SHAPES:
+        found_shape = reward_fn
+    found_seed = _get(config, "data.seed")
+    if found_seed is None:
+        found_seed = _get(config, "actor_rollout_ref.rollout.seed")
+    found_horizon = _get(config, "trainer.total_training_steps")
+    named = RUN_NAME.search(run_dir.name)
+    if named:
+        found_shape = found_shape or named.group("shape")
+        found_seed = found_seed if found_seed is not None else int(named.group("seed"))
+    if shape is not None and shape not in SHAPES:
+        raise ValueError(f"--shape {shape!r} is unknown; use one of {sorted(SHAPES)}")
+    return {
+        "run": run_dir.name,
+        "shape": shape or found_shape,
+        "seed": seed if seed is not None else found_seed,
+        "horizon": horizon if horizon is not None else found_horizon,
+        "config": config,
+        "config_path": str(config_path) if config_path else None,
+    }
+
+
+def base_model_path(config: dict[str, Any]) -> Path | None:
+    """The run's initial model as a local folder, if its config names one that exists here."""
+    path = _get(config, "actor_rollout_ref.model.path")
+    if isinstance(path, str) and is_hf_model_dir(Path(path)):
+        return Path(path)
+    return None

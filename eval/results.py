@@ -1,0 +1,420 @@
+"""Load evaluation result trees and verl training logs into tidy pandas tables.
+
+Inputs (layout written by the eval harness, SPEC §7):
+
+* ``OUT/<run>/run.json`` — ``{"run", "shape", "seed", "horizon", "config"}``;
+* ``OUT/<run>/global_step_<N>/summary.json`` — ``{"benchmarks": {name: {n, em, f1, acc,
+  abort_rate, searches_mean}}, "macro": {em, f1, acc}, "step": N, "complete": true}``;
+* ``OUT/<run>/global_step_<N>/rows.jsonl`` — one JSON object per question;
+* verl file-logger JSONL (``verl/utils/tracking.py`` ``FileLogger``): one line per logged step,
+  ``{"step": N, "data": {metric: value}}``.
+
+All metric values are fractions in [0, 1] (EM, F1, ACC, abort rate); ``searches_mean`` is a count.
+Step 0 is the untrained model. Bad input raises :class:`ResultsError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+RECIPE_STEM = re.compile(r"^(?P<shape>[A-Za-z0-9_]+?)_s(?P<seed>\d+)$")
+METRICS = ("em", "f1", "acc")
+AVG_ALL = "avg_all"
+AVG_HELDOUT = "avg_heldout"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the suite: canonical key, display label, multi-hop flag, accepted aliases."""
+
+    key: str
+    label: str
+    multi_hop: bool
+    aliases: tuple[str, ...] = ()
+
+
+SUITE: tuple[Benchmark, ...] = (
+    Benchmark("nq", "NQ", False, ("naturalquestions", "nqopen")),
+    Benchmark("triviaqa", "TriviaQA", False, ("tqa", "trivia")),
+    Benchmark("popqa", "PopQA", False),
+    Benchmark("hotpotqa", "HotpotQA", True, ("hotpot", "hqa")),
+    Benchmark("2wikimultihopqa", "2Wiki", True, ("2wiki", "2wikimqa", "twowiki")),
+    Benchmark("musique", "MuSiQue", True, ("mus",)),
+    Benchmark("bamboogle", "Bamboogle", True, ("bamb",)),
+)
+IN_DISTRIBUTION = "musique"
+"""The training benchmark (MuSiQue); every other benchmark is held out (out-of-distribution)."""
+
+_ALIASES = {alias: b.key for b in SUITE for alias in (b.key, *b.aliases)}
+_BY_KEY = {b.key: b for b in SUITE}
+
+
+def canonical_benchmark(name: str) -> str:
+    """Canonical key of a benchmark name (case, punctuation and known aliases folded).
+
+    Unknown names are kept (lower-cased) so extra benchmarks still appear in the tables.
+    """
+    folded = re.sub(r"[^a-z0-9]", "", name.lower())
+    return _ALIASES.get(folded, name.lower())
+
+
+def benchmark_label(key: str) -> str:
+    """Display label of a canonical key; averages get their own labels."""
+    if key in _BY_KEY:
+        return _BY_KEY[key].label
+    return {AVG_ALL: "Avg (all)", AVG_HELDOUT: "Avg (held-out)"}.get(key, key)
+
+
+def is_multi_hop(key: str) -> bool:
+    """True for HotpotQA, 2Wiki, MuSiQue and Bamboogle (paper Fig. 13)."""
+    return key in _BY_KEY and _BY_KEY[key].multi_hop
+
+
+def order_benchmarks(keys: Iterable[str]) -> list[str]:
+    """Paper order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), unknown keys last."""
+    rank = {b.key: i for i, b in enumerate(SUITE)}
+    return sorted(set(keys), key=lambda k: (rank.get(k, len(rank)), k))
+
+
+class ResultsError(ValueError):
+    """An input file is missing or malformed; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run (reward shape x seed) as described by its ``run.json``."""
+
+    name: str
+    shape: str
+    seed: int
+    horizon: int
+    path: Path
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Results:
+    """A loaded result tree.
+
+    ``scores`` is tidy: one row per (run, step, benchmark) with columns ``run, shape, seed,
+    horizon, step, benchmark, n, em, f1, acc, abort_rate, searches_mean``; ``benchmark`` also takes
+    the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite) and :data:`AVG_HELDOUT`
+    (unweighted mean over the suite without MuSiQue) for em/f1/acc. ``suite`` lists the real
+    benchmarks in paper order. ``notes`` says which checkpoints were skipped and why.
+    """
+
+    root: Path
+    runs: dict[str, Run]
+    scores: pd.DataFrame
+    suite: list[str]
+    notes: list[str]
+
+    def rows_path(self, run: str, step: int) -> Path:
+        """Path of the per-question rows of one checkpoint (may not exist)."""
+        return self.runs[run].path / f"global_step_{step}" / "rows.jsonl"
+
+
+def _read_json(path: Path, fix: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ResultsError(f"{path}: file not found. Fix: {fix}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path}: not valid JSON ({err}). Fix: {fix}") from err
+
+
+def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path, fix: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise ResultsError(f"{path}: missing field {key!r}. Fix: {fix}")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ResultsError(f"{path}: field {key!r} = {value!r} has the wrong type. Fix: {fix}")
+    return value
+
+
+RUN_FIX = (
+    'write run.json as {"run": NAME, "shape": "em_only|f1_only|f1_format", "seed": INT, '
+    '"horizon": STEP_CAP, "config": {...}} (the eval harness writes it; re-run it for this run)'
+)
+SUMMARY_FIX = (
+    "re-run the eval harness for this checkpoint (it rewrites summary.json from rows.jsonl); the "
+    'expected shape is {"benchmarks": {name: {"n", "em", "f1", "acc", ...}}, "macro": {...}, '
+    '"step": N, "complete": true}'
+)
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read and validate ``run_dir/run.json``."""
+    path = run_dir / "run.json"
+    if not path.exists():
+        raise ResultsError(f"{path}: missing, but {run_dir} holds global_step_* checkpoints. Fix: {RUN_FIX}")
+    meta = _read_json(path, RUN_FIX)
+    if not isinstance(meta, dict):
+        raise ResultsError(f"{path}: expected a JSON object. Fix: {RUN_FIX}")
+    name = _require(meta, "run", str, path, RUN_FIX)
+    shape = _require(meta, "shape", str, path, RUN_FIX)
+    seed = _require(meta, "seed", int, path, RUN_FIX)
+    horizon = _require(meta, "horizon", int, path, RUN_FIX)
+    if horizon < 0:
+        raise ResultsError(f"{path}: horizon {horizon} must be >= 0 (the run's step cap). Fix: {RUN_FIX}")
+    config = meta.get("config") or {}
+    return Run(name, shape, seed, horizon, run_dir, config if isinstance(config, dict) else {})
+
+
+def _as_fraction(value: Any, where: str, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ResultsError(f"{path}: {where} = {value!r} is not a number in [0, 1]. Fix: {SUMMARY_FIX}")
+    return float(value)
+
+
+def load_summary(path: Path, step: int) -> tuple[bool, list[dict[str, Any]]]:
+    """Validate one ``summary.json``: returns (complete, one record per benchmark).
+
+    The ``macro`` field, when present, must equal the unweighted mean of the per-benchmark values
+    (to 1e-6); a mismatch means the file was edited or written by another convention.
+    """
+    summary = _read_json(path, SUMMARY_FIX)
+    if not isinstance(summary, dict):
+        raise ResultsError(f"{path}: expected a JSON object. Fix: {SUMMARY_FIX}")
+    benchmarks = _require(summary, "benchmarks", dict, path, SUMMARY_FIX)
+    if not benchmarks:
+        raise ResultsError(f"{path}: 'benchmarks' is empty. Fix: {SUMMARY_FIX}")
+    if "step" in summary and summary["step"] != step:
+        raise ResultsError(
+            f"{path}: 'step' is {summary['step']!r} but the folder is global_step_{step}. "
+            f"Fix: move the file to global_step_{summary['step']} or {SUMMARY_FIX}"
+        )
+    records = []
+    for name, entry in benchmarks.items():
+        if not isinstance(entry, dict):
+            raise ResultsError(f"{path}: benchmarks.{name} must be an object. Fix: {SUMMARY_FIX}")
+        record: dict[str, Any] = {"benchmark": canonical_benchmark(name), "step": step}
+        for metric in METRICS:
+            record[metric] = _as_fraction(
+                _require(entry, metric, (int, float), path, SUMMARY_FIX), f"benchmarks.{name}.{metric}", path
+            )
+        n = entry.get("n")
+        record["n"] = int(n) if isinstance(n, int) and not isinstance(n, bool) else -1
+        abort = entry.get("abort_rate")
+        record["abort_rate"] = _as_fraction(abort, f"benchmarks.{name}.abort_rate", path) if abort is not None else math.nan
+        searches = entry.get("searches_mean")
+        record["searches_mean"] = float(searches) if isinstance(searches, (int, float)) else math.nan
+        records.append(record)
+    macro = summary.get("macro")
+    if isinstance(macro, dict):
+        for metric in METRICS:
+            if isinstance(macro.get(metric), (int, float)):
+                mean = float(np.mean([r[metric] for r in records]))
+                if abs(mean - macro[metric]) > 1e-6:
+                    raise ResultsError(
+                        f"{path}: macro.{metric} = {macro[metric]} but the unweighted mean of the "
+                        f"{len(records)} benchmarks is {mean:.6f}. Fix: {SUMMARY_FIX}"
+                    )
+    return summary.get("complete", True) is not False, records
+
+
+def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
+    """Append the AVG_ALL / AVG_HELDOUT pseudo-benchmark rows for every (run, step)."""
+    keys = ["run", "shape", "seed", "horizon", "step"]
+    heldout = [b for b in suite if b != IN_DISTRIBUTION]
+    parts = [frame]
+    for name, members in ((AVG_ALL, list(suite)), (AVG_HELDOUT, heldout)):
+        sub = frame[frame["benchmark"].isin(members)]
+        avg = sub.groupby(keys, as_index=False)[list(METRICS)].mean()
+        avg["benchmark"] = name
+        avg["n"] = sub.groupby(keys)["n"].sum().to_numpy()
+        parts.append(avg)
+    return pd.concat(parts, ignore_index=True)
+
+
+def load_results(root: Path | str) -> Results:
+    """Load every run under ``root`` (folders holding ``run.json`` or ``global_step_*``).
+
+    Skipped, with a note: checkpoint folders without ``summary.json`` (not evaluated yet),
+    summaries marked ``"complete": false``, and checkpoints lacking a benchmark of the suite (the
+    suite is the union of benchmarks over all complete checkpoints; a partial checkpoint's average
+    would not be comparable).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ResultsError(f"{root}: results folder not found. Fix: pass --results OUT, the eval harness's output")
+    runs: dict[str, Run] = {}
+    records: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        steps = _step_dirs(run_dir)
+        if not steps and not (run_dir / "run.json").exists():
+            continue
+        run = load_run(run_dir)
+        if run.name in runs:
+            raise ResultsError(
+                f"{run_dir / 'run.json'}: run name {run.name!r} also used by {runs[run.name].path}. "
+                "Fix: give every run a unique 'run' name"
+            )
+        runs[run.name] = run
+        for step, step_dir in steps:
+            summary_path = step_dir / "summary.json"
+            if not summary_path.exists():
+                notes.append(f"{step_dir}: no summary.json (not evaluated yet) - skipped.")
+                continue
+            complete, recs = load_summary(summary_path, step)
+            if not complete:
+                notes.append(f"{summary_path}: marked incomplete - skipped.")
+                continue
+            for rec in recs:
+                rec.update(run=run.name, shape=run.shape, seed=run.seed, horizon=run.horizon)
+            records.extend(recs)
+    if not records:
+        raise ResultsError(
+            f"{root}: no complete checkpoint found (expected OUT/<run>/global_step_<N>/summary.json). "
+            "Fix: run the eval harness first, or point --results at its output folder"
+        )
+    frame = pd.DataFrame.from_records(records)
+    suite = order_benchmarks(frame["benchmark"])
+    counts = frame.groupby(["run", "step"])["benchmark"].nunique()
+    partial = counts[counts < len(suite)]
+    for run, step in partial.index:
+        have = set(frame[(frame["run"] == run) & (frame["step"] == step)]["benchmark"])
+        missing = ", ".join(benchmark_label(b) for b in suite if b not in have)
+        notes.append(f"{runs[run].path / f'global_step_{step}'}: lacks {missing} - skipped from every table.")
+    if len(partial):
+        keep = ~frame.set_index(["run", "step"]).index.isin(partial.index)
+        frame = frame[keep]
+    columns = ["run", "shape", "seed", "horizon", "step", "benchmark", "n", *METRICS, "abort_rate", "searches_mean"]
+    scores = _with_averages(frame[columns], suite)[columns]
+    scores = scores.sort_values(["seed", "shape", "run", "step"], kind="stable").reset_index(drop=True)
+    return Results(root, runs, scores, suite, notes)
+
+
+ROW_FIX = (
+    "each line must be a JSON object with benchmark, em, f1, acc (and searches, termination, "
+    "prediction for the search profile); re-run the eval harness for this checkpoint"
+)
+
+
+def load_rows(path: Path) -> pd.DataFrame:
+    """Per-question rows of one checkpoint as a DataFrame.
+
+    Columns: ``benchmark`` (canonical), ``id``, ``em``, ``f1``, ``acc`` (floats in [0, 1]),
+    ``searches`` (int, -1 when absent), ``termination`` (str, "" when absent), ``answered`` (bool:
+    a prediction was extracted). A question appearing twice (a resumed, append-only run) keeps its
+    last line. Blank lines are ignored; any other malformed line raises naming ``file:line``.
+    """
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ResultsError(f"{path}:{lineno}: not valid JSON ({err}). Fix: {ROW_FIX}") from err
+            where = Path(f"{path}:{lineno}")
+            bench = _require(row, "benchmark", str, where, ROW_FIX)
+            rec = {"benchmark": canonical_benchmark(bench), "id": str(row.get("id", f"line{lineno}"))}
+            for metric in METRICS:
+                rec[metric] = _as_fraction(_require(row, metric, (int, float), where, ROW_FIX), metric, where)
+            searches = row.get("searches")
+            rec["searches"] = searches if isinstance(searches, int) and not isinstance(searches, bool) else -1
+            rec["termination"] = str(row.get("termination") or "")
+            prediction = row.get("prediction")
+            rec["answered"] = isinstance(prediction, str)
+            records.append(rec)
+    frame = pd.DataFrame.from_records(
+        records, columns=["benchmark", "id", *METRICS, "searches", "termination", "answered"]
+    )
+    return frame.drop_duplicates(["benchmark", "id"], keep="last").reset_index(drop=True)
+
+
+LOG_FIX = (
+    "pass verl file-logger JSONL (trainer.logger includes 'file'; one line "
+    '{"step": N, "data": {metric: value}} per step)'
+)
+
+
+def load_training_log(path: Path) -> pd.DataFrame:
+    """One verl file-logger JSONL as a tidy frame ``step, metric, value``.
+
+    Non-numeric values are dropped. When a step appears more than once (a resumed run appending to
+    the same file) the last value logged for each (step, metric) wins.
+    """
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ResultsError(f"{path}:{lineno}: not valid JSON ({err}). Fix: {LOG_FIX}") from err
+            if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
+                raise ResultsError(f"{path}:{lineno}: no 'data' object. Fix: {LOG_FIX}")
+            step = entry.get("step")
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise ResultsError(f"{path}:{lineno}: 'step' = {step!r} is not an integer. Fix: {LOG_FIX}")
+            for metric, value in entry["data"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    records.append((step, metric, float(value)))
+    frame = pd.DataFrame.from_records(records, columns=["step", "metric", "value"])
+    return frame.drop_duplicates(["step", "metric"], keep="last").sort_values(["metric", "step"]).reset_index(
+        drop=True
+    )
+
+
+def _expand_log_args(specs: Sequence[str]) -> list[tuple[str | None, Path]]:
+    """``RUN=PATH`` binds a file to a run; a bare file uses its stem; a folder adds its ``*.jsonl``."""
+    found: list[tuple[str | None, Path]] = []
+    for spec in specs:
+        name, sep, target = spec.partition("=")
+        bound, path = (name, Path(target)) if sep and not Path(spec).exists() else (None, Path(spec))
+        if path.is_dir():
+            found.extend((bound, p) for p in sorted(path.rglob("*.jsonl")))
+        elif path.is_file():
+            found.append((bound, path))
+        else:
+            raise ResultsError(f"{path}: training log not found. Fix: pass existing files or folders to --logs")
+    return found
+
+
+def load_training_logs(specs: Sequence[str], runs: dict[str, Run]) -> pd.DataFrame:
+    """Load training logs and attach each to a run: tidy ``run, shape, seed, step, metric, value``.
+
+    A log belongs to the run named by ``RUN=PATH``, else to the run whose name equals the file stem
+    (verl names the file ``<experiment_name>.jsonl``), else to ``<shape>_s<seed>`` parsed from the
+    stem (the recipe naming). Anything else raises naming the file.
+    """
+    frames = []
+    for bound, path in _expand_log_args(specs):
+        name = bound or path.stem
+        if name in runs:
+            run = runs[name]
+            shape, seed = run.shape, run.seed
+        elif bound is None and (m := RECIPE_STEM.match(name)):
+            shape, seed = m.group("shape"), int(m.group("seed"))
+        else:
+            raise ResultsError(
+                f"{path}: cannot tell which run this log belongs to (known runs: {sorted(runs)}). "
+                "Fix: name it <run>.jsonl or <shape>_s<seed>.jsonl, or pass it as RUN=PATH"
+            )
+        frame = load_training_log(path)
+        frames.append(frame.assign(run=name, shape=shape, seed=seed))
+    columns = ["run", "shape", "seed", "step", "metric", "value"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    logs = pd.concat(frames, ignore_index=True)[columns]
+    return logs.drop_duplicates(["run", "step", "metric"], keep="last").reset_index(drop=True)

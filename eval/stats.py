@@ -1,0 +1,138 @@
+"""Statistics for the reward-shape comparison: rankings, the exact ranking test, bootstrap CIs.
+
+The ranking test (paper §6.2): under the null that the k shapes are exchangeable at every seed
+(each of the k! orderings equally likely, seeds independent), a shape named in advance is
+strictly last at all s seeds with probability (1/k)^s — 1/27 for 3 shapes x 3 seeds. Because the
+direction was not pre-registered, the post-hoc probability that *some* shape is last at every
+seed, k * (1/k)^s (the events are disjoint), is reported as the conservative alternative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+MAX_DRAW_ELEMENTS = 2_000_000
+"""Cap on resample indices drawn at once (int64): bounds bootstrap memory to ~16 MB per chunk."""
+
+
+def rank_groups(values: Mapping[str, float]) -> list[list[str]]:
+    """Names ordered best (highest) first; names with equal values share a group (sorted by name)."""
+    groups: list[list[str]] = []
+    for name in sorted(values, key=lambda n: (-values[n], n)):
+        if groups and values[groups[-1][0]] == values[name]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def strictly_last(values: Mapping[str, float]) -> str | None:
+    """The unique lowest name, or None when the lowest value is tied (or fewer than 2 names)."""
+    groups = rank_groups(values)
+    if len(groups) < 2 or len(groups[-1]) != 1:
+        return None
+    return groups[-1][0]
+
+
+def last_everywhere_probability(k: int, seeds: int) -> Fraction:
+    """Exact P(a pre-specified shape is strictly last at every seed) = (1/k)^seeds under exchangeability."""
+    if k < 2 or seeds < 1:
+        raise ValueError(f"need at least 2 shapes and 1 seed, got k={k}, seeds={seeds}")
+    return Fraction(1, k) ** seeds
+
+
+def any_last_everywhere_probability(k: int, seeds: int) -> Fraction:
+    """Exact P(some shape is strictly last at every seed) = k (1/k)^seeds (disjoint events)."""
+    return k * last_everywhere_probability(k, seeds)
+
+
+@dataclass(frozen=True)
+class RankingTest:
+    """Outcome of the last-place ranking test over the seeds where every shape has a value.
+
+    ``last_by_seed`` maps each complete seed to its strictly-last shape (None on a tie for last);
+    ``last_everywhere`` lists shapes strictly last at every complete seed (at most one).
+    """
+
+    shapes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    incomplete_seeds: tuple[int, ...]
+    last_by_seed: dict[int, str | None]
+    last_everywhere: tuple[str, ...]
+    p_given_shape: Fraction | None
+    p_any_shape: Fraction | None
+
+
+def ranking_test(table: Mapping[int, Mapping[str, float]], shapes: Sequence[str]) -> RankingTest:
+    """Run the test on ``table[seed][shape] = value`` (higher is better).
+
+    k = number of shapes, s = number of seeds holding a value for every shape; probabilities are
+    None when k < 2 or s = 0.
+    """
+    complete = tuple(sorted(s for s, row in table.items() if all(sh in row for sh in shapes)))
+    incomplete = tuple(sorted(s for s in table if s not in complete))
+    last = {s: strictly_last({sh: table[s][sh] for sh in shapes}) for s in complete}
+    everywhere = tuple(sh for sh in shapes if complete and all(last[s] == sh for s in complete))
+    testable = len(shapes) >= 2 and len(complete) >= 1
+    return RankingTest(
+        shapes=tuple(shapes),
+        seeds=complete,
+        incomplete_seeds=incomplete,
+        last_by_seed=last,
+        last_everywhere=everywhere,
+        p_given_shape=last_everywhere_probability(len(shapes), len(complete)) if testable else None,
+        p_any_shape=any_last_everywhere_probability(len(shapes), len(complete)) if testable else None,
+    )
+
+
+def seed_range(values: Sequence[float]) -> float:
+    """max - min over seeds (NaN when empty)."""
+    return float(np.max(values) - np.min(values)) if len(values) else float("nan")
+
+
+def bootstrap_means(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap distribution of column means of ``values`` (n rows x m metrics): (n_boot, m).
+
+    Rows are resampled with replacement; draws are chunked to at most ``MAX_DRAW_ELEMENTS``
+    indices at once. An empty ``values`` gives NaN.
+    """
+    n = values.shape[0]
+    if n == 0:
+        return np.full((n_boot, values.shape[1]), np.nan)
+    chunk = max(1, MAX_DRAW_ELEMENTS // n)
+    out = np.empty((n_boot, values.shape[1]))
+    for start in range(0, n_boot, chunk):
+        stop = min(n_boot, start + chunk)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        out[start:stop] = values[idx].mean(axis=1)
+    return out
+
+
+def bootstrap_macro(
+    groups: Mapping[str, np.ndarray], subsets: Mapping[str, Sequence[str]], n_boot: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Stratified bootstrap: resample rows within each benchmark, then macro-average.
+
+    ``groups[benchmark]`` is an (n_b x m) array of per-question metrics. Returns, for each
+    benchmark, its (n_boot x m) bootstrap means, and for each ``subsets[name]`` the unweighted mean
+    of its members' bootstrap means (same replicate index = same resample). Benchmarks are drawn in
+    sorted order from one ``numpy`` generator seeded with ``seed``, so results are reproducible.
+    """
+    rng = np.random.default_rng(seed)
+    draws = {b: bootstrap_means(np.asarray(groups[b], dtype=float), n_boot, rng) for b in sorted(groups)}
+    for name, members in subsets.items():
+        draws[name] = np.mean([draws[b] for b in members], axis=0)
+    return draws
+
+
+def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile interval of bootstrap ``samples`` along axis 0: (low, high) arrays."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(samples, [tail, 100 - tail], axis=0)
+    return low, high

@@ -1,0 +1,165 @@
+"""Durable result files: append-only JSONL rows and atomically replaced JSON documents.
+
+``rows.jsonl`` survives a SIGKILL at any instant: every batch of rows is written, flushed and
+fsynced before the next batch starts; a torn last line (a crash mid-write) is cut off before
+anything is appended again; duplicate keys (same benchmark and id) keep their first row.
+JSON documents (``summary.json``, ``run.json``) are written to a temporary file in the same
+directory and renamed over the target, so readers see the old or the new file, never half.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RowKey = tuple[str, str]
+"""(benchmark, question id): the identity of one row."""
+
+
+def row_key(row: dict[str, Any]) -> RowKey:
+    return (str(row["benchmark"]), str(row["id"]))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` by temp file + fsync + rename (+ dir fsync)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class RowStore:
+    """The ``rows.jsonl`` of one checkpoint: read what is done, append new rows durably.
+
+    Not safe for two writers at once; :func:`exclusive_lock` guards a whole result folder.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._done: set[RowKey] | None = None
+
+    def _good_prefix(self) -> tuple[list[dict[str, Any]], int]:
+        """Parsed complete rows and the byte length of the intact prefix of the file.
+
+        A line counts only if it ends in a newline and parses as a JSON object with
+        ``benchmark`` and ``id``; parsing stops at the first bad line (a torn write can only be
+        the last line, since every batch is fsynced before the next one starts).
+        """
+        if not self.path.exists():
+            return [], 0
+        rows: list[dict[str, Any]] = []
+        good = 0
+        with open(self.path, "rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                try:
+                    row = json.loads(raw)
+                except json.JSONDecodeError:
+                    break
+                if not isinstance(row, dict) or "benchmark" not in row or "id" not in row:
+                    break
+                rows.append(row)
+                good += len(raw)
+        return rows, good
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Complete rows in file order, first occurrence of each (benchmark, id) only."""
+        seen: set[RowKey] = set()
+        out = []
+        for row in self._good_prefix()[0]:
+            key = row_key(row)
+            if key not in seen:
+                seen.add(key)
+                out.append(row)
+        return out
+
+    def done_keys(self) -> set[RowKey]:
+        return {row_key(r) for r in self.rows()}
+
+    def repair(self) -> int:
+        """Cut a torn or corrupt tail off the file; returns the number of bytes removed."""
+        if not self.path.exists():
+            return 0
+        _, good = self._good_prefix()
+        size = self.path.stat().st_size
+        if good < size:
+            with open(self.path, "r+b") as f:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+        return size - good
+
+    def append(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Append rows (skipping keys already stored), then flush and fsync; returns rows written.
+
+        The first call repairs the file and reads the stored keys; later calls reuse them, so
+        this store object must be the file's only writer.
+        """
+        if self._done is None:
+            self.repair()
+            self._done = self.done_keys()
+        done = self._done
+        lines = []
+        for row in rows:
+            key = row_key(row)
+            if key in done:
+                continue
+            done.add(key)
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        if not lines:
+            return 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        created = not self.path.exists()
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
+        if created:
+            _fsync_dir(self.path.parent)
+        return len(lines)
+
+
+@contextmanager
+def exclusive_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.lock`` (fails at once if another process holds it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(
+                f"{folder} is being written by another `python -m eval run`; wait for it or use another --out"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,206 @@
+"""Checkpoint selection and the paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown.
+
+Selection rules (SPEC §7, paper §5.3): for every run, the best checkpoint by the selection average
+(default: EM averaged over all benchmarks, the paper's Avg) among trained checkpoints
+(step >= 1) with step <= cap, where cap is the matched horizon (180) or the run's own horizon
+(``run.json`` ``horizon``). Ties go to the earliest step. Step 0 (the untrained model) is never
+selected; it is the floor row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, METRICS, benchmark_label
+from eval.stats import rank_groups
+
+MATCHED = "matched"
+OWN = "own"
+FLOOR = "untrained (step 0)"
+AVERAGES = (AVG_ALL, AVG_HELDOUT)
+
+
+def rule_label(rule: str, matched_horizon: int) -> str:
+    """Human label of a selection rule."""
+    return f"matched horizon (step <= {matched_horizon})" if rule == MATCHED else "own horizon (step <= run's cap)"
+
+
+def select_checkpoints(
+    scores: pd.DataFrame, matched_horizon: int = 180, criterion: str = AVG_ALL
+) -> tuple[pd.DataFrame, list[str]]:
+    """Best checkpoint per run and rule, by mean EM over ``criterion`` (AVG_ALL or AVG_HELDOUT).
+
+    Returns (frame, notes); the frame has one row per (run, rule) with ``run, shape, seed, rule,
+    cap, step, last_step, short, value``: ``last_step`` is the last evaluated trained step within
+    the cap, ``short`` is True when it is below ``matched_horizon`` (a run that ended early or was
+    not evaluated that far), ``value`` the criterion EM of the chosen step. A run with no trained
+    checkpoint within the cap gets no row and a note.
+    """
+    crit = scores[(scores["benchmark"] == criterion) & (scores["step"] >= 1)]
+    rows, notes = [], []
+    for run, sub in crit.groupby("run", sort=True):
+        first = sub.iloc[0]
+        for rule, cap in ((MATCHED, matched_horizon), (OWN, int(first["horizon"]))):
+            eligible = sub[sub["step"] <= cap].sort_values("step")
+            if eligible.empty:
+                notes.append(f"run {run}: no evaluated trained checkpoint with step <= {cap} ({rule} rule).")
+                continue
+            best = eligible.loc[eligible["em"].idxmax()]  # idxmax returns the first (earliest) maximum
+            last_step = int(eligible["step"].max())
+            rows.append(
+                {
+                    "run": run,
+                    "shape": first["shape"],
+                    "seed": int(first["seed"]),
+                    "rule": rule,
+                    "cap": cap,
+                    "step": int(best["step"]),
+                    "last_step": last_step,
+                    "short": last_step < matched_horizon,
+                    "value": float(best["em"]),
+                }
+            )
+    columns = ["run", "shape", "seed", "rule", "cap", "step", "last_step", "short", "value"]
+    return pd.DataFrame(rows, columns=columns), notes
+
+
+def floor_checkpoints(scores: pd.DataFrame) -> pd.DataFrame:
+    """Step-0 (untrained) checkpoint per seed: ``seed, run`` — the first run (by name) with step 0."""
+    zero = scores[scores["step"] == 0][["seed", "run"]].drop_duplicates().sort_values(["seed", "run"])
+    return zero.drop_duplicates("seed").reset_index(drop=True)
+
+
+def cell_values(
+    scores: pd.DataFrame, selections: pd.DataFrame, floors: pd.DataFrame, metric: str
+) -> pd.DataFrame:
+    """Wide frame of ``metric`` per selected cell: index (rule, row, seed, run, step), one column per
+    benchmark key incl. the two averages. The floor appears under both rules with row FLOOR."""
+    picks = selections[["rule", "shape", "seed", "run", "step"]].rename(columns={"shape": "row"})
+    floor = floors.assign(step=0, row=FLOOR)
+    both = [floor.assign(rule=rule) for rule in (MATCHED, OWN)]
+    picks = pd.concat([*both, picks], ignore_index=True)
+    merged = picks.merge(scores[["run", "step", "benchmark", metric]], on=["run", "step"])
+    wide = merged.pivot_table(
+        index=["rule", "row", "seed", "run", "step"], columns="benchmark", values=metric, aggfunc="first"
+    )
+    wide.columns.name = None
+    return wide
+
+
+def table1(
+    scores: pd.DataFrame,
+    selections: pd.DataFrame,
+    floors: pd.DataFrame,
+    cis: pd.DataFrame,
+    criterion: str = AVG_ALL,
+) -> pd.DataFrame:
+    """Table 1 (tidy): one row per (rule, row, seed) with ``step, last_step, short``, EM for both
+    averages with their bootstrap CI bounds (NaN without rows.jsonl), and ``rank`` of the shape
+    within (rule, seed) by the ``criterion`` average (1 = best; ties share the better rank)."""
+    wide = cell_values(scores, selections, floors, "em")[list(AVERAGES)].reset_index()
+    extra = selections[["run", "rule", "last_step", "short"]]
+    frame = wide.merge(extra, on=["run", "rule"], how="left")
+    frame["short"] = frame["short"].astype("boolean").fillna(False).astype(bool)
+    for avg in AVERAGES:
+        ci = cis[(cis["benchmark"] == avg) & (cis["metric"] == "em")][["run", "step", "lo", "hi"]]
+        ci = ci.rename(columns={"lo": f"{avg}_lo", "hi": f"{avg}_hi"})
+        frame = frame.merge(ci, on=["run", "step"], how="left")
+    frame = frame.rename(columns={AVG_ALL: "avg_all_em", AVG_HELDOUT: "avg_heldout_em"})
+    trained = frame["row"] != FLOOR
+    key = f"{criterion}_em"
+    frame["rank"] = pd.NA
+    frame.loc[trained, "rank"] = (
+        frame[trained].groupby(["rule", "seed"])[key].rank(method="min", ascending=False).astype(int)
+    )
+    columns = ["rule", "row", "seed", "run", "step", "last_step", "short", "avg_all_em", "avg_all_lo",
+               "avg_all_hi", "avg_heldout_em", "avg_heldout_lo", "avg_heldout_hi", "rank"]
+    order = {MATCHED: 0, OWN: 1}
+    frame = frame.assign(_r=frame["rule"].map(order), _f=~trained)
+    return frame.sort_values(["_r", "_f", "row", "seed"], ascending=[True, False, True, True])[columns].reset_index(
+        drop=True
+    )
+
+
+def seed_rankings(t1: pd.DataFrame, rule: str, column: str) -> dict[int, list[list[tuple[str, float]]]]:
+    """Per seed: shapes grouped best-first by ``column`` (ties grouped) with their values."""
+    out = {}
+    trained = t1[(t1["rule"] == rule) & (t1["row"] != FLOOR)]
+    for seed, sub in trained.groupby("seed"):
+        values = dict(zip(sub["row"], sub[column], strict=True))
+        out[int(seed)] = [[(name, values[name]) for name in group] for group in rank_groups(values)]
+    return out
+
+
+def format_ranking(groups: list[list[tuple[str, float]]]) -> str:
+    """``a (0.310) > b (0.300) = c (0.300)``."""
+    return " > ".join(" = ".join(f"{name} ({value:.3f})" for name, value in group) for group in groups)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """GitHub-flavoured Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:.3f}"
+
+
+def table1_markdown(t1: pd.DataFrame, rule: str, avg: str, shapes: Sequence[str], seeds: Sequence[int]) -> str:
+    """Wide Markdown view of one (rule, average) slice: rows = floor + shapes, columns = seeds, mean,
+    seed range. A cell reads ``value [CI low, high] @step``; † marks a run whose last evaluated step
+    is below the matched horizon."""
+    sub = t1[t1["rule"] == rule]
+    header = ["reward", *[f"seed {s}" for s in seeds], "mean over seeds", "seed range"]
+    rows = []
+    for row in [FLOOR, *shapes]:
+        cells, values = [], []
+        for seed in seeds:
+            hit = sub[(sub["row"] == row) & (sub["seed"] == seed)]
+            if hit.empty:
+                cells.append("–")
+                continue
+            rec = hit.iloc[0]
+            value = rec[f"{avg}_em"]
+            values.append(value)
+            ci = "" if pd.isna(rec[f"{avg}_lo"]) else f" [{rec[f'{avg}_lo']:.3f}, {rec[f'{avg}_hi']:.3f}]"
+            mark = "†" if rec["short"] else ""
+            where = "" if row == FLOOR else f" @{int(rec['step'])}{mark}"
+            cells.append(f"{value:.3f}{ci}{where}")
+        mean = sum(values) / len(values) if values else float("nan")
+        spread = max(values) - min(values) if values else float("nan")
+        rows.append([row, *cells, _fmt(mean), _fmt(spread)])
+    return markdown_table(header, rows)
+
+
+def per_benchmark_table(
+    scores: pd.DataFrame, selections: pd.DataFrame, floors: pd.DataFrame, metric: str, suite: Sequence[str]
+) -> pd.DataFrame:
+    """Tables 3-5: ``metric`` per benchmark for every selected cell and the floor, plus both averages.
+
+    Columns: ``rule, row, seed, step`` then one column per benchmark label (MuSiQue suffixed
+    ``(ID)``, in-distribution), ``Avg (all N)`` and ``Avg (held-out N)``.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    wide = cell_values(scores, selections, floors, metric)[[*suite, *AVERAGES]].reset_index()
+    heldout = len([b for b in suite if b != IN_DISTRIBUTION])
+    names = {b: benchmark_label(b) + (" (ID)" if b == IN_DISTRIBUTION else "") for b in suite}
+    names.update({AVG_ALL: f"Avg (all {len(suite)})", AVG_HELDOUT: f"Avg (held-out {heldout})"})
+    wide = wide.rename(columns=names).drop(columns="run")
+    order = {MATCHED: 0, OWN: 1}
+    wide = wide.assign(_r=wide["rule"].map(order), _f=wide["row"] != FLOOR)
+    return wide.sort_values(["_r", "_f", "row", "seed"]).drop(columns=["_r", "_f"]).reset_index(drop=True)
+
+
+def frame_markdown(frame: pd.DataFrame, digits: int = 3) -> str:
+    """Markdown of a frame, floats to ``digits`` decimals, NaN as an en dash."""
+    def cell(value: object) -> str:
+        if isinstance(value, float):
+            return "–" if pd.isna(value) else f"{value:.{digits}f}"
+        return str(value)
+
+    return markdown_table(list(frame.columns), [[cell(v) for v in row] for row in frame.itertuples(index=False)])

@@ -1,0 +1,65 @@
+"""Register verl's FSDP engines for the ``cpu`` device, and run the ref model without pinned memory.
+
+1. ``verl/workers/engine/fsdp/transformer_impl.py:1143`` and ``:1594`` register
+   ``FSDPEngineWithLMHead`` / ``FSDPEngineWithValueHead`` for ``device=["cuda", "npu"]`` only, so
+   ``EngineRegistry.get_engine_cls`` (``verl/workers/engine/base.py``) finds no engine on the
+   ``cpu`` platform. The same classes are registered for ``"cpu"`` (FSDP2 + gloo works on CPU;
+   FSDP1 does not: it needs ``sync_module_states`` on a GPU, hence ``strategy=fsdp2`` in the CPU
+   recipe).
+2. ``transformer_impl.py:462`` gives every forward-only FSDP2 module (the reference model of the
+   KL loss) ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator and
+   fails with ``RuntimeError: Cannot access accelerator device when none is available``. The
+   module's ``CPUOffloadPolicy`` name is rebound to a subclass that forces ``pin_memory=False``.
+
+Both apply only in CPU mode (``patches.activation``), right after ``transformer_impl`` is first
+imported (``patches.post_import``): importing it eagerly would double the import time of verl.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from patches.activation import CPU_PLATFORM_NAME, cpu_mode_active
+from patches.post_import import when_imported
+
+TARGET_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+PINNED_REF_POLICY_LINE = "offload_policy = CPUOffloadPolicy(pin_memory=True)"
+
+
+def register_cpu_engines(transformer_impl: ModuleType) -> None:
+    """Register the FSDP LM-head and value-head engines under device ``cpu`` (idempotent)."""
+    from verl.workers.engine.base import EngineRegistry
+
+    for model_type, engine_cls in (
+        ("language_model", transformer_impl.FSDPEngineWithLMHead),
+        ("value_model", transformer_impl.FSDPEngineWithValueHead),
+    ):
+        for backend in ("fsdp", "fsdp2"):
+            registry = EngineRegistry._engines[model_type][backend]
+            registry.setdefault(CPU_PLATFORM_NAME, engine_cls)
+
+
+def unpin_offload_policy(transformer_impl: ModuleType) -> None:
+    """Rebind ``transformer_impl.CPUOffloadPolicy`` to a variant with ``pin_memory=False``."""
+    policy_cls = transformer_impl.CPUOffloadPolicy
+    if getattr(policy_cls, "__rlvr_unpinned__", False):
+        return
+
+    class UnpinnedCPUOffloadPolicy(policy_cls):  # type: ignore[misc, valid-type]
+        """``CPUOffloadPolicy`` that never pins host memory (there is no accelerator to pin for)."""
+
+        __rlvr_unpinned__ = True
+
+        def __init__(self, pin_memory: bool = False, **kwargs):
+            super().__init__(pin_memory=False, **kwargs)
+
+    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
+def _patch(transformer_impl: ModuleType) -> None:
+    register_cpu_engines(transformer_impl)
+    unpin_offload_policy(transformer_impl)
+
+
+if cpu_mode_active():
+    when_imported(TARGET_MODULE, _patch)

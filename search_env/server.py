@@ -1,0 +1,339 @@
+"""Retrieval HTTP server (FastAPI): Search-R1 `/retrieve`, FlashRAG/ReSearch `/search` + `/batch_search`,
+`/health`, with concurrent requests micro-batched into one backend call.
+
+Micro-batching: every request's queries go to a queue; one batching task takes all queued requests
+(whole requests, up to `max_batch` queries; a single larger request forms its own batch), waits up to
+`max_wait_ms` for more when the batch is not full, and runs ONE `search_rows` (= one encode + one index
+search for the dense backend) plus the passage lookups in a dedicated worker thread, so the event loop
+keeps accepting requests meanwhile. Requests that arrive during a search form the next batch. With
+`max_batch=1` each request is searched alone (the Search-R1/FlashRAG design).
+
+Validation (422 JSON with an `error` string naming the field, plus FastAPI's `detail` list): queries must
+be 1..4096 non-empty strings, topk/top_n in 1..100. Bodies over `max_body_bytes` -> 413. Faiss's -1
+("no hit") never becomes a passage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator
+
+from search_env.retriever import Retriever
+
+log = logging.getLogger(__name__)
+
+MAX_QUERIES = 4096
+MAX_TOPK = 100
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+Hit = tuple[dict, float]
+"""A corpus row (`{"id", "contents"}`) and its score."""
+
+
+def _check_query_strings(queries: list[str]) -> list[str]:
+    for i, query in enumerate(queries):
+        if not query.strip():
+            raise ValueError(f"query {i} is empty or whitespace; every query must hold text")
+    return queries
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1 `/retrieve` body. `topk` None -> the server's default topk."""
+
+    queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
+    topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+    return_scores: StrictBool = False
+
+    _nonempty = field_validator("queries")(_check_query_strings)
+
+
+class SearchRequest(BaseModel):
+    """FlashRAG/ReSearch `/search` body (one query)."""
+
+    query: StrictStr = Field(min_length=1)
+    top_n: int = Field(default=10, ge=1, le=MAX_TOPK)
+    return_score: StrictBool = False
+
+    @field_validator("query")
+    @classmethod
+    def _nonempty(cls, query: str) -> str:
+        return _check_query_strings([query])[0]
+
+
+class BatchSearchRequest(BaseModel):
+    """FlashRAG/ReSearch `/batch_search` body (`query` is a list)."""
+
+    query: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
+    top_n: int = Field(default=10, ge=1, le=MAX_TOPK)
+    return_score: StrictBool = False
+
+    _nonempty = field_validator("query")(_check_query_strings)
+
+
+@dataclass
+class _Job:
+    queries: list[str]
+    topk: int
+    future: asyncio.Future = field(repr=False)
+
+
+@dataclass
+class BatchStats:
+    """Counters shown by `/health`: batches run, queries served, largest batch (queries)."""
+
+    batches: int = 0
+    queries: int = 0
+    max_batch_seen: int = 0
+
+
+class MicroBatcher:
+    """Collects concurrent `submit` calls into batches for `search_fn`, run in one worker thread.
+
+    search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
+    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside).
+    """
+
+    def __init__(self, search_fn: Callable[[list[str], int], list[list[Hit]]], max_batch: int,
+                 max_wait_ms: float) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
+        if max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        self.search_fn = search_fn
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.stats = BatchStats()
+        self._jobs: deque[_Job] = deque()
+        self._queued_queries = 0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-batch")
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="retrieval-micro-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def submit(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        if self._wakeup is None:
+            raise RuntimeError("MicroBatcher.start() was not awaited")
+        job = _Job(queries, topk, asyncio.get_running_loop().create_future())
+        self._jobs.append(job)
+        self._queued_queries += len(queries)
+        self._wakeup.set()
+        return await job.future
+
+    def _take_batch(self) -> list[_Job]:
+        batch = [self._jobs.popleft()]
+        size = len(batch[0].queries)
+        while self._jobs and size + len(self._jobs[0].queries) <= self.max_batch:
+            job = self._jobs.popleft()
+            batch.append(job)
+            size += len(job.queries)
+        self._queued_queries -= size
+        return batch
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._jobs:
+                continue
+            if self.max_wait_s > 0 and self._queued_queries < self.max_batch:
+                await asyncio.sleep(self.max_wait_s)
+            batch = [job for job in self._take_batch() if not job.future.cancelled()]
+            if self._jobs:
+                self._wakeup.set()
+            if not batch:
+                continue
+            queries = [q for job in batch for q in job.queries]
+            topk = max(job.topk for job in batch)
+            try:
+                hits = await loop.run_in_executor(self._executor, self.search_fn, queries, topk)
+            except Exception as err:  # noqa: BLE001 - every waiting request must get the error
+                log.exception("retrieval batch of %d queries failed", len(queries))
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(err)
+                continue
+            self.stats.batches += 1
+            self.stats.queries += len(queries)
+            self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(queries))
+            start = 0
+            for job in batch:
+                part = [h[: job.topk] for h in hits[start : start + len(job.queries)]]
+                start += len(job.queries)
+                if not job.future.done():
+                    job.future.set_result(part)
+
+
+def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[list[Hit]]:
+    """Search, then read each hit's corpus row (runs in the batch worker thread)."""
+    corpus = retriever.corpus
+    return [[(corpus.row(row), score) for row, score in per_query]
+            for per_query in retriever.search_hits(queries, topk)]
+
+
+def _json(payload: object, status: int = 200) -> Response:
+    return Response(content=json.dumps(payload, ensure_ascii=False), status_code=status,
+                    media_type="application/json")
+
+
+def _describe_validation_error(err: RequestValidationError) -> str:
+    parts = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{loc}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+class BodySizeLimit:
+    """ASGI middleware: answer 413 JSON when a request body exceeds `max_bytes` (checks Content-Length
+    first, then counts streamed chunks, buffering at most `max_bytes`)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _reject(self, send: Callable[[dict], Awaitable[None]], size: str) -> None:
+        body = json.dumps({"error": f"body: request body of {size} bytes exceeds the limit of "
+                                    f"{self.max_bytes} bytes; send fewer or shorter queries per request",
+                           "field": "body"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
+                       send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send, declared.decode())
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, receive, send)  # client went away; let the app see it
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._reject(send, f"more than {size}")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        buffered = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        delivered = False
+
+        async def replay() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return buffered
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(retriever: Retriever, default_topk: int = 5, max_batch: int = 256, max_wait_ms: float = 2.0,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
+    micro-batching); max_wait_ms: how long a non-full batch waits for more requests."""
+    if not 1 <= default_topk <= MAX_TOPK:
+        raise ValueError(f"default topk must be in 1..{MAX_TOPK}, got {default_topk}")
+    batcher = MicroBatcher(lambda qs, k: lookup_hits(retriever, qs, k), max_batch, max_wait_ms)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.state.batcher = batcher
+    app.state.started = time.time()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, err: RequestValidationError) -> Response:
+        return _json({"error": _describe_validation_error(err), "detail": json.loads(json.dumps(
+            err.errors(), default=str))}, status=422)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, err: Exception) -> Response:
+        log.exception("request failed")
+        return _json({"error": f"internal error: {type(err).__name__}: {err}"}, status=500)
+
+    @app.get("/health")
+    async def health() -> Response:
+        stats = batcher.stats
+        return _json({"status": "healthy", "backend": retriever.backend, "corpus": str(retriever.corpus.path),
+                      "corpus_size": len(retriever.corpus), **retriever.describe(),
+                      "default_topk": default_topk, "max_batch": batcher.max_batch,
+                      "max_wait_ms": batcher.max_wait_s * 1000.0, "batches": stats.batches,
+                      "queries_served": stats.queries, "largest_batch": stats.max_batch_seen,
+                      "uptime_s": round(time.time() - app.state.started, 3)})
+
+    @app.post("/retrieve")
+    async def retrieve(body: RetrieveRequest) -> Response:
+        hits = await batcher.submit(body.queries, body.topk or default_topk)
+        if body.return_scores:
+            result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
+        else:  # Search-R1 returns the bare documents when scores are not asked for
+            result = [[doc for doc, _ in per_query] for per_query in hits]
+        return _json({"result": result})
+
+    @app.post("/search")
+    async def search(body: SearchRequest) -> Response:
+        (per_query,) = await batcher.submit([body.query], body.top_n)
+        docs = [doc for doc, _ in per_query]
+        return _json([docs, [score for _, score in per_query]] if body.return_score else docs)
+
+    @app.post("/batch_search")
+    async def batch_search(body: BatchSearchRequest) -> Response:
+        hits = await batcher.submit(body.query, body.top_n)
+        docs = [[doc for doc, _ in per_query] for per_query in hits]
+        if body.return_score:
+            return _json([docs, [[score for _, score in per_query] for per_query in hits]])
+        return _json(docs)
+
+    return app
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
+    """Run `app` with uvicorn until interrupted (SIGINT/SIGTERM)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("retrieval server binds %s: it is reachable from other machines and has no auth", host)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,0 +1,112 @@
+"""The training-metric patches against verl 0.9.1: upstream still has the code they adapt, and they work."""
+
+import inspect
+import json
+from types import SimpleNamespace
+
+import pytest
+import verl
+
+from patches import file_logger_resume, training_metrics
+
+
+def test_pinned_verl_version():
+    assert verl.__version__ == "0.9.1", "patches target verl 0.9.1: re-check every patch before moving"
+
+
+def test_upstream_file_logger_still_truncates():
+    from verl.utils import tracking
+
+    src = inspect.getsource(tracking)
+    assert 'self.fp = open(self.filepath, "wb", buffering=0)' in src
+    assert src.count('"wb"') == 1, "another 'wb' open appeared: the append mapping would catch it too"
+    assert 'data = {"step": step, "data": data}' in inspect.getsource(tracking.FileLogger.log)
+
+
+def _log_steps(path, steps, monkeypatch):
+    from verl.utils import tracking
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = tracking.FileLogger("p", "e")
+    for step in steps:
+        logger.log({"reward/mean": step / 10}, step)
+    logger.finish()
+
+
+def test_file_logger_appends_and_dedupes_on_resume(tmp_path, monkeypatch):
+    file_logger_resume.install()
+    path = tmp_path / "metrics.jsonl"
+    _log_steps(path, [1, 2, 3], monkeypatch)  # first run, killed after logging step 3
+    with path.open("ab") as fp:
+        fp.write(b'{"step": 4, "da')  # torn line from the kill
+    _log_steps(path, [3, 4, 5], monkeypatch)  # resumed from the step-2 checkpoint
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+    _log_steps(path, [6], monkeypatch)  # a clean resume keeps everything
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_kept_lines_drops_foreign_and_later_lines(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"step": 1, "data": {}}\nnot json\n{"step": 5, "data": {}}\n{"step": 2, "data": {}}')
+    kept, dropped = file_logger_resume.kept_lines(path, 3)
+    assert kept == [b'{"step": 1, "data": {}}\n'] and dropped
+
+
+def test_upstream_compute_metrics_signature_and_logging_path():
+    from verl.trainer.ppo.v1 import trainer_base
+
+    assert list(inspect.signature(trainer_base.PPOTrainer._compute_metrics).parameters) == [
+        "self",
+        "batch",
+        "metrics",
+        "timing_raw",
+        "global_steps",
+        "epoch",
+    ]
+    fit = inspect.getsource(trainer_base.PPOTrainer)
+    call = "self._compute_metrics(batch, metrics, self.timing_raw, global_steps=self.global_steps, epoch=current_epoch)"
+    assert call in fit
+    assert fit.index(call) < fit.index("tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)")
+    assert fit.index(call) < fit.index("self.logger.log(data=metrics, step=self.global_steps)")
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    postprocess = inspect.getsource(agent_loop_tq.AgentLoopWorkerTQ._agent_loop_postprocess)
+    assert 'keys.append(f"{uid}_{session_id}_{i}")' in postprocess  # group_of() parses this key
+
+
+def test_compute_metrics_wrapper_adds_rollout_metrics(monkeypatch):
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1 import trainer_base
+
+    training_metrics.install()
+    assert getattr(trainer_base.PPOTrainer._compute_metrics, training_metrics.PATCHED_FLAG)
+    extra = [
+        {"termination": "answer", "answered": True, "searches": 1, "reward_extra_info": {"score": 1.0}},
+        {"termination": "length_cap", "answered": False, "searches": 2, "reward_extra_info": {"score": 0.0}},
+        {"termination": "answer", "answered": True, "searches": 0, "reward_extra_info": {"score": 0.5}},
+    ]
+
+    class Fetched(dict):
+        pass
+
+    def fake_get(keys, partition_id, select_fields):
+        assert select_fields == ["extra_fields"]
+        return Fetched(extra_fields=SimpleNamespace(tolist=lambda: extra))
+
+    monkeypatch.setattr(tq, "kv_batch_get", fake_get)
+
+    def fake_original(self, batch, metrics, timing_raw, global_steps, epoch):
+        metrics["response_length/clip_ratio"] = 1.0  # upstream's never-zero value
+
+    batch = SimpleNamespace(
+        keys=["u1_0_0", "u1_1_0", "pad_0_0"],
+        partition_id="train",
+        tags=[{}, {}, {"is_padding": True}],
+    )
+    metrics = {}
+    training_metrics._wrap(fake_original)(None, batch, metrics, {}, global_steps=1, epoch=0)
+    assert metrics["reward/mean"] == pytest.approx(0.5)
+    assert metrics["rollout/searches_mean"] == pytest.approx(1.5)
+    assert metrics["rollout/length_clip_ratio"] == metrics["response_length/clip_ratio"] == 0.5
+    assert metrics["grpo/zero_variance_group_frac"] == 0.0
