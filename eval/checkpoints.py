@@ -125,10 +125,13 @@ def materialize(ckpt: Checkpoint, cache_dir: Path) -> Path:
 
 
 def find_run_config(run_dir: Path) -> Path | None:
-    for name in CONFIG_CANDIDATES:
-        path = Path(run_dir) / name
-        if path.is_file():
-            return path
+    """The run's saved config: the first candidate name in ``run_dir``, then in its parent
+    (recipes/base.yaml puts checkpoints in ``runs/<experiment>/checkpoints``)."""
+    for folder in (Path(run_dir), Path(run_dir).parent):
+        for name in CONFIG_CANDIDATES:
+            path = folder / name
+            if path.is_file():
+                return path
     return None
 
 
@@ -141,7 +144,7 @@ def load_config(path: Path) -> dict[str, Any]:
         return OmegaConf.to_container(conf, resolve=False)  # type: ignore[return-value]
 
 
-def _get(cfg: dict[str, Any], dotted: str) -> Any:
+def get_dotted(cfg: dict[str, Any], dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -159,21 +162,24 @@ def run_info(
     """``{"run", "shape", "seed", "horizon", "config", "config_path"}`` for ``run.json``.
 
     Values come from the run's saved config (reward function name or ``reward_kwargs.shape``,
-    ``data.seed``, ``trainer.total_training_steps``), then from a ``<shape>_s<seed>`` run
-    name, and the explicit arguments override both. Unknown values stay ``None``.
+    ``data.seed``, ``trainer.total_training_steps``; the recipes' top-level ``shape``/``seed``
+    first), then from a ``<shape>_s<seed>`` folder name, and the explicit arguments override
+    all. Unknown values stay ``None``.
     """
     run_dir = Path(run_dir).resolve()
     config_path = find_run_config(run_dir)
     config = load_config(config_path) if config_path else {}
-    reward_fn = _get(config, "reward.custom_reward_function.name")
-    found_shape = _get(config, "reward.custom_reward_function.reward_kwargs.shape")
+    reward_fn = get_dotted(config, "reward.custom_reward_function.name")
+    found_shape = config.get("shape") or get_dotted(config, "reward.custom_reward_function.reward_kwargs.shape")
     if found_shape is None and reward_fn in SHAPES:
         found_shape = reward_fn
-    found_seed = _get(config, "data.seed")
+    found_seed = config.get("seed")
     if found_seed is None:
-        found_seed = _get(config, "actor_rollout_ref.rollout.seed")
-    found_horizon = _get(config, "trainer.total_training_steps")
-    named = RUN_NAME.search(run_dir.name)
+        found_seed = get_dotted(config, "data.seed")
+    if found_seed is None:
+        found_seed = get_dotted(config, "actor_rollout_ref.rollout.seed")
+    found_horizon = get_dotted(config, "trainer.total_training_steps")
+    named = RUN_NAME.search(run_dir.name) or RUN_NAME.search(run_dir.parent.name)
     if named:
         found_shape = found_shape or named.group("shape")
         found_seed = found_seed if found_seed is not None else int(named.group("seed"))
@@ -189,9 +195,10 @@ def run_info(
     }
 
 
-def base_model_path(config: dict[str, Any]) -> Path | None:
-    """The run's initial model as a local folder, if its config names one that exists here."""
-    path = _get(config, "actor_rollout_ref.model.path")
-    if isinstance(path, str) and is_hf_model_dir(Path(path)):
-        return Path(path)
-    return None
+def base_model_path(config: dict[str, Any], root: Path) -> Path | None:
+    """The run's initial model as a local folder (relative paths from ``root``), if it exists here."""
+    path = get_dotted(config, "actor_rollout_ref.model.path")
+    if not isinstance(path, str):
+        return None
+    candidate = Path(path) if Path(path).is_absolute() else root / path
+    return candidate if is_hf_model_dir(candidate) else None

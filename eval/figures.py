@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from eval.results import AVG_ALL, AVG_HELDOUT  # noqa: E402
 
@@ -64,6 +65,13 @@ HEALTH_PANELS = (
 )
 
 
+def _by_shape(frame: pd.DataFrame, shapes: Sequence[str]) -> list[tuple[tuple[str, str], pd.DataFrame]]:
+    """((shape, run), rows sorted by step) groups in the order of ``shapes``, then by run name."""
+    order = {s: i for i, s in enumerate(shapes)}
+    groups = {key: g.sort_values("step") for key, g in frame.groupby(["shape", "run"])}
+    return [(key, groups[key]) for key in sorted(groups, key=lambda k: (order.get(k[0], len(order)), k[1]))]
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
@@ -82,9 +90,7 @@ def plot_trajectories(
                            (axes[1], AVG_HELDOUT, "EM, average over held-out benchmarks")):
         data = sub[sub["benchmark"] == avg]
         floor = data[data["step"] == 0]["em"]
-        for run, line in data.groupby("run", sort=True):
-            line = line.sort_values("step")
-            shape = line["shape"].iloc[0]
+        for (shape, run), line in _by_shape(data, shapes):
             label = shape if (data[data["shape"] == shape]["run"].nunique() == 1) else f"{shape} ({run})"
             ax.plot(line["step"], line["em"], marker="o", markersize=3, color=shape_colour(shape, shapes),
                     label=label)
@@ -123,9 +129,7 @@ def plot_training(
             ax.set_xticks([])
             ax.set_yticks([])
             continue
-        for run, line in sub[sub["metric"] == metric].groupby("run", sort=True):
-            line = line.sort_values("step")
-            shape = line["shape"].iloc[0]
+        for (shape, run), line in _by_shape(sub[sub["metric"] == metric], shapes):
             colour = shape_colour(shape, shapes)
             ax.plot(line["step"], line["value"], color=colour, alpha=0.25, linewidth=0.8)
             ax.plot(line["step"], line["value"].rolling(smooth, min_periods=1).mean(), color=colour,
@@ -149,17 +153,28 @@ def plot_training(
     return _save(fig, path), missing
 
 
-def plot_search_profile(profile: pd.DataFrame, aborts: pd.DataFrame, shapes: Sequence[str], path: Path) -> Path:
+def plot_search_profile(
+    profile: pd.DataFrame, aborts: pd.DataFrame, shapes: Sequence[str], path: Path, max_searches: int = 10
+) -> Path:
     """Fig. 13: share of completed rollouts and their EM by number of searches, per shape, and the
-    abort rate per shape (multi-hop benchmarks, selected checkpoints pooled over seeds)."""
+    abort rate per shape (multi-hop benchmarks, selected checkpoints pooled over seeds). Search
+    counts are already folded at ``max_searches`` (labelled ">=max")."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    colours = {s: shape_colour(s, shapes) for s in shapes}
+    shapes = [s for s in shapes if s in set(aborts["shape"])]
     width = 0.8 / max(1, len(shapes))
     for i, shape in enumerate(shapes):
         sub = profile[profile["shape"] == shape].sort_values("searches")
-        colour = shape_colour(shape, shapes)
+        colour = colours[shape]
         axes[0].bar(sub["searches"] + (i - (len(shapes) - 1) / 2) * width, sub["share"], width=width,
                     color=colour, label=shape)
         axes[1].plot(sub["searches"], sub["em"], marker="o", color=colour, label=shape)
+    top = int(profile["searches"].max()) if len(profile) else 0
+    for ax in axes[:2]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if top >= max_searches:
+            ticks = list(range(0, top + 1, max(1, top // 10)))
+            ax.set_xticks(ticks, [f">={t}" if t == max_searches else str(t) for t in ticks])
     axes[0].set_title("completed rollouts by search count")
     axes[0].set_xlabel("searches in the rollout")
     axes[0].set_ylabel("share of completed rollouts")
@@ -167,8 +182,9 @@ def plot_search_profile(profile: pd.DataFrame, aborts: pd.DataFrame, shapes: Seq
     axes[1].set_xlabel("searches in the rollout")
     axes[1].set_ylabel("exact match")
     rates = aborts.set_index("shape").reindex(list(shapes))
-    bars = axes[2].bar(list(shapes), rates["abort_rate"], color=[shape_colour(s, shapes) for s in shapes])
+    bars = axes[2].bar(list(shapes), rates["abort_rate"], color=[colours[s] for s in shapes])
     axes[2].bar_label(bars, labels=[f"{v:.1%}" for v in rates["abort_rate"].fillna(0)], fontsize=9)
+    axes[2].set_ylim(0, max(0.05, float(rates["abort_rate"].max()) * 1.15))
     axes[2].set_title("abort rate (no answer)")
     axes[2].set_ylabel("fraction of rollouts")
     for ax in axes:

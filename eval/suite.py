@@ -1,11 +1,18 @@
-"""Evaluation suites: a folder of FlashRAG-format jsonl files, one per benchmark.
+"""Evaluation suites: the questions of each benchmark, as written by ``python -m search_env.data``.
 
-A row is ``{"id": str, "question": str, "golden_answers": [str, ...]}`` (extra keys are kept
-and ignored); the benchmark name is the file stem (``nq.jsonl`` -> ``nq``). A suite is given
-either as a path to such a folder or as the name of a folder under the suites root
-(``$RLVR_SUITES_DIR``, default ``<repo>/data/suites``), e.g. ``--suite test`` or ``--suite val``
-after ``python -m search_env.data`` has written them there.
+A suite (``--suite``) is one of:
 
+- a folder of ``<benchmark>.jsonl`` files (``search_env.data suite`` writes ``OUT/suite/``);
+  rows are FlashRAG ``{"id", "question", "golden_answers"}`` or R1-Searcher ``{"idx",
+  "question", "answer"}`` (parsed by ``search_env.data.parse_row``); the benchmark is the stem;
+- one such jsonl file (a one-benchmark suite);
+- a verl parquet file (or a folder of them, when it holds no jsonl): rows are grouped into
+  benchmarks by ``data_source`` (``search_env.data val`` writes ``OUT/val.parquet``);
+- a built-in name: ``test`` = ``$RLVR_DATA_DIR/suite`` and ``val`` = ``$RLVR_DATA_DIR/val.parquet``
+  (``RLVR_DATA_DIR`` defaults to ``data/parquet``, where recipes/base.yaml reads training data),
+  and ``fixtures`` = the real rows under tests/fixtures (NQ, HotpotQA, 2Wiki, MuSiQue, Bamboogle).
+
+Ids must be unique within a benchmark: (benchmark, id) keys resumable results.
 ``--limit N`` keeps, per benchmark, the N rows with the smallest
 ``sha256("<seed>:<benchmark>:<id>")``: the pick depends only on the ids, so it is the same for
 the same file and unchanged when the file is reordered (rows are then used in file order).
@@ -16,16 +23,31 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SUITES_ROOT = REPO_ROOT / "data" / "suites"
+DEFAULT_DATA_DIR = REPO_ROOT / "data" / "parquet"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
+FIXTURE_SUITE = {
+    "nq": FIXTURES / "flashrag-quickstart" / "nq_test.jsonl",
+    "hotpotqa": FIXTURES / "r1-searcher-evalset" / "hotpotqa_500.jsonl",
+    "2wikimultihopqa": FIXTURES / "r1-searcher-evalset" / "2wiki_500.jsonl",
+    "musique": FIXTURES / "r1-searcher-evalset" / "musique_500.jsonl",
+    "bamboogle": FIXTURES / "r1-searcher-evalset" / "bamboogle.flashrag.jsonl",
+}
+"""The ``fixtures`` suite: real rows shipped with the tests (NQ 16, HotpotQA/2Wiki/MuSiQue 500-row
+samples, the full 125-row Bamboogle) for CPU demos and CI."""
 
 
-def suites_root() -> Path:
-    return Path(os.environ.get("RLVR_SUITES_DIR", DEFAULT_SUITES_ROOT))
+def data_dir() -> Path:
+    """Where ``python -m search_env.data`` wrote the suites (``$RLVR_DATA_DIR``, default data/parquet)."""
+    return Path(os.environ.get("RLVR_DATA_DIR", DEFAULT_DATA_DIR))
+
+
+def builtin_suites() -> dict[str, Path | dict[str, Path]]:
+    """Built-in suite names: ``test`` (the 7-benchmark suite), ``val`` (the validation split), ``fixtures``."""
+    return {"test": data_dir() / "suite", "val": data_dir() / "val.parquet", "fixtures": FIXTURE_SUITE}
 
 
 @dataclass(frozen=True)
@@ -36,7 +58,6 @@ class Question:
     id: str
     question: str
     golds: tuple[str, ...]
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -56,46 +77,11 @@ class Suite:
         return sum(len(rows) for rows in self.benchmarks.values())
 
 
-def resolve_suite_path(spec: str | Path) -> Path:
-    """A suite folder from a path or a built-in name; raises ValueError naming what to do."""
-    path = Path(spec)
-    if path.is_dir():
-        return path.resolve()
-    named = suites_root() / str(spec)
-    if named.is_dir():
-        return named.resolve()
-    known = sorted(p.name for p in suites_root().iterdir() if p.is_dir()) if suites_root().is_dir() else []
-    raise ValueError(
-        f"--suite {spec!r} is neither a folder nor a suite under {suites_root()} (known: {known or 'none'}); "
-        "write one with `python -m search_env.data` or pass a folder of <benchmark>.jsonl files"
-    )
+def _jsonl_questions(benchmark: str, file: Path) -> list[Question]:
+    """Rows of one jsonl file (FlashRAG or R1-Searcher schema, parsed by ``search_env.data``)."""
+    from search_env.data import parse_row
 
-
-def _parse_row(benchmark: str, file: Path, line_no: int, obj: Any) -> Question:
-    where = f"{file}:{line_no}"
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: a row must be a JSON object with id, question, golden_answers")
-    for name in ("id", "question", "golden_answers"):
-        if name not in obj:
-            raise ValueError(
-                f"{where}: field {name!r} is missing; suite rows are FlashRAG-format "
-                '{"id", "question", "golden_answers": [...]} (convert with `python -m search_env.data`)'
-            )
-    golds = obj["golden_answers"]
-    if isinstance(golds, str):
-        golds = [golds]
-    if not isinstance(golds, list) or not golds or not all(isinstance(g, str) for g in golds):
-        raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings")
-    if not isinstance(obj["question"], str) or not obj["question"].strip():
-        raise ValueError(f"{where}: field 'question' must be a non-empty string")
-    return Question(benchmark, str(obj["id"]), obj["question"], tuple(golds), obj)
-
-
-def load_benchmark(file: Path) -> list[Question]:
-    """Rows of one ``<benchmark>.jsonl``; ids must be unique (they key resumable results)."""
-    benchmark = file.stem
     rows: list[Question] = []
-    seen: set[str] = set()
     with open(file, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -104,14 +90,92 @@ def load_benchmark(file: Path) -> list[Question]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{file}:{line_no}: not valid JSON ({e.msg})") from None
-            q = _parse_row(benchmark, file, line_no, obj)
-            if q.id in seen:
-                raise ValueError(f"{file}:{line_no}: field 'id' value {q.id!r} is repeated; ids must be unique")
-            seen.add(q.id)
-            rows.append(q)
-    if not rows:
-        raise ValueError(f"{file}: no rows")
+            if not isinstance(obj, dict):
+                raise ValueError(f"{file}:{line_no}: a row must be a JSON object (id, question, golden_answers)")
+            row = parse_row(obj, f"{file}:{line_no}")
+            rows.append(Question(benchmark, row.id, row.question, tuple(row.golds)))
     return rows
+
+
+def _parquet_questions(file: Path) -> dict[str, list[Question]]:
+    """verl rows written by ``search_env.data`` grouped by ``data_source`` (id/question from extra_info)."""
+    import pandas as pd
+
+    from reward_fns.compute_score import gold_answers
+
+    frame = pd.read_parquet(file)
+    for column in ("data_source", "reward_model", "extra_info"):
+        if column not in frame.columns:
+            raise ValueError(f"{file}: column {column!r} is missing; write the file with `python -m search_env.data`")
+    out: dict[str, list[Question]] = {}
+    for i, rec in enumerate(frame.to_dict("records")):
+        extra = rec["extra_info"] or {}
+        if "id" not in extra or "question" not in extra:
+            raise ValueError(f"{file} row {i}: extra_info needs 'id' and 'question' (search_env.data writes both)")
+        golds = gold_answers((rec["reward_model"] or {}).get("ground_truth"))
+        if not golds:
+            raise ValueError(f"{file} row {i}: reward_model.ground_truth holds no gold answer")
+        bench = str(rec["data_source"])
+        out.setdefault(bench, []).append(Question(bench, str(extra["id"]), str(extra["question"]), tuple(golds)))
+    return out
+
+
+def _check_unique(benchmark: str, rows: list[Question], where: Path) -> list[Question]:
+    seen: set[str] = set()
+    for q in rows:
+        if q.id in seen:
+            raise ValueError(f"{where}: id {q.id!r} of benchmark {benchmark} is repeated; ids key the results")
+        seen.add(q.id)
+    if not rows:
+        raise ValueError(f"{where}: no rows for benchmark {benchmark}")
+    return rows
+
+
+def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
+    """(name, path, rows per benchmark) of a suite given as a built-in name, folder, jsonl or parquet file.
+
+    A folder holds ``<benchmark>.jsonl`` files (or, with none, verl ``*.parquet`` files); a jsonl
+    file is one benchmark named by its stem; a parquet file is grouped by ``data_source``.
+    """
+    builtins = builtin_suites()
+    target: Path | dict[str, Path]
+    if str(spec) in builtins and not Path(spec).exists():
+        target = builtins[str(spec)]
+        name = str(spec)
+        if isinstance(target, Path) and not target.exists():
+            raise ValueError(
+                f"--suite {spec}: {target} does not exist; write it with `python -m search_env.data "
+                f"{'suite' if spec == 'test' else 'val'} --source SRC --out {data_dir()}` or set RLVR_DATA_DIR"
+            )
+    else:
+        target = Path(spec)
+        name = target.stem if target.is_file() else target.name
+        if not target.exists():
+            raise ValueError(
+                f"--suite {spec!r} is neither a file, a folder nor a built-in suite ({sorted(builtins)})"
+            )
+    if isinstance(target, dict):
+        files = target
+        path = FIXTURES
+    elif target.is_dir():
+        files = {f.stem: f for f in sorted(target.glob("*.jsonl"))}
+        path = target.resolve()
+        if not files:
+            parquets = sorted(target.glob("*.parquet"))
+            if not parquets:
+                raise ValueError(f"suite folder {target} holds no <benchmark>.jsonl or .parquet files")
+            merged: dict[str, list[Question]] = {}
+            for pq in parquets:
+                for bench, rows in _parquet_questions(pq).items():
+                    merged.setdefault(bench, []).extend(rows)
+            return name, path, {b: _check_unique(b, r, target) for b, r in sorted(merged.items())}
+    elif target.suffix == ".parquet":
+        path = target.resolve()
+        return name, path, {b: _check_unique(b, r, target) for b, r in sorted(_parquet_questions(target).items())}
+    else:
+        files = {target.stem: target}
+        path = target.resolve()
+    return name, path, {b: _check_unique(b, _jsonl_questions(b, f), f) for b, f in files.items()}
 
 
 def subsample(rows: list[Question], limit: int | None, seed: int = 0) -> list[Question]:
@@ -134,15 +198,11 @@ def load_suite(
     seed: int = 0,
     benchmarks: list[str] | None = None,
 ) -> Suite:
-    """Resolve and load a suite, optionally restricted to ``benchmarks`` and subsampled."""
-    path = resolve_suite_path(spec)
-    files = {f.stem: f for f in sorted(path.glob("*.jsonl"))}
-    if not files:
-        raise ValueError(f"suite folder {path} holds no <benchmark>.jsonl files")
+    """Resolve and load a suite, optionally restricted to ``benchmarks`` and subsampled per benchmark."""
+    name, path, rows = read_suite(spec)
     if benchmarks:
-        unknown = sorted(set(benchmarks) - set(files))
+        unknown = sorted(set(benchmarks) - set(rows))
         if unknown:
-            raise ValueError(f"--benchmarks {unknown} not in suite {path} (has {sorted(files)})")
-        files = {name: files[name] for name in benchmarks}
-    loaded = {name: subsample(load_benchmark(file), limit, seed) for name, file in files.items()}
-    return Suite(name=path.name, path=path, benchmarks=loaded)
+            raise ValueError(f"--benchmarks {unknown} not in suite {name} (has {sorted(rows)})")
+        rows = {b: rows[b] for b in benchmarks}
+    return Suite(name=name, path=path, benchmarks={b: subsample(qs, limit, seed) for b, qs in rows.items()})

@@ -15,11 +15,18 @@ import pandas as pd
 
 from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, METRICS, benchmark_label
 from eval.stats import rank_groups
+from reward_fns import SHAPES
 
 MATCHED = "matched"
 OWN = "own"
 FLOOR = "untrained (step 0)"
 AVERAGES = (AVG_ALL, AVG_HELDOUT)
+
+
+def order_shapes(shapes: Sequence[str]) -> list[str]:
+    """The paper's shapes in its order (em_only, f1_only, f1_format), then any others sorted."""
+    known = [s for s in SHAPES if s in shapes]
+    return known + sorted(set(shapes) - set(known))
 
 
 def rule_label(rule: str, matched_horizon: int) -> str:
@@ -33,22 +40,32 @@ def select_checkpoints(
     """Best checkpoint per run and rule, by mean EM over ``criterion`` (AVG_ALL or AVG_HELDOUT).
 
     Returns (frame, notes); the frame has one row per (run, rule) with ``run, shape, seed, rule,
-    cap, step, last_step, short, value``: ``last_step`` is the last evaluated trained step within
-    the cap, ``short`` is True when it is below ``matched_horizon`` (a run that ended early or was
-    not evaluated that far), ``value`` the criterion EM of the chosen step. A run with no trained
-    checkpoint within the cap gets no row and a note.
+    cap, step, last_step, short, value``: ``cap`` is ``min(matched_horizon, horizon)`` for the
+    matched rule and ``horizon`` for the own rule (checkpoints beyond a run's horizon are never
+    selected, as in ``eval.select``); ``last_step`` is the run's last evaluated trained step within
+    its horizon, ``short`` is True when it is below ``matched_horizon`` (a run that ended early, or
+    whose later checkpoints are not evaluated); ``value`` is the criterion EM of the chosen step. A
+    run with no trained checkpoint within the cap gets no row and a note.
     """
     crit = scores[(scores["benchmark"] == criterion) & (scores["step"] >= 1)]
     rows, notes = [], []
     for run, sub in crit.groupby("run", sort=True):
         first = sub.iloc[0]
-        for rule, cap in ((MATCHED, matched_horizon), (OWN, int(first["horizon"]))):
-            eligible = sub[sub["step"] <= cap].sort_values("step")
+        horizon = int(first["horizon"])
+        within, beyond = sub[sub["step"] <= horizon], sub[sub["step"] > horizon]
+        if len(beyond):
+            best = beyond.loc[beyond["em"].idxmax()]
+            notes.append(
+                f"run {run}: {len(beyond)} checkpoint(s) beyond its horizon {horizon} ignored by both rules "
+                f"(best of them: step {int(best['step'])}, EM {best['em']:.3f})."
+            )
+        for rule, cap in ((MATCHED, min(matched_horizon, horizon)), (OWN, horizon)):
+            eligible = within[within["step"] <= cap].sort_values("step")
             if eligible.empty:
                 notes.append(f"run {run}: no evaluated trained checkpoint with step <= {cap} ({rule} rule).")
                 continue
             best = eligible.loc[eligible["em"].idxmax()]  # idxmax returns the first (earliest) maximum
-            last_step = int(eligible["step"].max())
+            last_step = int(within["step"].max())
             rows.append(
                 {
                     "run": run,
@@ -100,9 +117,10 @@ def table1(
     averages with their bootstrap CI bounds (NaN without rows.jsonl), and ``rank`` of the shape
     within (rule, seed) by the ``criterion`` average (1 = best; ties share the better rank)."""
     wide = cell_values(scores, selections, floors, "em")[list(AVERAGES)].reset_index()
-    extra = selections[["run", "rule", "last_step", "short"]]
-    frame = wide.merge(extra, on=["run", "rule"], how="left")
+    extra = selections[["run", "rule", "step", "last_step", "short"]]
+    frame = wide.merge(extra, on=["run", "rule", "step"], how="left")  # the floor (step 0) gets no match
     frame["short"] = frame["short"].astype("boolean").fillna(False).astype(bool)
+    frame["last_step"] = frame["last_step"].astype("Int64")
     for avg in AVERAGES:
         ci = cis[(cis["benchmark"] == avg) & (cis["metric"] == "em")][["run", "step", "lo", "hi"]]
         ci = ci.rename(columns={"lo": f"{avg}_lo", "hi": f"{avg}_hi"})
@@ -116,11 +134,21 @@ def table1(
     )
     columns = ["rule", "row", "seed", "run", "step", "last_step", "short", "avg_all_em", "avg_all_lo",
                "avg_all_hi", "avg_heldout_em", "avg_heldout_lo", "avg_heldout_hi", "rank"]
-    order = {MATCHED: 0, OWN: 1}
-    frame = frame.assign(_r=frame["rule"].map(order), _f=~trained)
-    return frame.sort_values(["_r", "_f", "row", "seed"], ascending=[True, False, True, True])[columns].reset_index(
-        drop=True
-    )
+    return _sorted_cells(frame)[columns]
+
+
+def _sorted_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Floor rows first, then matched-horizon and own-horizon cells; shapes in paper order; by seed."""
+    rules = {MATCHED: 1, OWN: 2}
+    shapes = {s: i for i, s in enumerate(order_shapes([r for r in frame["row"].unique() if r != FLOOR]))}
+    keys = pd.DataFrame({
+        "floor": (frame["row"] != FLOOR).astype(int),
+        "rule": frame["rule"].map(rules).fillna(0),
+        "shape": frame["row"].map(shapes).fillna(-1),
+        "seed": frame["seed"],
+    })
+    order = keys.sort_values(["rule", "floor", "shape", "seed"], kind="stable").index
+    return frame.loc[order].reset_index(drop=True)
 
 
 def seed_rankings(t1: pd.DataFrame, rule: str, column: str) -> dict[int, list[list[tuple[str, float]]]]:
@@ -191,9 +219,10 @@ def per_benchmark_table(
     names = {b: benchmark_label(b) + (" (ID)" if b == IN_DISTRIBUTION else "") for b in suite}
     names.update({AVG_ALL: f"Avg (all {len(suite)})", AVG_HELDOUT: f"Avg (held-out {heldout})"})
     wide = wide.rename(columns=names).drop(columns="run")
-    order = {MATCHED: 0, OWN: 1}
-    wide = wide.assign(_r=wide["rule"].map(order), _f=wide["row"] != FLOOR)
-    return wide.sort_values(["_r", "_f", "row", "seed"]).drop(columns=["_r", "_f"]).reset_index(drop=True)
+    floor = wide["row"] == FLOOR
+    wide.loc[floor, "rule"] = "step 0"
+    wide = wide[~(floor & wide.duplicated(["rule", "row", "seed"]))]
+    return _sorted_cells(wide)
 
 
 def frame_markdown(frame: pd.DataFrame, digits: int = 3) -> str:
@@ -204,3 +233,27 @@ def frame_markdown(frame: pd.DataFrame, digits: int = 3) -> str:
         return str(value)
 
     return markdown_table(list(frame.columns), [[cell(v) for v in row] for row in frame.itertuples(index=False)])
+
+
+def search_profile(rows: pd.DataFrame, max_searches: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fig. 13 data from per-question rows with a ``shape`` column (caller filters benchmarks).
+
+    A rollout is *completed* when a prediction was extracted, otherwise *aborted* (SPEC §4: ended
+    without an ``<answer>``; the same rule as ``abort_rate`` in summary.json). Returns
+    (profile, aborts): profile has ``shape, searches, n, share, em`` over completed rollouts with a
+    known search count, counts above ``max_searches`` folded into ``max_searches``, ``share`` = n /
+    completed rollouts of the shape and ``em`` = mean EM; aborts has ``shape, n, abort_rate`` and the
+    fraction of rollouts ending by each termination reason (``term_<reason>``).
+    """
+    completed = rows["answered"]
+    done = rows[completed & (rows["searches"] >= 0)].assign(searches=lambda f: f["searches"].clip(upper=max_searches))
+    profile = done.groupby(["shape", "searches"], as_index=False).agg(n=("em", "size"), em=("em", "mean"))
+    profile["share"] = profile["n"] / profile.groupby("shape")["n"].transform("sum")
+    aborts = rows.assign(aborted=~completed).groupby("shape", as_index=False).agg(
+        n=("aborted", "size"), abort_rate=("aborted", "mean")
+    )
+    reasons = rows[rows["termination"] != ""]
+    if len(reasons):
+        share = pd.crosstab(reasons["shape"], reasons["termination"], normalize="index").add_prefix("term_")
+        aborts = aborts.merge(share.reset_index(), on="shape", how="left")
+    return profile[["shape", "searches", "n", "share", "em"]], aborts

@@ -11,15 +11,16 @@
    fails with ``RuntimeError: Cannot access accelerator device when none is available``. The
    module's ``CPUOffloadPolicy`` name is rebound to a subclass that forces ``pin_memory=False``.
 
-Both apply only in CPU mode (``patches.activation``), right after ``transformer_impl`` is first
-imported (``patches.post_import``): importing it eagerly would double the import time of verl.
+Installed only in CPU mode (``patches.activation``; see ``patches.__init__``); both run right
+after ``transformer_impl`` is first imported (``patches.post_import``): importing it eagerly
+would double the import time of verl.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from patches.activation import CPU_PLATFORM_NAME, cpu_mode_active
+from patches.activation import CPU_PLATFORM_NAME
 from patches.post_import import when_imported
 
 TARGET_MODULE = "verl.workers.engine.fsdp.transformer_impl"
@@ -61,5 +62,6 @@ def _patch(transformer_impl: ModuleType) -> None:
     unpin_offload_policy(transformer_impl)
 
 
-if cpu_mode_active():
+def install() -> None:
+    """Apply both fixes when (or if already) ``transformer_impl`` is imported."""
     when_imported(TARGET_MODULE, _patch)

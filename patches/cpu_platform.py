@@ -14,9 +14,9 @@ through ``PlatformRegistry.register`` (``verl/plugin/platform/platform_manager.p
   ``get_torch_device()`` that ``torch.cpu`` lacks (``memory_reserved``, ``mem_get_info``,
   ``get_device_name``, ``get_rng_state``, …): host-memory numbers or no-ops.
 
-The class is always registered (a name in a registry changes nothing), but it is only picked
-when ``patches.activation.cpu_mode_active()`` is true: ``VERL_PLATFORM=cpu``, or auto-detection
-on a CPU-only torch build. On a GPU node ``PlatformCUDA`` is probed first and wins.
+``install()`` registers the class on every machine (a name in a registry changes nothing), but
+it is only picked when ``patches.activation.cpu_mode_active()`` is true: ``VERL_PLATFORM=cpu``, or
+auto-detection on a CPU-only torch build. On a GPU node ``PlatformCUDA`` is probed first and wins.
 """
 
 from __future__ import annotations
@@ -85,7 +85,6 @@ class _CPUDeviceModule(ModuleType):
 DEVICE_MODULE = _CPUDeviceModule()
 
 
-@PlatformRegistry.register(platform=CPU_PLATFORM_NAME)
 class PlatformCPU(PlatformBase):
     """verl platform backend for training on host CPUs (gloo collectives, fp32/bf16 on CPU)."""
 
@@ -161,3 +160,9 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
+
+
+def install() -> None:
+    """Register ``PlatformCPU`` as verl platform ``cpu`` (idempotent)."""
+    if PlatformRegistry.get(CPU_PLATFORM_NAME) is not PlatformCPU:
+        PlatformRegistry.register(platform=CPU_PLATFORM_NAME)(PlatformCPU)

@@ -7,8 +7,8 @@ Adapts ``verl/utils/distributed.py`` (verl 0.9.1), lines 63 and 89::
 On the ``cpu`` platform that string is ``"cpu:gloo,cpu:gloo"`` and torch refuses it with
 ``ValueError: Duplicate device type cpu in backend string``. The patch wraps
 ``torch.distributed.init_process_group`` and passes ``"gloo"`` instead of exactly that string;
-every other backend string goes through untouched. Applied only in CPU mode
-(``patches.activation``).
+every other backend string goes through untouched. Installed only in CPU mode
+(``patches.activation``; see ``patches.__init__``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed
-
-from patches.activation import cpu_mode_active
 
 DUPLICATE_CPU_BACKEND = "cpu:gloo,cpu:gloo"
 
@@ -48,10 +46,6 @@ def wrap_init_process_group(init: Callable[..., Any]) -> Callable[..., Any]:
     return init_process_group
 
 
-def apply() -> None:
-    """Install the wrapper on ``torch.distributed`` (idempotent)."""
+def install() -> None:
+    """Wrap ``torch.distributed.init_process_group`` (idempotent)."""
     torch.distributed.init_process_group = wrap_init_process_group(torch.distributed.init_process_group)
-
-
-if cpu_mode_active():
-    apply()

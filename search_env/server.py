@@ -18,18 +18,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, StrictBool, StrictStr, field_validator
+from fastapi.responses import Response
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from search_env.retriever import Retriever
 
@@ -54,7 +60,7 @@ class RetrieveRequest(BaseModel):
     """Search-R1 `/retrieve` body. `topk` None -> the server's default topk."""
 
     queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
-    topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+    topk: StrictInt | None = Field(default=None, ge=1, le=MAX_TOPK)
     return_scores: StrictBool = False
 
     _nonempty = field_validator("queries")(_check_query_strings)
@@ -64,7 +70,7 @@ class SearchRequest(BaseModel):
     """FlashRAG/ReSearch `/search` body (one query)."""
 
     query: StrictStr = Field(min_length=1)
-    top_n: int = Field(default=10, ge=1, le=MAX_TOPK)
+    top_n: StrictInt = Field(default=10, ge=1, le=MAX_TOPK)
     return_score: StrictBool = False
 
     @field_validator("query")
@@ -77,10 +83,14 @@ class BatchSearchRequest(BaseModel):
     """FlashRAG/ReSearch `/batch_search` body (`query` is a list)."""
 
     query: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
-    top_n: int = Field(default=10, ge=1, le=MAX_TOPK)
+    top_n: StrictInt = Field(default=10, ge=1, le=MAX_TOPK)
     return_score: StrictBool = False
 
     _nonempty = field_validator("query")(_check_query_strings)
+
+
+class BackendFailure(RuntimeError):
+    """The backend raised while searching a batch; every request of that batch gets HTTP 500."""
 
 
 @dataclass
@@ -173,11 +183,11 @@ class MicroBatcher:
             topk = max(job.topk for job in batch)
             try:
                 hits = await loop.run_in_executor(self._executor, self.search_fn, queries, topk)
-            except Exception as err:  # noqa: BLE001 - every waiting request must get the error
+            except Exception as err:  # every waiting request must get the error
                 log.exception("retrieval batch of %d queries failed", len(queries))
                 for job in batch:
                     if not job.future.done():
-                        job.future.set_exception(err)
+                        job.future.set_exception(BackendFailure(f"{type(err).__name__}: {err}"))
                 continue
             self.stats.batches += 1
             self.stats.queries += len(queries)
@@ -206,13 +216,16 @@ def _describe_validation_error(err: RequestValidationError) -> str:
     parts = []
     for item in err.errors():
         loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        if item.get("type") == "json_invalid":
+            loc = f"body (char {loc})"
         parts.append(f"{loc}: {item.get('msg', 'invalid')}")
     return "; ".join(parts)
 
 
-class BodySizeLimit:
-    """ASGI middleware: answer 413 JSON when a request body exceeds `max_bytes` (checks Content-Length
-    first, then counts streamed chunks, buffering at most `max_bytes`)."""
+class JsonBodyGuard:
+    """ASGI middleware for POST bodies: answer 413 JSON when a body exceeds `max_bytes` (checks
+    Content-Length first, then counts streamed chunks, buffering at most `max_bytes`), and read every
+    body as JSON whatever Content-Type the client sent (e.g. `curl -d` sends form encoding)."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int) -> None:
         self.app = app
@@ -233,6 +246,8 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+                 + [(b"content-type", b"application/json")]}
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(send, declared.decode())
@@ -282,19 +297,18 @@ def create_app(retriever: Retriever, default_topk: int = 5, max_batch: int = 256
             await batcher.stop()
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes)
     app.state.batcher = batcher
     app.state.started = time.time()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, err: RequestValidationError) -> Response:
-        return _json({"error": _describe_validation_error(err), "detail": json.loads(json.dumps(
-            err.errors(), default=str))}, status=422)
+        detail = [{k: v for k, v in item.items() if k in ("type", "loc", "msg")} for item in err.errors()]
+        return _json({"error": _describe_validation_error(err), "detail": detail}, status=422)
 
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, err: Exception) -> Response:
-        log.exception("request failed")
-        return _json({"error": f"internal error: {type(err).__name__}: {err}"}, status=500)
+    @app.exception_handler(BackendFailure)
+    async def _backend_failure(_: Request, err: BackendFailure) -> Response:
+        return _json({"error": f"retrieval backend failed: {err}"}, status=500)
 
     @app.get("/health")
     async def health() -> Response:
@@ -337,3 +351,76 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("retrieval server binds %s: it is reachable from other machines and has no auth", host)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> dict:
+    """Poll `url`/health until it answers 200 (returns its JSON); TimeoutError after `timeout_s`
+    seconds, RuntimeError at once if `process` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"retrieval server exited with code {process.returncode} before {url} was healthy")
+        try:
+            response = httpx.get(f"{url}/health", timeout=2.0)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f} s")
+
+
+@dataclass
+class ServerProcess:
+    """A `python -m search_env serve` child process; `stop()` ends exactly this PID."""
+
+    process: subprocess.Popen
+    url: str
+    log_path: Path | None = None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`; a no-op when already stopped."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn_server(serve_args: list[str], host: str = "127.0.0.1", port: int | None = None,
+                 startup_timeout_s: float = 120.0, log_path: str | Path | None = None) -> ServerProcess:
+    """Start `python -m search_env serve <serve_args> --host H --port P` and wait until healthy.
+
+    Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).
+    The child is stopped if it does not become healthy within `startup_timeout_s` seconds.
+    """
+    port = free_port(host) if port is None else port
+    command = [sys.executable, "-m", "search_env", "serve", *serve_args, "--host", host, "--port", str(port)]
+    sink = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
+    finally:
+        if log_path is not None:
+            sink.close()
+    server = ServerProcess(process, f"http://{host}:{port}", Path(log_path) if log_path else None)
+    try:
+        wait_healthy(server.url, startup_timeout_s, process)
+    except BaseException:
+        server.stop()
+        raise
+    return server

@@ -1,0 +1,314 @@
+"""``python -m eval run``: evaluate every checkpoint of a run on a suite, greedily, resumably.
+
+Per checkpoint, the questions go through the training code path — ``search_env.data`` builds
+the same verl row (prompt from ``search_env.protocol``), verl's ``AgentLoopWorker`` runs
+``SearchAgentLoop`` + ``SearchTool`` (backend ``hf`` or ``vllm``, see :mod:`eval.backends`) with
+``validate=True`` and ``val_kwargs`` temperature 0 (greedy), and the decoded response is scored
+by ``reward_fns.compute_score`` exactly as the training reward sees it.
+
+Output (:mod:`eval.store` makes it crash-safe)::
+
+    OUT/<run>/run.json                         run, shape, seed, horizon, config, eval settings
+    OUT/<run>/global_step_<N>/rows.jsonl       one line per question, appended per batch
+    OUT/<run>/global_step_<N>/summary.json     written once every row is in (atomic rename)
+    OUT/<run>/merged/global_step_<N>/          HF weights merged from FSDP shards (cache)
+
+Rollout limits default to what the run trained with (its saved config), else the protocol's
+(10 assistant turns, 8,192 tokens in all, 1,024 per turn); flags override both, and run.json
+records the values used.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from eval import checkpoints as ckpts
+from eval.store import RowStore, exclusive_lock, read_json, write_json_atomic
+from eval.suite import REPO_ROOT, Question, Suite
+from reward_fns import extract_answer
+from reward_fns.compute_score import compute_score
+from search_env import protocol
+
+TERMINATIONS = ("answer", "turn_cap", "length_cap", "error")
+DEFAULT_BATCH = {"hf": 8, "vllm": 512}
+"""Rows per rollout call (and per fsync of rows.jsonl)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Rollout limits in tokens / turns (see SPEC §3)."""
+
+    max_assistant_turns: int = protocol.MAX_ASSISTANT_TURNS
+    max_total_tokens: int = protocol.MAX_TOTAL_TOKENS
+    max_turn_tokens: int = protocol.MAX_TURN_TOKENS
+    response_length: int = protocol.MAX_TOTAL_TOKENS
+    prompt_length: int = 1024
+
+
+def _repo_path(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def limits_from_config(config: dict[str, Any]) -> Limits:
+    """The rollout limits a run trained with (protocol defaults for whatever its config lacks)."""
+    found: dict[str, int] = {}
+    for field, key in (
+        ("max_assistant_turns", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns"),
+        ("response_length", "data.max_response_length"),
+        ("prompt_length", "data.max_prompt_length"),
+    ):
+        value = ckpts.get_dotted(config, key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found[field] = value
+    loops_path = ckpts.get_dotted(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
+    if isinstance(loops_path, str) and _repo_path(loops_path).is_file():
+        for entry in yaml.safe_load(_repo_path(loops_path).read_text()) or []:
+            if isinstance(entry, dict) and entry.get("name") == "search_agent":
+                for field in ("max_turn_tokens", "max_total_tokens"):
+                    if isinstance(entry.get(field), int):
+                        found[field] = entry[field]
+    return Limits(**found)
+
+
+def score_row(q: Question, record: dict[str, Any], shape: str) -> dict[str, Any]:
+    """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`)."""
+    response = record["response"]
+    scored = compute_score(data_source=q.benchmark, solution_str=response,
+                           ground_truth={"target": list(q.golds)}, shape=shape)
+    return {
+        "benchmark": q.benchmark,
+        "id": q.id,
+        "question": q.question,
+        "golds": list(q.golds),
+        "prediction": extract_answer(response),
+        "em": scored["em"],
+        "f1": scored["f1"],
+        "acc": scored["acc"],
+        "well_formed": bool(scored["well_formed"]),
+        "searches": int(record.get("searches") or 0),
+        "search_errors": int(record.get("search_errors") or 0),
+        "termination": record.get("termination"),
+        "model_tokens": int(record.get("model_tokens") or 0),
+        "retrieved_tokens": int(record.get("retrieved_tokens") or 0),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(math.fsum(values) / len(values)) if values else 0.0
+
+
+def summarize(rows: Sequence[dict[str, Any]], benchmarks: Sequence[str], step: int) -> dict[str, Any]:
+    """``summary.json`` of one checkpoint; ``macro`` is the unweighted mean over ``benchmarks``.
+
+    Per benchmark: ``n``, mean ``em``/``f1``/``acc``, ``abort_rate`` (fraction of rows with no
+    ``<answer>``), ``searches_mean`` and ``terminations`` counts. Every benchmark needs >= 1 row.
+    """
+    by_bench: dict[str, list[dict[str, Any]]] = {b: [] for b in benchmarks}
+    for row in rows:
+        if row["benchmark"] in by_bench:
+            by_bench[row["benchmark"]].append(row)
+    per: dict[str, Any] = {}
+    for name, items in by_bench.items():
+        if not items:
+            raise ValueError(f"no rows for benchmark {name!r}; cannot summarise step {step}")
+        counts = Counter(r.get("termination") for r in items)
+        per[name] = {
+            "n": len(items),
+            "em": _mean([r["em"] for r in items]),
+            "f1": _mean([r["f1"] for r in items]),
+            "acc": _mean([r["acc"] for r in items]),
+            "abort_rate": _mean([1.0 if r.get("prediction") is None else 0.0 for r in items]),
+            "searches_mean": _mean([r.get("searches", 0) for r in items]),
+            "terminations": {t: counts.get(t, 0) for t in TERMINATIONS},
+        }
+    macro = {m: _mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
+    return {"step": step, "benchmarks": per, "macro": macro, "n": sum(p["n"] for p in per.values()),
+            "complete": True}
+
+
+def check_retrievers(urls: Sequence[str], timeout: float = 5.0) -> None:
+    """Raise RuntimeError unless every retrieval server answers ``GET /health`` with 200."""
+    if not urls:
+        raise RuntimeError(
+            "no retrieval server: pass --retriever-url http://127.0.0.1:8000 (start one with "
+            "`python -m search_env serve --backend bm25 --port 8000`), or use launch/eval.sh, which starts one"
+        )
+    for url in urls:
+        try:
+            status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code
+        except httpx.HTTPError as err:
+            raise RuntimeError(f"retrieval server {url} is not reachable ({type(err).__name__}); start it "
+                               "or fix --retriever-url") from None
+        if status != 200:
+            raise RuntimeError(f"retrieval server {url}/health answered HTTP {status}")
+
+
+@dataclass
+class RunPlan:
+    """Everything ``run`` needs, resolved from the command line (see ``prepare``)."""
+
+    run_name: str
+    out_root: Path
+    suite: Suite
+    checkpoints: list[ckpts.Checkpoint]
+    info: dict[str, Any]
+    limits: Limits
+    backend: str
+    retriever_urls: list[str]
+    batch_size: int
+    eval_settings: dict[str, Any]
+
+    @property
+    def run_root(self) -> Path:
+        return self.out_root / self.run_name
+
+
+def eval_settings(suite: Suite, limit: int | None, subsample_seed: int, limits: Limits, backend: str) -> dict:
+    """What makes two evaluations of a run comparable (stored in and checked against run.json)."""
+    return {
+        "suite": str(suite.path),
+        "benchmarks": {b: len(qs) for b, qs in suite.benchmarks.items()},
+        "limit": limit,
+        "subsample_seed": subsample_seed,
+        "backend": backend,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1},
+        "limits": asdict(limits),
+    }
+
+
+def write_run_json(plan: RunPlan) -> None:
+    """Create ``run.json``, or check the existing one was written with the same eval settings."""
+    path = plan.run_root / "run.json"
+    doc = {**{k: plan.info[k] for k in ("run", "shape", "seed", "horizon", "config")},
+           "config_path": plan.info.get("config_path"), "eval": plan.eval_settings}
+    doc["run"] = plan.run_name
+    if path.is_file():
+        old = read_json(path).get("eval")
+        if old != plan.eval_settings:
+            diff = sorted(k for k in set(old or {}) | set(plan.eval_settings)
+                          if (old or {}).get(k) != plan.eval_settings.get(k))
+            raise ValueError(
+                f"{path} was written with other eval settings ({', '.join(diff)} differ); results would not "
+                "be comparable: use the same --suite/--limit/--backend/limits, or another --out"
+            )
+    write_json_atomic(path, doc)
+
+
+def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
+    from search_env.local_rollout import write_tool_config
+
+    tools = write_tool_config(plan.run_root / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
+    loops = [{"name": "search_agent", "_target_": "search_env.agent_loop.SearchAgentLoop", "mask_retrieved": True,
+              "max_turn_tokens": plan.limits.max_turn_tokens, "max_total_tokens": plan.limits.max_total_tokens}]
+    loops_path = plan.run_root / "agent_loops.yaml"
+    loops_path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
+    return tools, loops_path
+
+
+def rollout_config(plan: RunPlan, model_dir: Path) -> Any:
+    """verl's composed config for greedy protocol rollouts of ``model_dir``."""
+    from search_env.local_rollout import compose_rollout_config
+
+    tools, loops = _tool_and_loop_files(plan)
+    return compose_rollout_config(
+        model_dir,
+        tools,
+        prompt_length=plan.limits.prompt_length,
+        response_length=plan.limits.response_length,
+        agent_loop_config_path=loops,
+        overrides=[
+            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={plan.limits.max_assistant_turns}",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+            "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
+            "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+            f"actor_rollout_ref.rollout.name={'vllm' if plan.backend == 'vllm' else 'hf'}",
+        ],
+    )
+
+
+def _to_verl_rows(questions: Sequence[Question]) -> list[dict[str, Any]]:
+    from search_env.data import QARow, to_verl_row
+
+    return [to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i)
+            for i, q in enumerate(questions)]
+
+
+def evaluate_step(
+    plan: RunPlan,
+    ckpt: ckpts.Checkpoint,
+    make_backend: Callable[[Any, str], Any],
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Evaluate one checkpoint (only its missing rows), then write and return its summary."""
+    from tqdm import tqdm
+
+    step_dir = plan.run_root / f"global_step_{ckpt.step}"
+    summary_path = step_dir / "summary.json"
+    wanted = {q.key for qs in plan.suite.benchmarks.values() for q in qs}
+    store = RowStore(step_dir / "rows.jsonl")
+    done = store.done_keys() & wanted
+    if summary_path.is_file() and len(done) == len(wanted):
+        return read_json(summary_path)
+    todo = {b: [q for q in qs if q.key not in done] for b, qs in plan.suite.benchmarks.items()}
+    n_todo = sum(len(qs) for qs in todo.values())
+    log(f"step {ckpt.step}: {len(done)} rows done, {n_todo} to go")
+    if n_todo:
+        model_dir = ckpts.materialize(ckpt, plan.run_root / "merged")
+        backend = make_backend(rollout_config(plan, model_dir), str(model_dir))
+        shape = plan.info.get("shape") or "f1_only"
+        try:
+            for position, (bench, questions) in enumerate(plan.suite.benchmarks.items()):
+                n_done = len(questions) - len(todo[bench])
+                with tqdm(total=len(questions), initial=n_done, desc=f"step {ckpt.step} {bench}", unit="row",
+                          position=position, leave=True, file=sys.stderr, dynamic_ncols=True) as bar:
+                    pending = todo[bench]
+                    for start in range(0, len(pending), plan.batch_size):
+                        batch = pending[start : start + plan.batch_size]
+                        records = backend.rollout(_to_verl_rows(batch))
+                        store.append(score_row(q, r, shape) for q, r in zip(batch, records, strict=True))
+                        bar.update(len(batch))
+        finally:
+            backend.close()
+    rows = [r for r in store.rows() if (r["benchmark"], r["id"]) in wanted]
+    if len(rows) != len(wanted):
+        raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
+    summary = summarize(rows, list(plan.suite.benchmarks), ckpt.step)
+    write_json_atomic(summary_path, summary)
+    return summary
+
+
+def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> str:
+    """Markdown table: one line per step, the metric per benchmark and the macro average."""
+    if not summaries:
+        return "(no checkpoint evaluated)"
+    benches = list(next(iter(summaries.values()))["benchmarks"])
+    header = ["step"] + benches + [f"macro {metric.upper()}", "abort", "searches"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for step, s in sorted(summaries.items()):
+        per = s["benchmarks"]
+        abort = _mean([per[b]["abort_rate"] for b in benches])
+        searches = _mean([per[b]["searches_mean"] for b in benches])
+        cells = [str(step)] + [f"{per[b][metric]:.3f}" for b in benches]
+        cells += [f"{s['macro'][metric]:.3f}", f"{abort:.2f}", f"{searches:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run(plan: RunPlan, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
+    """Evaluate every checkpoint of ``plan`` in step order; returns ``{step: summary}``."""
+    check_retrievers(plan.retriever_urls)
+    with exclusive_lock(plan.run_root):
+        write_run_json(plan)
+        summaries = {c.step: evaluate_step(plan, c, make_backend, log) for c in plan.checkpoints}
+    return summaries

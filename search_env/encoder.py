@@ -1,0 +1,142 @@
+"""Dense text encoder: HF AutoModel, masked mean pooling, L2 normalisation (so inner product = cosine).
+
+Matches the E5 application of Search-R1 / FlashRAG: `"query: "` / `"passage: "` prefixes when the model
+is E5 (its name or path contains "e5", or `e5=True`), passages encoded as the raw wiki-18 `contents`
+(`"Title"\\ntext`), queries truncated to 256 tokens, fp16 weights on GPU, float32 output.
+
+`build_tiny_encoder` writes a small random BERT with a WordPiece tokenizer trained locally on the demo
+corpus: the same code path without downloading weights (tests, benchmarks, the CPU demo).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizer
+
+from search_env import DEMO_CORPUS
+
+log = logging.getLogger(__name__)
+
+QUERY_PREFIX = "query: "
+PASSAGE_PREFIX = "passage: "
+
+
+def is_e5_model(model_path: str | os.PathLike[str]) -> bool:
+    """Search-R1/FlashRAG rule: E5 prefixes iff "e5" occurs in the model name (case-insensitive)."""
+    return "e5" in str(model_path).lower()
+
+
+def resolve_device(use_gpu: bool | None) -> torch.device:
+    """cuda when `use_gpu` is True, or None and CUDA is available; ValueError for True without CUDA."""
+    if use_gpu and not torch.cuda.is_available():
+        raise ValueError("--gpu on: no CUDA device is visible; use --gpu auto or --gpu off")
+    return torch.device("cuda" if (use_gpu is None and torch.cuda.is_available()) or use_gpu else "cpu")
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `hidden` (batch, tokens, dim) over tokens where `attention_mask` is 1, in float32."""
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)
+    summed = (hidden.to(torch.float32) * mask).sum(dim=1)
+    return summed / mask.sum(dim=1).clamp(min=1.0)
+
+
+class Encoder:
+    """Encode queries and passages into L2-normalised float32 vectors of size `dim`.
+
+    model_path: HF model directory (or hub id when online). use_gpu: None = CUDA if available.
+    fp16: None = fp16 on GPU, fp32 on CPU. batch_size: texts per forward pass. e5: force the E5
+    prefixes on/off (None = detect from the name). Not thread-safe: call from one thread at a time.
+    """
+
+    def __init__(self, model_path: str | os.PathLike[str], use_gpu: bool | None = None, fp16: bool | None = None,
+                 batch_size: int = 256, query_max_length: int = 256, passage_max_length: int = 256,
+                 e5: bool | None = None) -> None:
+        if batch_size < 1 or query_max_length < 1 or passage_max_length < 1:
+            raise ValueError("Encoder: batch_size, query_max_length and passage_max_length must be >= 1")
+        self.model_path = str(model_path)
+        self.device = resolve_device(use_gpu)
+        self.fp16 = self.device.type == "cuda" if fp16 is None else fp16
+        self.is_e5 = is_e5_model(model_path) if e5 is None else e5
+        self.batch_size = batch_size
+        self.query_max_length = query_max_length
+        self.passage_max_length = passage_max_length
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        dtype = torch.float16 if self.fp16 else torch.float32
+        self.model = AutoModel.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+        self.dim = int(self.model.config.hidden_size)
+        log.info("encoder %s on %s (%s, e5 prefixes %s, dim %d)", self.model_path, self.device,
+                 "fp16" if self.fp16 else "fp32", "on" if self.is_e5 else "off", self.dim)
+
+    def encode_queries(self, queries: Iterable[str]) -> np.ndarray:
+        """(n, dim) float32 for questions/search queries (`query: ` prefix for E5)."""
+        prefix = QUERY_PREFIX if self.is_e5 else ""
+        return self.encode([prefix + q for q in queries], self.query_max_length)
+
+    def encode_passages(self, contents: Iterable[str]) -> np.ndarray:
+        """(n, dim) float32 for corpus `contents` (`passage: ` prefix for E5)."""
+        prefix = PASSAGE_PREFIX if self.is_e5 else ""
+        return self.encode([prefix + c for c in contents], self.passage_max_length)
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], max_length: int) -> np.ndarray:
+        """Texts as given (no prefix) -> (n, dim) float32, C-contiguous, unit L2 norm."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for lo in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(texts[lo : lo + self.batch_size], padding=True, truncation=True,
+                                   max_length=max_length, return_tensors="pt").to(self.device)
+            hidden = self.model(**batch).last_hidden_state
+            pooled = torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1)
+            out[lo : lo + len(pooled)] = pooled.cpu().numpy()
+        return out
+
+
+def tiny_wordpiece_vocab(texts: Iterable[str], vocab_size: int) -> dict[str, int]:
+    """A deterministic BERT WordPiece vocabulary: the 5 special tokens, every character seen (alone and
+    as `##` continuation, so no word is [UNK]), then the most frequent lower-cased words (ties by
+    spelling) up to `vocab_size` entries."""
+    from collections import Counter
+
+    from tokenizers import normalizers, pre_tokenizers
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    splitter = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for text in texts:
+        counts.update(word for word, _ in splitter.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({ch for word in counts for ch in word})
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{ch}" for ch in chars)]
+    seen = set(tokens)
+    for word, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        if len(tokens) >= vocab_size:
+            break
+        if word not in seen:
+            tokens.append(word)
+            seen.add(word)
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def build_tiny_encoder(out_dir: str | os.PathLike[str], hidden_size: int = 32, num_layers: int = 2,
+                       num_heads: int = 2, vocab_size: int = 2000, seed: int = 0,
+                       corpus: str | os.PathLike[str] = DEMO_CORPUS) -> Path:
+    """Write a random-weight BERT (`hidden_size`-d output) and a WordPiece tokenizer whose vocabulary
+    comes from `corpus` to `out_dir`; byte-identical for a given seed; no network. Returns `out_dir`."""
+    from search_env.corpus import Corpus
+
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = tiny_wordpiece_vocab(Corpus(corpus).iter_contents(), vocab_size)
+    BertTokenizer(vocab=vocab, model_max_length=512).save_pretrained(out)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=hidden_size, num_hidden_layers=num_layers,
+                        num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
+                        max_position_embeddings=512, pad_token_id=vocab["[PAD]"])
+    BertModel(config).save_pretrained(out)
+    return out

@@ -1,0 +1,327 @@
+"""Faiss indexes for the dense backend: build from a corpus, convert a Flat index, measure recall,
+load for serving (nprobe always set explicitly), and the `DenseRetriever`.
+
+All indexes use inner product (the encoder's vectors are unit length, so IP = cosine). Row i of an
+index is row i of the corpus it was built from. IVF training (k-means) runs on a random sample of
+`train_size` vectors (default min(N, 256 x nlist): faiss's k-means uses at most 256 points per
+centroid anyway); when the sample is too small for nlist (faiss wants >= 39 points per centroid), nlist
+is lowered with a warning. A `<index>.meta.json` file records the factory string, dimension and source.
+GPU faiss is used when present (`faiss-gpu`), CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from search_env.corpus import Corpus
+from search_env.retriever import Retriever
+
+log = logging.getLogger(__name__)
+
+MIN_POINTS_PER_CENTROID = 39
+MAX_POINTS_PER_CENTROID = 256
+DEFAULT_NPROBE = 64
+META_SUFFIX = ".meta.json"
+RECALL_SUFFIX = ".recall.json"
+
+VectorSource = Callable[[np.ndarray], np.ndarray]
+"""Maps sorted row numbers to their (len(rows), dim) float32 vectors."""
+
+
+def gpu_available() -> bool:
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def _want_gpu(use_gpu: bool | None) -> bool:
+    if use_gpu and not gpu_available():
+        raise ValueError("--gpu on: this faiss build has no GPU support or sees no GPU (install faiss-gpu)")
+    return gpu_available() if use_gpu is None else use_gpu
+
+
+def factory_nlist(factory: str) -> int | None:
+    """nlist of an IVF factory string (`IVF4096,SQ8` -> 4096), None for non-IVF factories."""
+    match = re.search(r"IVF(\d+)", factory)
+    return int(match.group(1)) if match else None
+
+
+def default_train_size(factory: str, n: int) -> int:
+    nlist = factory_nlist(factory)
+    return min(n, MAX_POINTS_PER_CENTROID * nlist if nlist else 100_000)
+
+
+def clamp_factory(factory: str, n_train: int) -> str:
+    """Lower the IVF nlist of `factory` so each centroid gets >= 39 training points (warns when it does)."""
+    nlist = factory_nlist(factory)
+    if nlist is None:
+        return factory
+    limit = max(1, n_train // MIN_POINTS_PER_CENTROID)
+    if nlist <= limit:
+        return factory
+    log.warning("nlist %d needs >= %d training vectors but only %d are available: using nlist %d",
+                nlist, nlist * MIN_POINTS_PER_CENTROID, n_train, limit)
+    return re.sub(r"IVF\d+", f"IVF{limit}", factory, count=1)
+
+
+def new_index(factory: str, dim: int) -> faiss.Index:
+    try:
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as err:
+        raise ValueError(f"--factory {factory!r} is not a valid faiss factory string: {err}") from err
+
+
+def ivf_nlist(index: faiss.Index) -> int | None:
+    """nlist of a CPU index that contains an IVF layer, else None."""
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        return None
+
+
+def _to_gpu(index: faiss.Index) -> faiss.Index:
+    options = faiss.GpuMultipleClonerOptions()
+    options.useFloat16 = True
+    options.shard = True
+    return faiss.index_cpu_to_all_gpus(index, options)
+
+
+def set_nprobe(index: faiss.Index, nprobe: int, nlist: int | None, on_gpu: bool = False) -> int | None:
+    """Set nprobe on an IVF index (CPU or GPU clone), clamped to nlist; returns the value set or None
+    for a non-IVF index. Never leave it to faiss's default of 1."""
+    if nlist is None:
+        return None
+    if nprobe > nlist:
+        log.warning("nprobe %d > nlist %d: probing all %d lists", nprobe, nlist, nlist)
+        nprobe = nlist
+    space = faiss.GpuParameterSpace() if on_gpu else faiss.ParameterSpace()
+    space.set_index_parameter(index, "nprobe", nprobe)
+    return nprobe
+
+
+def train_and_fill(factory: str, dim: int, n: int, vectors: VectorSource, train_size: int | None,
+                   chunk_size: int, seed: int, use_gpu: bool | None, desc: str) -> tuple[faiss.Index, str]:
+    """Create `factory`, train it on a random sample of the n rows, add all rows in chunks (tqdm).
+    Returns the CPU index and the factory actually used (nlist may be clamped)."""
+    if n < 1:
+        raise ValueError("cannot build an index from 0 vectors")
+    train_size = min(n, train_size or default_train_size(factory, n))
+    factory = clamp_factory(factory, train_size)
+    index = new_index(factory, dim)
+    gpu = _want_gpu(use_gpu)
+    work = index
+    if gpu:
+        try:
+            work = _to_gpu(index)
+        except RuntimeError as err:
+            log.warning("factory %s is not supported on GPU (%s); building on CPU", factory, err)
+            gpu = False
+    if not index.is_trained:
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
+        started = time.perf_counter()
+        sample = vectors(rows)
+        log.info("training %s on %d of %d vectors (%s)", factory, train_size, n, "GPU" if gpu else "CPU")
+        work.train(sample)
+        del sample
+        log.info("trained in %.1f s", time.perf_counter() - started)
+    with tqdm(total=n, desc=desc, unit="vec", mininterval=5.0) as progress:
+        for lo in range(0, n, chunk_size):
+            rows = np.arange(lo, min(n, lo + chunk_size))
+            work.add(vectors(rows))
+            progress.update(len(rows))
+    return (faiss.index_gpu_to_cpu(work) if gpu else work), factory
+
+
+def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(index, str(out))
+    meta = {**meta, "ntotal": int(index.ntotal), "dim": int(index.d), "metric": "inner_product",
+            "nlist": ivf_nlist(index), "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    Path(str(out) + META_SUFFIX).write_text(json.dumps(meta, indent=2) + "\n")
+    log.info("wrote %s (%d vectors, %s)", out, index.ntotal, meta.get("factory"))
+
+
+def read_meta(index_path: str | Path) -> dict:
+    path = Path(str(index_path) + META_SUFFIX)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def build_index(corpus: Corpus, encoder, out: str | Path, factory: str = "IVF4096,SQ8",
+                train_size: int | None = None, chunk_size: int = 65536, seed: int = 0,
+                use_gpu: bool | None = None) -> faiss.Index:
+    """Embed every corpus row with `encoder.encode_passages` (an `Encoder`) and write a `factory` index
+    to `out`. Training rows are embedded once for training and again when added (~5 % extra for
+    wiki-18 with the default sample)."""
+
+    def embed(rows: np.ndarray) -> np.ndarray:
+        return encoder.encode_passages([corpus.contents(int(i)) for i in rows])
+
+    index, used = train_and_fill(factory, encoder.dim, len(corpus), embed, train_size, chunk_size, seed,
+                                 use_gpu, desc="embed+add")
+    write_index(index, out, {"factory": used, "requested_factory": factory, "source": "build-index",
+                             "corpus": str(corpus.path), "encoder": encoder.model_path, "e5": encoder.is_e5,
+                             "passage_max_length": encoder.passage_max_length})
+    return index
+
+
+def read_flat(path: str | Path) -> faiss.Index:
+    """A Flat index, memory-mapped (codes stay on disk until read) where faiss supports it."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--flat: no such index file {path}")
+    try:
+        flat = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+    except RuntimeError:
+        flat = faiss.read_index(str(path))
+    if not isinstance(flat, faiss.IndexFlat):
+        raise ValueError(f"--flat: {path} is a {type(flat).__name__}, expected an IndexFlat (e.g. e5_Flat.index)")
+    if flat.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise ValueError(f"--flat: {path} uses metric {flat.metric_type}, expected inner product (IndexFlatIP)")
+    return flat
+
+
+def convert_index(flat_path: str | Path, out: str | Path, factory: str = "IVF4096,SQ8",
+                  train_size: int | None = None, chunk_size: int = 1_000_000, seed: int = 0,
+                  use_gpu: bool | None = None) -> faiss.Index:
+    """Re-pack the vectors of an IndexFlatIP into `factory` without re-embedding: vectors are
+    reconstructed from the Flat codes (training sample by id, then all rows in chunks)."""
+    flat = read_flat(flat_path)
+
+    def reconstruct(rows: np.ndarray) -> np.ndarray:
+        if len(rows) and rows[-1] - rows[0] + 1 == len(rows):  # a contiguous chunk
+            return flat.reconstruct_n(int(rows[0]), len(rows))
+        return flat.reconstruct_batch(rows.astype(np.int64))
+
+    index, used = train_and_fill(factory, flat.d, flat.ntotal, reconstruct, train_size, chunk_size, seed,
+                                 use_gpu, desc="convert")
+    meta = {"factory": used, "requested_factory": factory, "source": "convert-index", "flat": str(flat_path)}
+    write_index(index, out, {**read_meta(flat_path), **meta})
+    return index
+
+
+@dataclass
+class LoadedIndex:
+    """A served index: the faiss object (CPU, or GPU clone), its IVF nlist (None if not IVF), the
+    nprobe in force (None if not IVF), whether it lives on GPU, and its `.meta.json` content."""
+
+    index: faiss.Index
+    nlist: int | None
+    nprobe: int | None
+    on_gpu: bool
+    meta: dict
+
+    def set_nprobe(self, nprobe: int) -> int | None:
+        self.nprobe = set_nprobe(self.index, nprobe, self.nlist, self.on_gpu)
+        return self.nprobe
+
+    def describe(self) -> dict:
+        kind = self.meta.get("factory") or f"{type(self.index).__name__}(nlist={self.nlist})"
+        return {"index_type": kind, "nprobe": self.nprobe, "nlist": self.nlist, "dim": int(self.index.d),
+                "index_on_gpu": self.on_gpu}
+
+
+def load_index(path: str | Path, nprobe: int = DEFAULT_NPROBE, use_gpu: bool | None = None) -> LoadedIndex:
+    """Read an index for serving, move it to the GPU(s) when wanted (fp16, sharded) and set nprobe."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--index: no such faiss index file {path}")
+    index = faiss.read_index(str(path))
+    loaded = LoadedIndex(index, ivf_nlist(index), None, _want_gpu(use_gpu), read_meta(path))
+    if loaded.on_gpu:
+        loaded.index = _to_gpu(index)
+    loaded.set_nprobe(nprobe)
+    return loaded
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean over queries of |found_i ∩ truth_i| / |truth_i| (ids < 0 ignored)."""
+    total = 0.0
+    for f, t in zip(found, truth, strict=True):
+        t_set = {int(x) for x in t if x >= 0}
+        total += len(t_set & {int(x) for x in f if x >= 0}) / max(1, len(t_set))
+    return total / max(1, len(truth))
+
+
+def _drop_self(ids: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
+    """Remove each query's own row from its result list and keep k entries."""
+    out = np.full((len(ids), k), -1, dtype=np.int64)
+    for i, (row, own) in enumerate(zip(ids, query_ids, strict=True)):
+        kept = row[row != own][:k]
+        out[i, : len(kept)] = kept
+    return out
+
+
+def measure_recall(index_path: str | Path, flat_path: str | Path, k: int = 10, nprobes: list[int] | None = None,
+                   n_queries: int = 1000, seed: int = 0, out: str | Path | None = None,
+                   use_gpu: bool | None = None) -> dict:
+    """Recall@k of the index at `index_path` against exact search on `flat_path`, for each nprobe.
+
+    Queries are `n_queries` stored vectors sampled at random (seeded); each query's own row is removed
+    from both result lists, so recall measures its true neighbours. Writes the report as JSON to `out`
+    (default `<index>.recall.json`) and returns it.
+    """
+    nprobes = nprobes or [DEFAULT_NPROBE]
+    flat = read_flat(flat_path)
+    loaded = load_index(index_path, nprobe=nprobes[0], use_gpu=use_gpu)
+    index = loaded.index
+    if index.ntotal != flat.ntotal or index.d != flat.d:
+        raise ValueError(f"index {index_path} ({index.ntotal} x {index.d}) and flat {flat_path} "
+                         f"({flat.ntotal} x {flat.d}) do not hold the same vectors")
+    rng = np.random.default_rng(seed)
+    query_ids = np.sort(rng.choice(flat.ntotal, size=min(n_queries, flat.ntotal), replace=False))
+    queries = flat.reconstruct_batch(query_ids.astype(np.int64))
+    started = time.perf_counter()
+    _, exact = flat.search(queries, k + 1)
+    flat_ms = (time.perf_counter() - started) * 1000 / len(queries)
+    truth = _drop_self(exact, query_ids, k)
+    results = []
+    for nprobe in nprobes:
+        used = loaded.set_nprobe(nprobe)
+        started = time.perf_counter()
+        _, found = index.search(queries, k + 1)
+        ms = (time.perf_counter() - started) * 1000 / len(queries)
+        found = _drop_self(found, query_ids, k)
+        results.append({"nprobe": used, f"recall@{k}": round(recall_at_k(found, truth), 4),
+                        "top1_agreement": round(float(np.mean(found[:, 0] == truth[:, 0])), 4),
+                        "ms_per_query_batched": round(ms, 4)})
+        log.info("nprobe %s: recall@%d %.4f", used, k, results[-1][f"recall@{k}"])
+    report = {"index": str(index_path), "flat": str(flat_path), "k": k, "n_queries": len(queries), "seed": seed,
+              "ntotal": int(flat.ntotal), "nlist": loaded.nlist, "factory": loaded.meta.get("factory"),
+              "flat_ms_per_query_batched": round(flat_ms, 4), "results": results,
+              "queries": "stored vectors sampled at random; each query's own row excluded from both lists"}
+    out = Path(out) if out is not None else Path(str(index_path) + RECALL_SUFFIX)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+class DenseRetriever(Retriever):
+    """Encoder + faiss index over `corpus` (index row i = corpus row i). One encode and one index
+    search per `search_rows` call; faiss's -1 rows are passed through (and dropped by `Retriever`)."""
+
+    backend = "dense"
+
+    def __init__(self, corpus: Corpus, encoder, loaded: LoadedIndex) -> None:
+        index = loaded.index
+        if index.ntotal != len(corpus):
+            raise ValueError(f"index holds {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows; "
+                             "build the index from this corpus")
+        if index.d != encoder.dim:
+            raise ValueError(f"index dimension {index.d} != encoder {encoder.model_path} dimension {encoder.dim}")
+        self.corpus = corpus
+        self.encoder = encoder
+        self.loaded = loaded
+
+    def search_rows(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = self.loaded.index.search(self.encoder.encode_queries(queries), topk)
+        return rows.astype(np.int64, copy=False), scores
+
+    def describe(self) -> dict:
+        return {**self.loaded.describe(), "encoder": self.encoder.model_path,
+                "encoder_device": str(self.encoder.device), "e5_prefixes": self.encoder.is_e5}

@@ -1,0 +1,84 @@
+"""``SearchTool``: the verl tool behind the model's ``search`` calls.
+
+Declared in a tool YAML (``rollout.multi_turn.tool_config_path``, see recipes/tools.yaml)::
+
+    tools:
+      - class_name: search_env.tool.SearchTool
+        config: {type: native, retrieval_urls: ["http://127.0.0.1:8000"], topk: 5,
+                 timeout: 30, max_retries: 3}
+
+verl creates ONE instance per agent-loop worker and shares it between all concurrent
+trajectories, running ``create -> execute -> release`` on every call; so the tool keeps no
+per-trajectory state. Per-rollout counters go to ``agent_data.extra_fields``:
+``searches`` (search calls executed) and ``search_errors`` (calls that returned an error text
+instead of passages: a failed retrieval or a missing/empty query). A failure never raises:
+the model sees a short error text and the rollout goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from search_env import protocol
+from search_env.client import RetrievalClient, RetrievalError
+
+log = logging.getLogger(__name__)
+
+RETRIEVAL_FAILED_TEXT = "Search failed: the search service did not answer. Try again, or answer with what you know."
+EMPTY_QUERY_TEXT = "Search failed: the search call needs a non-empty 'query' string."
+
+
+def _count(agent_data: Any, key: str) -> None:
+    """Increment ``agent_data.extra_fields[key]`` (no-op outside an agent loop)."""
+    if agent_data is not None:
+        agent_data.extra_fields[key] = int(agent_data.extra_fields.get(key, 0)) + 1
+
+
+class SearchTool(BaseTool):
+    """Wikipedia search through the retrieval server; returns ``protocol.format_passages`` text.
+
+    Config keys: ``type: native`` (verl), ``retrieval_urls`` (list of server base URLs, or one
+    string; required), ``topk`` (default ``protocol.TOPK``), ``timeout`` (seconds per HTTP try,
+    default 30), ``max_retries`` (extra tries, default 3), ``backoff`` (seconds, default 0.5).
+    """
+
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
+        schema = tool_schema or OpenAIFunctionToolSchema.model_validate(protocol.SEARCH_TOOL_SCHEMA)
+        super().__init__(config, schema)
+        urls = config.get("retrieval_urls")
+        if not urls:
+            raise ValueError(
+                "SearchTool config: 'retrieval_urls' is missing; set it to the retrieval server URL(s), "
+                "e.g. retrieval_urls: ['http://127.0.0.1:8000'] in the tool YAML"
+            )
+        self.topk = int(config.get("topk", protocol.TOPK))
+        if self.topk < 1:
+            raise ValueError(f"SearchTool config: 'topk' must be >= 1, got {self.topk}")
+        self.client = RetrievalClient(
+            list(urls) if not isinstance(urls, str) else urls,
+            timeout=float(config.get("timeout", 30.0)),
+            max_retries=int(config.get("max_retries", 3)),
+            backoff=float(config.get("backoff", 0.5)),
+        )
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        """Search ``parameters["query"]``; returns (passages or error text, reward 0.0, metrics)."""
+        agent_data = kwargs.get("agent_data")
+        _count(agent_data, "searches")
+        query = parameters.get("query") if isinstance(parameters, dict) else None
+        if not isinstance(query, str) or not query.strip():
+            _count(agent_data, "search_errors")
+            return ToolResponse(text=EMPTY_QUERY_TEXT), 0.0, {"error": "empty_query"}
+        try:
+            passages = (await self.client.retrieve([query.strip()], topk=self.topk))[0]
+        except RetrievalError as err:
+            log.warning("search for %r failed: %s", query, err)
+            _count(agent_data, "search_errors")
+            return ToolResponse(text=RETRIEVAL_FAILED_TEXT), 0.0, {"error": "retrieval"}
+        return ToolResponse(text=protocol.format_passages(passages, topk=self.topk)), 0.0, {"hits": len(passages)}

@@ -1,0 +1,115 @@
+"""Shared session fixtures: the tiny local Qwen3.5 model and a real BM25 retrieval server.
+
+- ``tiny_model_dir``: ``search_env.tiny.build_tiny`` output (tokenizer, chat template, random
+  ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
+- ``retrieval_server_url``: ``python -m search_env serve --backend bm25`` over the bundled
+  1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from search_env import DEMO_CORPUS
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SERVER_START_TIMEOUT_S = 60.0
+
+# The tiny test models run 3-4x faster on one intra-op thread than on two contended CI cores.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from search_env.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny_qwen35"), seed=0)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp("retrieval_server") / "server.log"
+    cmd = [sys.executable, "-m", "search_env", "serve", "--backend", "bm25", "--corpus", str(DEMO_CORPUS),
+           "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"retrieval server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"retrieval server not healthy after {SERVER_START_TIMEOUT_S} s:\n"
+                                   f"{log_path.read_text()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def make_local_rollout(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, retrieval_server_url: str):
+    """Factory for in-process verl rollouts (``search_env.local_rollout.LocalRollout``) on the tiny model.
+
+    ``make_local_rollout(scripted_first_turn=None, max_turn_tokens=16, max_total_tokens=8192,
+    response_length=1024, max_assistant_turns=3, retrieval_urls=None, max_retries=3)``: short turns
+    keep the random model fast; ``retrieval_urls`` defaults to the session's BM25 server.
+    Rows choose ``search_agent`` (masked) or ``search_agent_unmasked`` through ``agent_name``.
+    """
+    import yaml
+
+    from search_env.hf_generate import HFGenerator
+    from search_env.local_rollout import LocalRollout, compose_rollout_config, write_tool_config
+
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
+    counter = iter(range(10**6))
+
+    def make(scripted_first_turn: str | None = None, max_turn_tokens: int = 16, max_total_tokens: int = 8192,
+             response_length: int = 1024, max_assistant_turns: int = 3, retrieval_urls: list[str] | None = None,
+             max_retries: int = 3) -> LocalRollout:
+        folder = tmp_path_factory.mktemp(f"rollout_cfg{next(counter)}")
+        tools = write_tool_config(folder / "tools.yaml", retrieval_urls or [retrieval_server_url],
+                                  timeout=5.0, max_retries=max_retries)
+        loops = [{"name": name, "_target_": "search_env.agent_loop.SearchAgentLoop", "mask_retrieved": masked,
+                  "max_turn_tokens": max_turn_tokens, "max_total_tokens": max_total_tokens}
+                 for name, masked in (("search_agent", True), ("search_agent_unmasked", False))]
+        (folder / "agent_loops.yaml").write_text(yaml.safe_dump(loops))
+        config = compose_rollout_config(
+            tiny_model_dir, tools, prompt_length=1024, response_length=response_length,
+            agent_loop_config_path=folder / "agent_loops.yaml",
+            overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
+        )
+        return LocalRollout(config, generator, scripted_first_turn=scripted_first_turn)
+
+    return make

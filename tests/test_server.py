@@ -1,0 +1,239 @@
+"""Retrieval server: a real `python -m search_env serve --backend bm25` subprocess on a loopback port
+(both API dialects, 64 concurrent clients, malformed requests), plus in-process checks of the
+micro-batcher and the -1 rule through httpx's ASGI transport."""
+
+import asyncio
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from search_env import DEMO_CORPUS
+from search_env.bm25 import BM25Retriever
+from search_env.corpus import Corpus
+from search_env.retriever import Retriever
+from search_env.server import MAX_QUERIES, MicroBatcher, create_app, spawn_server
+
+NQ_QUESTIONS = "tests/fixtures/flashrag-quickstart/nq_test.jsonl"
+
+
+@pytest.fixture(scope="module")
+def direct() -> BM25Retriever:
+    return BM25Retriever.build(Corpus(DEMO_CORPUS))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc = spawn_server(["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5"],
+                        startup_timeout_s=60, log_path=log)
+    yield proc
+    proc.stop()
+    assert proc.process.returncode is not None
+
+
+def _queries() -> list[str]:
+    with open(NQ_QUESTIONS) as handle:
+        questions = [json.loads(line)["question"] for line in handle]
+    corpus = Corpus(DEMO_CORPUS)
+    titles = [corpus.passage(i).title + " history" for i in range(0, 1000, 21)]
+    return (questions + titles)[:64]
+
+
+def test_health_reports_backend_and_corpus(server) -> None:
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "healthy"
+    assert health["backend"] == "bm25" and health["corpus_size"] == 1000
+    assert health["index_type"] == "bm25s" and health["nprobe"] is None
+
+
+def test_retrieve_search_r1_shape_with_and_without_scores(server, direct) -> None:
+    queries = ["Evan Morris lobbyist", "who won the world cup"]
+    body = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
+    expected = direct.search(queries, 3)
+    assert len(body["result"]) == 2
+    for items, passages in zip(body["result"], expected, strict=True):
+        assert [it["document"]["id"] for it in items] == [p.id for p in passages]
+        assert [it["score"] for it in items] == pytest.approx([p.score for p in passages], rel=1e-5)
+        assert all(set(it) == {"document", "score"} and set(it["document"]) == {"id", "contents"} for it in items)
+    assert body["result"][0][0]["document"]["contents"] == Corpus(DEMO_CORPUS).contents(0)
+
+    plain = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": False}).json()
+    assert plain["result"] == [[it["document"] for it in items] for items in body["result"]]
+    default = httpx.post(f"{server.url}/retrieve", json={"queries": queries}).json()  # server topk 5
+    assert [len(r) for r in default["result"]] == [len(p) for p in direct.search(queries, 5)]
+
+
+def test_flashrag_search_and_batch_search(server, direct) -> None:
+    (expected,) = direct.search(["Evan Morris"], 4)
+    docs = httpx.post(f"{server.url}/search", json={"query": "Evan Morris", "top_n": 4}).json()
+    assert [d["id"] for d in docs] == [p.id for p in expected]
+    docs, scores = httpx.post(f"{server.url}/search",
+                              json={"query": "Evan Morris", "top_n": 4, "return_score": True}).json()
+    assert scores == pytest.approx([p.score for p in expected], rel=1e-5)
+
+    queries = ["Evan Morris", "American football player"]
+    batch = httpx.post(f"{server.url}/batch_search", json={"query": queries, "top_n": 2}).json()
+    assert [[d["id"] for d in docs] for docs in batch] == [[p.id for p in ps] for ps in direct.search(queries, 2)]
+    docs, scores = httpx.post(f"{server.url}/batch_search",
+                              json={"query": queries, "top_n": 2, "return_score": True}).json()
+    assert [len(s) for s in scores] == [len(d) for d in docs] == [2, 2]
+
+
+def test_64_concurrent_clients_match_direct_search(server, direct) -> None:
+    queries = _queries()
+    assert len(set(queries)) == 64
+
+    async def ask(client: httpx.AsyncClient, query: str, topk: int) -> list:
+        response = await client.post(f"{server.url}/retrieve",
+                                     json={"queries": [query], "topk": topk, "return_scores": True})
+        assert response.status_code == 200, response.text
+        return response.json()["result"][0]
+
+    async def run() -> list:
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(ask(client, q, 1 + i % 5) for i, q in enumerate(queries)))
+
+    before = httpx.get(f"{server.url}/health").json()
+    answers = asyncio.run(run())
+    after = httpx.get(f"{server.url}/health").json()
+    for i, (query, items) in enumerate(zip(queries, answers, strict=True)):
+        (expected,) = direct.search([query], 1 + i % 5)
+        assert [it["document"]["id"] for it in items] == [p.id for p in expected], query
+        assert [it["score"] for it in items] == pytest.approx([p.score for p in expected], rel=1e-5)
+    assert after["queries_served"] - before["queries_served"] == 64
+    assert after["batches"] - before["batches"] <= 64
+
+
+MALFORMED = [
+    ({"queries": []}, 422, "queries"),
+    ({"queries": [""]}, 422, "queries"),
+    ({"queries": ["   "]}, 422, "queries"),
+    ({"queries": ["ok", 3]}, 422, "queries.1"),
+    ({"queries": "one string"}, 422, "queries"),
+    ({"topk": 3}, 422, "queries"),
+    ({"queries": ["ok"], "topk": 0}, 422, "topk"),
+    ({"queries": ["ok"], "topk": 101}, 422, "topk"),
+    ({"queries": ["ok"], "topk": "5"}, 422, "topk"),
+    ({"queries": ["ok"], "return_scores": "yes"}, 422, "return_scores"),
+    ({"queries": ["q"] * (MAX_QUERIES + 1)}, 422, "queries"),
+    ("[1, 2]", 422, "body"),
+    ('{"queries": ["unterminated"', 422, "body"),
+    ('{"queries": ["' + "x" * (9 * 1024 * 1024) + '"]}', 413, "body"),
+]
+
+
+@pytest.mark.parametrize(("payload", "status", "field"), MALFORMED, ids=[f"{m[1]}-{m[2]}-{i}" for i, m in
+                                                                         enumerate(MALFORMED)])
+def test_malformed_retrieve_is_rejected_and_server_stays_healthy(server, payload, status, field) -> None:
+    if isinstance(payload, str):
+        response = httpx.post(f"{server.url}/retrieve", content=payload.encode(),
+                              headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(f"{server.url}/retrieve", json=payload)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error.startswith(field) or f"; {field}" in error, error
+    assert httpx.get(f"{server.url}/health").json()["status"] == "healthy"
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "field"),
+    [("/search", {"query": ""}, "query"), ("/search", {"query": "x", "top_n": 0}, "top_n"),
+     ("/batch_search", {"query": "not a list"}, "query"), ("/batch_search", {"query": ["a"], "top_n": 500}, "top_n")],
+)
+def test_malformed_flashrag_requests(server, path, payload, field) -> None:
+    response = httpx.post(f"{server.url}{path}", json=payload)
+    assert response.status_code == 422 and response.json()["error"].startswith(field)
+
+
+# ---------------------------------------------------------------- in-process
+
+
+def test_micro_batcher_merges_concurrent_requests_into_one_call() -> None:
+    calls: list[tuple[list[str], int]] = []
+
+    def search(queries: list[str], topk: int) -> list:
+        calls.append((queries, topk))
+        return [[({"id": q, "contents": q}, float(k)) for k in range(topk)] for q in queries]
+
+    async def run() -> list:
+        batcher = MicroBatcher(search, max_batch=100, max_wait_ms=20)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.submit([f"q{i}", f"r{i}"], 1 + i % 3) for i in range(10)))
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(run())
+    assert len(calls) == 1 and len(calls[0][0]) == 20 and calls[0][1] == 3
+    for i, per_request in enumerate(results):
+        assert [[doc["id"] for doc, _ in hits] for hits in per_request] == [[f"q{i}"] * (1 + i % 3),
+                                                                            [f"r{i}"] * (1 + i % 3)]
+
+
+def test_micro_batcher_respects_max_batch_and_never_splits_a_request() -> None:
+    sizes: list[int] = []
+
+    def search(queries: list[str], topk: int) -> list:
+        sizes.append(len(queries))
+        return [[] for _ in queries]
+
+    async def run() -> None:
+        batcher = MicroBatcher(search, max_batch=4, max_wait_ms=0)
+        await batcher.start()
+        try:
+            await asyncio.gather(*(batcher.submit(["a"] * n, 1) for n in (3, 3, 6, 1)))
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run())
+    assert sizes == [3, 3, 6, 1]
+    sizes.clear()
+
+    async def run_single() -> None:  # max_batch=1: the one-request-at-a-time design
+        batcher = MicroBatcher(search, max_batch=1, max_wait_ms=5)
+        await batcher.start()
+        try:
+            await asyncio.gather(*(batcher.submit(["a"], 1) for _ in range(5)))
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run_single())
+    assert sizes == [1] * 5
+
+
+class _StubRetriever(Retriever):
+    """Returns rows [2, -1, 0, -1] for every query, or raises on the query 'boom'."""
+
+    backend = "stub"
+
+    def __init__(self) -> None:
+        self.corpus = Corpus(DEMO_CORPUS)
+
+    def search_rows(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        if "boom" in queries:
+            raise RuntimeError("backend exploded")
+        rows = np.tile(np.array([2, -1, 0, -1], dtype=np.int64)[:topk], (len(queries), 1))
+        return rows, np.ones_like(rows, dtype=np.float32)
+
+    def describe(self) -> dict:
+        return {"index_type": "stub", "nprobe": None}
+
+
+def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
+    app = create_app(_StubRetriever())
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://in-process") as client:
+            body = (await client.post("/retrieve", json={"queries": ["a", "b"], "topk": 4,
+                                                         "return_scores": True})).json()
+            assert [[it["document"]["id"] for it in items] for items in body["result"]] == [["2", "0"]] * 2
+            failed = await client.post("/retrieve", json={"queries": ["boom"]})
+            assert failed.status_code == 500 and "backend exploded" in failed.json()["error"]
+            after = await client.post("/retrieve", json={"queries": ["a"], "topk": 1})
+            assert after.json()["result"] == [[Corpus(DEMO_CORPUS).row(2)]]
+
+    asyncio.run(run())
