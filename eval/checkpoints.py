@@ -15,8 +15,10 @@ run config's ``actor_rollout_ref.model.path`` when that is a local folder).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,9 +114,10 @@ def materialize(ckpt: Checkpoint, cache_dir: Path) -> Path:
             target_dir=str(tmp),
             hf_model_config_path=str(ckpt.path / "huggingface"),
         )
-        merger = FSDPModelMerger(config)
-        merger.merge_and_save()
-        merger.cleanup()
+        with contextlib.redirect_stdout(sys.stderr):  # the merger prints progress; keep stdout for results
+            merger = FSDPModelMerger(config)
+            merger.merge_and_save()
+            merger.cleanup()
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)

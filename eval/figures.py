@@ -50,7 +50,11 @@ DYNAMICS_PANELS = (
     Panel("tool calls", "searches per rollout", ("rollout/searches_mean",)),
     Panel("response length", "tokens (model + tool)", ("response_length/mean",)),
     Panel("model tokens", "model tokens per rollout", ("rollout/model_tokens_mean",)),
-    Panel("length-clip ratio", "fraction of rollouts", ("rollout/length_clip_ratio", "response_length/clip_ratio")),
+    Panel(
+        "length-clip ratio",
+        "fraction of rollouts",
+        ("rollout/length_clip_ratio", "response_length/clip_ratio"),
+    ),
     Panel("abort ratio", "fraction without an answer", ("rollout/abort_ratio",)),
     Panel("zero-variance groups", "fraction of GRPO groups", ("grpo/zero_variance_group_frac",)),
     Panel("training EM", "EM of rollouts", ("reward/em",)),
@@ -61,7 +65,11 @@ HEALTH_PANELS = (
     Panel("KL loss", "low-var KL", ("actor/kl_loss",)),
     Panel("policy loss", "pg loss", ("actor/pg_loss",)),
     Panel("abort ratio", "fraction without an answer", ("rollout/abort_ratio",)),
-    Panel("natural termination", "fraction ending with an answer", ("rollout/termination/answer",)),
+    Panel(
+        "natural termination",
+        "fraction ending in a turn without a tool call",
+        ("rollout/termination/answer",),
+    ),
 )
 
 
@@ -86,17 +94,27 @@ def plot_trajectories(
     Avg), right over the held-out benchmarks. Dashed: the step-0 floor; dotted: the matched horizon."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     sub = scores[(scores["seed"] == seed) & (scores["em"].notna())]
-    for ax, avg, title in ((axes[0], AVG_ALL, "EM, average over all benchmarks"),
-                           (axes[1], AVG_HELDOUT, "EM, average over held-out benchmarks")):
+    for ax, avg, title in (
+        (axes[0], AVG_ALL, "EM, average over all benchmarks"),
+        (axes[1], AVG_HELDOUT, "EM, average over held-out benchmarks"),
+    ):
         data = sub[sub["benchmark"] == avg]
         floor = data[data["step"] == 0]["em"]
         for (shape, run), line in _by_shape(data, shapes):
             label = shape if (data[data["shape"] == shape]["run"].nunique() == 1) else f"{shape} ({run})"
-            ax.plot(line["step"], line["em"], marker="o", markersize=3, color=shape_colour(shape, shapes),
-                    label=label)
+            ax.plot(
+                line["step"],
+                line["em"],
+                marker="o",
+                markersize=3,
+                color=shape_colour(shape, shapes),
+                label=label,
+            )
         if len(floor):
             ax.axhline(floor.mean(), color="grey", linestyle="--", linewidth=1, label="untrained (step 0)")
-        ax.axvline(matched_horizon, color="black", linestyle=":", linewidth=1, label=f"step {matched_horizon}")
+        ax.axvline(
+            matched_horizon, color="black", linestyle=":", linewidth=1, label=f"step {matched_horizon}"
+        )
         ax.set_title(title)
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
@@ -107,7 +125,12 @@ def plot_trajectories(
 
 
 def plot_training(
-    logs: pd.DataFrame, seed: int, shapes: Sequence[str], panels: Sequence[Panel], smooth: int, title: str,
+    logs: pd.DataFrame,
+    seed: int,
+    shapes: Sequence[str],
+    panels: Sequence[Panel],
+    smooth: int,
+    title: str,
     path: Path,
 ) -> tuple[Path, list[str]]:
     """Grid of training-metric panels for one seed, one line per run (raw thin, moving average of
@@ -123,8 +146,16 @@ def plot_training(
         metric = next((m for m in panel.metrics if (sub["metric"] == m).any()), None)
         if metric is None:
             missing.append(" / ".join(panel.metrics))
-            ax.text(0.5, 0.5, "not logged:\n" + "\n".join(panel.metrics), ha="center", va="center",
-                    transform=ax.transAxes, fontsize=9, color="grey")
+            ax.text(
+                0.5,
+                0.5,
+                "not logged:\n" + "\n".join(panel.metrics),
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+                color="grey",
+            )
             ax.set_title(panel.title)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -132,13 +163,19 @@ def plot_training(
         for (shape, run), line in _by_shape(sub[sub["metric"] == metric], shapes):
             colour = shape_colour(shape, shapes)
             ax.plot(line["step"], line["value"], color=colour, alpha=0.25, linewidth=0.8)
-            ax.plot(line["step"], line["value"].rolling(smooth, min_periods=1).mean(), color=colour,
-                    linewidth=1.8, label=shape if runs_per_shape[shape] == 1 else f"{shape} ({run})")
+            ax.plot(
+                line["step"],
+                line["value"].rolling(smooth, min_periods=1).mean(),
+                color=colour,
+                linewidth=1.8,
+                label=shape if runs_per_shape[shape] == 1 else f"{shape} ({run})",
+            )
         ax.set_title(f"{panel.title}\n({metric})", fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training step")
         ax.set_ylabel(panel.ylabel, fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     handles, labels = [], []
     for ax in axes.flat:
@@ -166,8 +203,13 @@ def plot_search_profile(
     for i, shape in enumerate(shapes):
         sub = profile[profile["shape"] == shape].sort_values("searches")
         colour = colours[shape]
-        axes[0].bar(sub["searches"] + (i - (len(shapes) - 1) / 2) * width, sub["share"], width=width,
-                    color=colour, label=shape)
+        axes[0].bar(
+            sub["searches"] + (i - (len(shapes) - 1) / 2) * width,
+            sub["share"],
+            width=width,
+            color=colour,
+            label=shape,
+        )
         axes[1].plot(sub["searches"], sub["em"], marker="o", color=colour, label=shape)
     top = int(profile["searches"].max()) if len(profile) else 0
     for ax in axes[:2]:

@@ -52,11 +52,15 @@ from eval.tables import (
 )
 
 AVERAGE_TEXT = {
-    AVG_ALL: "unweighted mean over all {n} benchmarks, MuSiQue included (the paper's Avg)",
+    AVG_ALL: "unweighted mean over all {n} benchmarks, MuSiQue included (the paper's Avg over its 7)",
     AVG_HELDOUT: "unweighted mean over the {h} held-out benchmarks (MuSiQue, the training set, excluded)",
 }
 TABLE_FILES = {"em": "table3_em", "f1": "table4_f1", "acc": "table5_acc"}
-TABLE_TITLES = {"em": "Table 3: exact match", "f1": "Table 4: token F1", "acc": "Table 5: substring-cover accuracy"}
+TABLE_TITLES = {
+    "em": "Table 3: exact match",
+    "f1": "Table 4: token F1",
+    "acc": "Table 5: substring-cover accuracy",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,12 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m eval report", description="Regenerate the study's tables, figures and statistics."
     )
     parser.add_argument("--results", required=True, type=Path, help="eval output folder OUT (OUT/<run>/...)")
-    parser.add_argument("--logs", nargs="*", default=[],
-                        help="verl file-logger JSONL files or folders; RUN=PATH binds a file to a run")
+    parser.add_argument(
+        "--logs",
+        nargs="*",
+        default=[],
+        help="verl file-logger JSONL files or folders; RUN=PATH binds a file to a run",
+    )
     parser.add_argument("--out", required=True, type=Path, help="report folder to write")
     parser.add_argument("--matched-horizon", type=int, default=180, help="common step cap (paper: 180)")
-    parser.add_argument("--select-on", choices=["all", "heldout"], default="all",
-                        help="average used to pick the best checkpoint (default: all, the paper's Avg)")
+    parser.add_argument(
+        "--select-on",
+        choices=["all", "heldout"],
+        default="all",
+        help="average used to pick the best checkpoint (default: all, the paper's Avg)",
+    )
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples per cell (0: none)")
     parser.add_argument("--ci-level", type=float, default=0.95, help="confidence level of the intervals")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
@@ -105,10 +117,14 @@ def bootstrap_cells(
         groups = {b: rows.loc[rows["benchmark"] == b, list(METRICS)].to_numpy() for b in suite}
         empty = [benchmark_label(b) for b, g in groups.items() if len(g) == 0]
         if empty:
-            notes.append(f"{path}: no rows for {', '.join(empty)} - no confidence interval for this checkpoint.")
+            notes.append(
+                f"{path}: no rows for {', '.join(empty)} - no confidence interval for this checkpoint."
+            )
             continue
         point = {b: g.mean(axis=0) for b, g in groups.items()}
-        point.update({name: np.mean([point[b] for b in members], axis=0) for name, members in subsets.items()})
+        point.update(
+            {name: np.mean([point[b] for b in members], axis=0) for name, members in subsets.items()}
+        )
         summary = results.scores[(results.scores["run"] == run) & (results.scores["step"] == step)]
         summary_em = summary.set_index("benchmark")["em"]
         off = [benchmark_label(b) for b in suite if abs(summary_em.get(b, np.nan) - point[b][0]) > 1e-6]
@@ -124,10 +140,13 @@ def bootstrap_cells(
     return pd.DataFrame(records, columns=columns), loaded, notes
 
 
-def statistics_markdown(t1: pd.DataFrame, shapes: Sequence[str], criterion: str, matched: int) -> tuple[str, pd.DataFrame]:
-    """statistics.md body and the ranking-test CSV frame (one row per rule x average)."""
+def statistics_markdown(
+    t1: pd.DataFrame, shapes: Sequence[str], criterion: str, matched: int
+) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+    """statistics.md body, the ranking-test frame (one row per rule x average) and the seed-range
+    frame (one row per rule x average x shape)."""
     lines = ["# Statistics", ""]
-    tests = []
+    tests, ranges = [], []
     for rule in (MATCHED, OWN):
         lines += [f"## {rule_label(rule, matched)}", ""]
         for avg in (AVG_ALL, AVG_HELDOUT):
@@ -138,17 +157,26 @@ def statistics_markdown(t1: pd.DataFrame, shapes: Sequence[str], criterion: str,
             picked = " (the selection average)" if avg == criterion else " (at the same checkpoints)"
             lines += [f"### Average: {benchmark_label(avg)}{picked}", ""]
             if test.p_given_shape is None:
-                lines += [f"Ranking test not computable: {len(shapes)} shape(s), {len(test.seeds)} complete seed(s).", ""]
+                lines += [
+                    f"Ranking test not computable: {len(shapes)} shape(s), {len(test.seeds)} complete seed(s).",
+                    "",
+                ]
             else:
                 k, s = len(test.shapes), len(test.seeds)
                 last = "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
-                verdict = (f"**{test.last_everywhere[0]}** is strictly last at every one of the {s} seeds."
-                           if test.last_everywhere else "No shape is strictly last at every seed.")
+                verdict = (
+                    f"**{test.last_everywhere[0]}** is strictly last at every one of the {s} seeds."
+                    if test.last_everywhere
+                    else "No shape is strictly last at every seed."
+                )
                 lines += [
                     f"- k = {k} shapes ({', '.join(test.shapes)}), s = {s} seeds with every shape "
                     f"({', '.join(map(str, test.seeds))})"
-                    + (f"; seeds lacking a shape, left out: {', '.join(map(str, test.incomplete_seeds))}"
-                       if test.incomplete_seeds else ""),
+                    + (
+                        f"; seeds lacking a shape, left out: {', '.join(map(str, test.incomplete_seeds))}"
+                        if test.incomplete_seeds
+                        else ""
+                    ),
                     f"- strictly last per seed: {last}",
                     f"- {verdict}",
                     f"- P(a pre-specified shape is last at all {s} seeds | exchangeable) = (1/{k})^{s} = "
@@ -157,20 +185,41 @@ def statistics_markdown(t1: pd.DataFrame, shapes: Sequence[str], criterion: str,
                     f"**{test.p_any_shape}** ≈ {float(test.p_any_shape):.4f} (post-hoc, direction not pre-registered)",
                     "",
                 ]
-            tests.append({
-                "rule": rule, "average": avg, "k": len(test.shapes), "seeds": len(test.seeds),
-                "last_everywhere": ";".join(test.last_everywhere),
-                "p_given_shape": str(test.p_given_shape), "p_any_shape": str(test.p_any_shape),
-            })
-            rng = sub.groupby("row")[col].agg(["min", "max", "mean", "count"]).reindex(order_shapes(list(shapes)))
+            tests.append(
+                {
+                    "rule": rule,
+                    "average": avg,
+                    "k": len(test.shapes),
+                    "seeds": len(test.seeds),
+                    "last_everywhere": ";".join(test.last_everywhere),
+                    "p_given_shape": str(test.p_given_shape),
+                    "p_any_shape": str(test.p_any_shape),
+                }
+            )
+            rng = (
+                sub.groupby("row")[col]
+                .agg(["min", "max", "mean", "count"])
+                .reindex(order_shapes(list(shapes)))
+            )
             rng["range"] = rng["max"] - rng["min"]
-            lines += ["Seed range per shape (max - min over seeds):", "",
-                      frame_markdown(rng.reset_index().rename(columns={"row": "reward", "count": "seeds"})), ""]
+            ranges.append(
+                rng.reset_index()
+                .rename(columns={"row": "shape", "count": "seeds"})
+                .assign(rule=rule, average=avg)
+            )
+            lines += [
+                "Seed range per shape (max - min over seeds):",
+                "",
+                frame_markdown(rng.reset_index().rename(columns={"row": "reward", "count": "seeds"})),
+                "",
+            ]
             rankings = seed_rankings(t1, rule, col)
             lines += ["Per-seed ranking (best first):", ""]
             lines += [f"- seed {sd}: {format_ranking(groups)}" for sd, groups in rankings.items()]
             lines.append("")
-    return "\n".join(lines), pd.DataFrame(tests)
+    seed_ranges = pd.concat(ranges, ignore_index=True)
+    columns = ["rule", "average", "shape", "seeds", "min", "max", "mean", "range"]
+    return "\n".join(lines), pd.DataFrame(tests), seed_ranges[columns]
 
 
 def _write(path: Path, text: str) -> Path:
@@ -191,13 +240,17 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     selections, sel_notes = select_checkpoints(scores, m, criterion)
     notes += sel_notes
     if selections.empty:
-        raise ResultsError(f"{args.results}: no trained checkpoint (step >= 1) evaluated. Fix: evaluate checkpoints first")
+        raise ResultsError(
+            f"{args.results}: no trained checkpoint (step >= 1) evaluated. Fix: evaluate checkpoints first"
+        )
     floors = floor_checkpoints(scores)
     zero = scores[(scores["step"] == 0) & (scores["benchmark"] == AVG_ALL)]
     for seed, group in zero.groupby("seed"):
         if group["em"].max() - group["em"].min() > 1e-9:
-            notes.append(f"seed {seed}: step-0 EM differs across runs ({group['em'].min():.4f}-{group['em'].max():.4f});"
-                         f" the floor row uses run {floors.set_index('seed').loc[seed, 'run']}.")
+            notes.append(
+                f"seed {seed}: step-0 EM differs across runs ({group['em'].min():.4f}-{group['em'].max():.4f});"
+                f" the floor row uses run {floors.set_index('seed').loc[seed, 'run']}."
+            )
     shapes = order_shapes(selections["shape"].unique())
     seeds = sorted(selections["seed"].unique())
     cells = pd.concat([selections[["run", "step"]], floors.assign(step=0)[["run", "step"]]])
@@ -213,66 +266,111 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     avg_text = {k: v.format(n=n_all, h=n_held) for k, v in AVERAGE_TEXT.items()}
     t1 = table1(scores, selections, floors, cis, criterion)
     parts = [
-        "# Table 1: average EM per reward shape x seed", "",
+        "# Table 1: average EM per reward shape x seed",
+        "",
         f"- **Avg (all)** = {avg_text[AVG_ALL]}; **Avg (held-out)** = {avg_text[AVG_HELDOUT]}.",
         f"- Checkpoint: best trained checkpoint (step >= 1) by {benchmark_label(criterion)} EM; ties -> earliest step."
         " Both averages are read at that same checkpoint.",
         f"- A cell reads `value [{args.ci_level:.0%} bootstrap CI] @step`; † = the run's last evaluated step is below "
-        f"{m}. The floor row is step 0 (the untrained model).", "",
+        f"{m}. The floor row is step 0 (the untrained model).",
+        "",
     ]
     for rule in (MATCHED, OWN):
         for avg in (AVG_ALL, AVG_HELDOUT):
-            parts += [f"## {rule_label(rule, m)}: {benchmark_label(avg)}", "",
-                      table1_markdown(t1, rule, avg, shapes, seeds)]
-            parts += [f"- seed {s}: {format_ranking(g)}" for s, g in seed_rankings(t1, rule, f"{avg}_em").items()]
+            parts += [
+                f"## {rule_label(rule, m)}: {benchmark_label(avg)}",
+                "",
+                table1_markdown(t1, rule, avg, shapes, seeds),
+            ]
+            parts += [
+                f"- seed {s}: {format_ranking(g)}" for s, g in seed_rankings(t1, rule, f"{avg}_em").items()
+            ]
             parts.append("")
-    emit("table1.md", "\n".join(parts), "Table 1: average EM per reward shape x seed at the matched and own horizons,"
-         " both averages, with CIs, the untrained floor and per-seed rankings.")
+    emit(
+        "table1.md",
+        "\n".join(parts),
+        "Table 1: average EM per reward shape x seed at the matched and own horizons,"
+        " both averages, with CIs, the untrained floor and per-seed rankings.",
+    )
     emit("table1.csv", t1.to_csv(index=False), "Table 1 as tidy CSV (one row per rule x row x seed).")
 
     for metric, stem in TABLE_FILES.items():
         frame = per_benchmark_table(scores, selections, floors, metric, suite)
-        text = (f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
-                f"benchmarks are held out. Averages: Avg (all) = {avg_text[AVG_ALL]}; Avg (held-out) = "
-                f"{avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n\n" + frame_markdown(frame))
-        emit(f"{stem}.md", text, f"{TABLE_TITLES[metric]} per benchmark for every cell, with both macro averages.")
+        text = (
+            f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
+            f"benchmarks are held out. Averages: Avg (all) = {avg_text[AVG_ALL]}; Avg (held-out) = "
+            f"{avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n\n" + frame_markdown(frame)
+        )
+        emit(
+            f"{stem}.md",
+            text,
+            f"{TABLE_TITLES[metric]} per benchmark for every cell, with both macro averages.",
+        )
         emit(f"{stem}.csv", frame.to_csv(index=False), f"{TABLE_TITLES[metric]} per benchmark as CSV.")
 
-    stats_text, tests = statistics_markdown(t1, shapes, criterion, m)
-    emit("statistics.md", stats_text, "Exact last-place ranking probabilities (as fractions), seed ranges and "
-         "per-seed rankings for both horizons and both averages.")
+    stats_text, tests, seed_ranges = statistics_markdown(t1, shapes, criterion, m)
+    emit(
+        "statistics.md",
+        stats_text,
+        "Exact last-place ranking probabilities (as fractions), seed ranges and "
+        "per-seed rankings for both horizons and both averages.",
+    )
     emit("ranking_test.csv", tests.to_csv(index=False), "The ranking-test results as CSV.")
+    emit(
+        "seed_range.csv",
+        seed_ranges.to_csv(index=False),
+        "Seed range (max - min) per shape, rule and average.",
+    )
     if args.bootstrap <= 0:
         notes.append("bootstrap disabled (--bootstrap 0): no confidence intervals.")
     elif len(cis):
         cis_out = cis.assign(benchmark=cis["benchmark"].map(benchmark_label))
-        emit("bootstrap_ci.csv", cis_out.to_csv(index=False),
-             f"{args.ci_level:.0%} bootstrap CIs ({args.bootstrap} resamples of questions within each benchmark, "
-             f"seed {args.seed}) for every selected checkpoint, benchmark, average and metric.")
-    emit("checkpoints.csv", scores.assign(benchmark=scores["benchmark"].map(benchmark_label)).to_csv(index=False),
-         "Every evaluated checkpoint's per-benchmark and average scores (the trajectories' data).")
+        emit(
+            "bootstrap_ci.csv",
+            cis_out.to_csv(index=False),
+            f"{args.ci_level:.0%} bootstrap CIs ({args.bootstrap} resamples of questions within each benchmark, "
+            f"seed {args.seed}) for every selected checkpoint, benchmark, average and metric.",
+        )
+    emit(
+        "checkpoints.csv",
+        scores.assign(benchmark=scores["benchmark"].map(benchmark_label)).to_csv(index=False),
+        "Every evaluated checkpoint's per-benchmark and average scores (the trajectories' data).",
+    )
 
     for seed in sorted(scores["seed"].unique()):
         name = f"fig_trajectories_seed{seed}.png"
         figures.plot_trajectories(scores, int(seed), shapes, m, out / name)
-        files.append((name, f"Average EM vs training step at seed {seed}, one line per shape (paper Figs 2-4)."))
+        files.append(
+            (name, f"Average EM vs training step at seed {seed}, one line per shape (paper Figs 2-4).")
+        )
 
     if logs.empty:
         notes.append("no training logs given (--logs): training-dynamics figures not drawn.")
     for seed in sorted(logs["seed"].unique()):
-        for kind, panels, title in (("dynamics", figures.DYNAMICS_PANELS, "Training dynamics"),
-                                    ("health", figures.HEALTH_PANELS, "Training health")):
+        for kind, panels, title in (
+            ("dynamics", figures.DYNAMICS_PANELS, "Training dynamics"),
+            ("health", figures.HEALTH_PANELS, "Training health"),
+        ):
             name = f"fig_{kind}_seed{seed}.png"
-            _, missing = figures.plot_training(logs, int(seed), shapes, panels, args.smooth, title, out / name)
+            _, missing = figures.plot_training(
+                logs, int(seed), shapes, panels, args.smooth, title, out / name
+            )
             if missing:
                 notes.append(f"{name}: not in the logs, panel left empty: {'; '.join(missing)}.")
-            files.append((name, f"{title} per step at seed {seed}, one line per shape (paper "
-                          f"{'Figs 5-8' if kind == 'dynamics' else 'Fig 11'})."))
+            files.append(
+                (
+                    name,
+                    f"{title} per step at seed {seed}, one line per shape (paper "
+                    f"{'Figs 5-8' if kind == 'dynamics' else 'Fig 11'}).",
+                )
+            )
 
     matched = selections[selections["rule"] == MATCHED]
-    pooled = [loaded[(r, s)].rows.assign(shape=sh) for r, s, sh in zip(matched["run"], matched["step"],
-                                                                         matched["shape"], strict=True)
-              if (r, s) in loaded]
+    pooled = [
+        loaded[(r, s)].rows.assign(shape=sh)
+        for r, s, sh in zip(matched["run"], matched["step"], matched["shape"], strict=True)
+        if (r, s) in loaded
+    ]
     multi = [b for b in suite if is_multi_hop(b)]
     rows = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame()
     if len(rows) and multi:
@@ -280,18 +378,38 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
         profile, aborts = search_profile(rows)
         figures.plot_search_profile(profile, aborts, shapes, out / "fig13_search_profile.png")
         bench_names = ", ".join(benchmark_label(b) for b in multi)
-        files.append(("fig13_search_profile.png", f"Search-count profile, completed-rollout EM and abort rate per "
-                      f"shape on {bench_names} (paper Fig 13)."))
-        emit("search_profile.csv", profile.to_csv(index=False), "Fig 13 data: completed rollouts per search count.")
-        emit("search_aborts.csv", aborts.to_csv(index=False), "Fig 13 data: abort rate and termination reasons per shape.")
+        files.append(
+            (
+                "fig13_search_profile.png",
+                f"Search-count profile, completed-rollout EM and abort rate per "
+                f"shape on {bench_names} (paper Fig 13).",
+            )
+        )
+        emit(
+            "search_profile.csv",
+            profile.to_csv(index=False),
+            "Fig 13 data: completed rollouts per search count.",
+        )
+        emit(
+            "search_aborts.csv",
+            aborts.to_csv(index=False),
+            "Fig 13 data: abort rate and termination reasons per shape.",
+        )
     else:
-        notes.append("search profile not drawn: no rows.jsonl for the matched-horizon checkpoints or no multi-hop "
-                     "benchmark in the suite.")
+        notes.append(
+            "search profile not drawn: no rows.jsonl for the matched-horizon checkpoints or no multi-hop "
+            "benchmark in the suite."
+        )
 
-    index = ["# Report", "", f"Generated by `python -m eval report` from `{args.results}`"
-             f" ({len(results.runs)} runs, shapes {', '.join(shapes)}, seeds {', '.join(map(str, seeds))};"
-             f" benchmarks {', '.join(benchmark_label(b) for b in suite)}).", "",
-             markdown_table(["file", "what it shows"], [[f"[{n}]({n})", s] for n, s in files])]
+    index = [
+        "# Report",
+        "",
+        f"Generated by `python -m eval report` from `{args.results}`"
+        f" ({len(results.runs)} runs, shapes {', '.join(shapes)}, seeds {', '.join(map(str, seeds))};"
+        f" benchmarks {', '.join(benchmark_label(b) for b in suite)}).",
+        "",
+        markdown_table(["file", "what it shows"], [[f"[{n}]({n})", s] for n, s in files]),
+    ]
     index += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"])
     _write(out / "index.md", "\n".join(index) + "\n")
     return files

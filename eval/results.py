@@ -144,7 +144,8 @@ def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], path:
 
 RUN_FIX = (
     'write run.json as {"run": NAME, "shape": "em_only|f1_only|f1_format", "seed": INT, '
-    '"horizon": STEP_CAP, "config": {...}} (the eval harness writes it; re-run it for this run)'
+    '"horizon": STEP_CAP or null, "config": {...}} (`python -m eval run` writes it; pass --shape/--seed/'
+    "--horizon there when the run's config does not say, or edit the file)"
 )
 SUMMARY_FIX = (
     "re-run the eval harness for this checkpoint (it rewrites summary.json from rows.jsonl); the "
@@ -153,8 +154,13 @@ SUMMARY_FIX = (
 )
 
 
+UNKNOWN_HORIZON = 10**9
+"""Horizon used when run.json says ``"horizon": null``: no cap, every evaluated step counts."""
+
+
 def load_run(run_dir: Path) -> Run:
-    """Read and validate ``run_dir/run.json``."""
+    """Read and validate ``run_dir/run.json`` (``run``, ``shape``, ``seed`` required; ``horizon``
+    may be null, meaning no cap)."""
     path = run_dir / "run.json"
     if not path.exists():
         raise ResultsError(f"{path}: missing, but {run_dir} holds global_step_* checkpoints. Fix: {RUN_FIX}")
@@ -164,16 +170,22 @@ def load_run(run_dir: Path) -> Run:
     name = _require(meta, "run", str, path, RUN_FIX)
     shape = _require(meta, "shape", str, path, RUN_FIX)
     seed = _require(meta, "seed", int, path, RUN_FIX)
-    horizon = _require(meta, "horizon", int, path, RUN_FIX)
-    if horizon < 0:
+    horizon = meta.get("horizon")
+    if horizon is None:  # unknown cap: every evaluated checkpoint counts (as in eval.select)
+        horizon = UNKNOWN_HORIZON
+    elif not isinstance(horizon, int) or isinstance(horizon, bool):
+        raise ResultsError(f"{path}: field 'horizon' = {horizon!r} has the wrong type. Fix: {RUN_FIX}")
+    elif horizon < 0:
         raise ResultsError(f"{path}: horizon {horizon} must be >= 0 (the run's step cap). Fix: {RUN_FIX}")
     config = meta.get("config") or {}
     return Run(name, shape, seed, horizon, run_dir, config if isinstance(config, dict) else {})
 
 
-def _as_fraction(value: Any, where: str, path: Path) -> float:
+def _as_fraction(value: Any, where: str, path: Path, fix: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ResultsError(f"{path}: {where} = {value!r} is not a number in [0, 1]. Fix: {SUMMARY_FIX}")
+        raise ResultsError(
+            f"{path}: {where} = {value!r} is not a number in [0, 1]. Fix: {fix or SUMMARY_FIX}"
+        )
     return float(value)
 
 
@@ -204,9 +216,11 @@ def load_summary(path: Path, step: int) -> tuple[bool, list[dict[str, Any]]]:
                 _require(entry, metric, (int, float), path, SUMMARY_FIX), f"benchmarks.{name}.{metric}", path
             )
         n = entry.get("n")
-        record["n"] = int(n) if isinstance(n, int) and not isinstance(n, bool) else -1
+        record["n"] = float(n) if isinstance(n, int) and not isinstance(n, bool) else math.nan
         abort = entry.get("abort_rate")
-        record["abort_rate"] = _as_fraction(abort, f"benchmarks.{name}.abort_rate", path) if abort is not None else math.nan
+        record["abort_rate"] = (
+            _as_fraction(abort, f"benchmarks.{name}.abort_rate", path) if abort is not None else math.nan
+        )
         searches = entry.get("searches_mean")
         record["searches_mean"] = float(searches) if isinstance(searches, (int, float)) else math.nan
         records.append(record)
@@ -243,7 +257,8 @@ def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
 
 
 def load_results(root: Path | str) -> Results:
-    """Load every run under ``root`` (folders holding ``run.json`` or ``global_step_*``).
+    """Load every run under ``root``: folders holding ``run.json`` or evaluated ``global_step_*``
+    folders (with summary.json or rows.jsonl; others, such as merged-weight caches, are ignored).
 
     Skipped, with a note: checkpoint folders without ``summary.json`` (not evaluated yet),
     summaries marked ``"complete": false``, and checkpoints lacking a benchmark of the suite (the
@@ -252,13 +267,20 @@ def load_results(root: Path | str) -> Results:
     """
     root = Path(root)
     if not root.is_dir():
-        raise ResultsError(f"{root}: results folder not found. Fix: pass --results OUT, the eval harness's output")
+        raise ResultsError(
+            f"{root}: results folder not found. Fix: pass --results OUT, the eval harness's output"
+        )
     runs: dict[str, Run] = {}
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         steps = _step_dirs(run_dir)
-        if not steps and not (run_dir / "run.json").exists():
+        evaluated = any((d / "summary.json").exists() or (d / "rows.jsonl").exists() for _, d in steps)
+        if not (run_dir / "run.json").exists() and not evaluated:
+            if steps:
+                notes.append(
+                    f"{run_dir}: global_step_* folders without evaluation files (e.g. merged weights) - ignored."
+                )
             continue
         run = load_run(run_dir)
         if run.name in runs:
@@ -267,6 +289,10 @@ def load_results(root: Path | str) -> Results:
                 "Fix: give every run a unique 'run' name"
             )
         runs[run.name] = run
+        if run.horizon == UNKNOWN_HORIZON:
+            notes.append(
+                f"{run_dir / 'run.json'}: horizon is null - the own-horizon rule uses every evaluated step."
+            )
         for step, step_dir in steps:
             summary_path = step_dir / "summary.json"
             if not summary_path.exists():
@@ -295,7 +321,18 @@ def load_results(root: Path | str) -> Results:
     if len(partial):
         keep = ~frame.set_index(["run", "step"]).index.isin(partial.index)
         frame = frame[keep]
-    columns = ["run", "shape", "seed", "horizon", "step", "benchmark", "n", *METRICS, "abort_rate", "searches_mean"]
+    columns = [
+        "run",
+        "shape",
+        "seed",
+        "horizon",
+        "step",
+        "benchmark",
+        "n",
+        *METRICS,
+        "abort_rate",
+        "searches_mean",
+    ]
     scores = _with_averages(frame[columns], suite)[columns]
     scores = scores.sort_values(["seed", "shape", "run", "step"], kind="stable").reset_index(drop=True)
     return Results(root, runs, scores, suite, notes)
@@ -328,7 +365,9 @@ def load_rows(path: Path) -> pd.DataFrame:
             bench = _require(row, "benchmark", str, where, ROW_FIX)
             rec = {"benchmark": canonical_benchmark(bench), "id": str(row.get("id", f"line{lineno}"))}
             for metric in METRICS:
-                rec[metric] = _as_fraction(_require(row, metric, (int, float), where, ROW_FIX), metric, where)
+                rec[metric] = _as_fraction(
+                    _require(row, metric, (int, float), where, ROW_FIX), metric, where, ROW_FIX
+                )
             searches = row.get("searches")
             rec["searches"] = searches if isinstance(searches, int) and not isinstance(searches, bool) else -1
             rec["termination"] = str(row.get("termination") or "")
@@ -371,8 +410,10 @@ def load_training_log(path: Path) -> pd.DataFrame:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     records.append((step, metric, float(value)))
     frame = pd.DataFrame.from_records(records, columns=["step", "metric", "value"])
-    return frame.drop_duplicates(["step", "metric"], keep="last").sort_values(["metric", "step"]).reset_index(
-        drop=True
+    return (
+        frame.drop_duplicates(["step", "metric"], keep="last")
+        .sort_values(["metric", "step"])
+        .reset_index(drop=True)
     )
 
 
@@ -387,7 +428,9 @@ def _expand_log_args(specs: Sequence[str]) -> list[tuple[str | None, Path]]:
         elif path.is_file():
             found.append((bound, path))
         else:
-            raise ResultsError(f"{path}: training log not found. Fix: pass existing files or folders to --logs")
+            raise ResultsError(
+                f"{path}: training log not found. Fix: pass existing files or folders to --logs"
+            )
     return found
 
 

@@ -268,10 +268,10 @@ def evaluate_step(
         backend = make_backend(rollout_config(plan, model_dir), str(model_dir))
         shape = plan.info.get("shape") or "f1_only"
         try:
-            for position, (bench, questions) in enumerate(plan.suite.benchmarks.items()):
+            for bench, questions in plan.suite.benchmarks.items():
                 n_done = len(questions) - len(todo[bench])
                 with tqdm(total=len(questions), initial=n_done, desc=f"step {ckpt.step} {bench}", unit="row",
-                          position=position, leave=True, file=sys.stderr, dynamic_ncols=True) as bar:
+                          leave=True, file=sys.stderr, dynamic_ncols=True) as bar:
                     pending = todo[bench]
                     for start in range(0, len(pending), plan.batch_size):
                         batch = pending[start : start + plan.batch_size]

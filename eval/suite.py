@@ -36,7 +36,7 @@ FIXTURE_SUITE = {
     "musique": FIXTURES / "r1-searcher-evalset" / "musique_500.jsonl",
     "bamboogle": FIXTURES / "r1-searcher-evalset" / "bamboogle.flashrag.jsonl",
 }
-"""The ``fixtures`` suite: real rows shipped with the tests (NQ 16, HotpotQA/2Wiki/MuSiQue 500-row
+"""The ``fixtures`` suite: real rows shipped with the tests (NQ 17, HotpotQA/2Wiki/MuSiQue 500-row
 samples, the full 125-row Bamboogle) for CPU demos and CI."""
 
 

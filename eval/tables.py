@@ -31,7 +31,11 @@ def order_shapes(shapes: Sequence[str]) -> list[str]:
 
 def rule_label(rule: str, matched_horizon: int) -> str:
     """Human label of a selection rule."""
-    return f"matched horizon (step <= {matched_horizon})" if rule == MATCHED else "own horizon (step <= run's cap)"
+    return (
+        f"matched horizon (step <= {matched_horizon})"
+        if rule == MATCHED
+        else "own horizon (step <= run's cap)"
+    )
 
 
 def select_checkpoints(
@@ -132,8 +136,22 @@ def table1(
     frame.loc[trained, "rank"] = (
         frame[trained].groupby(["rule", "seed"])[key].rank(method="min", ascending=False).astype(int)
     )
-    columns = ["rule", "row", "seed", "run", "step", "last_step", "short", "avg_all_em", "avg_all_lo",
-               "avg_all_hi", "avg_heldout_em", "avg_heldout_lo", "avg_heldout_hi", "rank"]
+    columns = [
+        "rule",
+        "row",
+        "seed",
+        "run",
+        "step",
+        "last_step",
+        "short",
+        "avg_all_em",
+        "avg_all_lo",
+        "avg_all_hi",
+        "avg_heldout_em",
+        "avg_heldout_lo",
+        "avg_heldout_hi",
+        "rank",
+    ]
     return _sorted_cells(frame)[columns]
 
 
@@ -141,12 +159,14 @@ def _sorted_cells(frame: pd.DataFrame) -> pd.DataFrame:
     """Floor rows first, then matched-horizon and own-horizon cells; shapes in paper order; by seed."""
     rules = {MATCHED: 1, OWN: 2}
     shapes = {s: i for i, s in enumerate(order_shapes([r for r in frame["row"].unique() if r != FLOOR]))}
-    keys = pd.DataFrame({
-        "floor": (frame["row"] != FLOOR).astype(int),
-        "rule": frame["rule"].map(rules).fillna(0),
-        "shape": frame["row"].map(shapes).fillna(-1),
-        "seed": frame["seed"],
-    })
+    keys = pd.DataFrame(
+        {
+            "floor": (frame["row"] != FLOOR).astype(int),
+            "rule": frame["rule"].map(rules).fillna(0),
+            "shape": frame["row"].map(shapes).fillna(-1),
+            "seed": frame["seed"],
+        }
+    )
     order = keys.sort_values(["rule", "floor", "shape", "seed"], kind="stable").index
     return frame.loc[order].reset_index(drop=True)
 
@@ -177,7 +197,9 @@ def _fmt(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.3f}"
 
 
-def table1_markdown(t1: pd.DataFrame, rule: str, avg: str, shapes: Sequence[str], seeds: Sequence[int]) -> str:
+def table1_markdown(
+    t1: pd.DataFrame, rule: str, avg: str, shapes: Sequence[str], seeds: Sequence[int]
+) -> str:
     """Wide Markdown view of one (rule, average) slice: rows = floor + shapes, columns = seeds, mean,
     seed range. A cell reads ``value [CI low, high] @step``; † marks a run whose last evaluated step
     is below the matched horizon."""
@@ -227,12 +249,15 @@ def per_benchmark_table(
 
 def frame_markdown(frame: pd.DataFrame, digits: int = 3) -> str:
     """Markdown of a frame, floats to ``digits`` decimals, NaN as an en dash."""
+
     def cell(value: object) -> str:
         if isinstance(value, float):
             return "–" if pd.isna(value) else f"{value:.{digits}f}"
         return str(value)
 
-    return markdown_table(list(frame.columns), [[cell(v) for v in row] for row in frame.itertuples(index=False)])
+    return markdown_table(
+        list(frame.columns), [[cell(v) for v in row] for row in frame.itertuples(index=False)]
+    )
 
 
 def search_profile(rows: pd.DataFrame, max_searches: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -246,11 +271,15 @@ def search_profile(rows: pd.DataFrame, max_searches: int = 10) -> tuple[pd.DataF
     fraction of rollouts ending by each termination reason (``term_<reason>``).
     """
     completed = rows["answered"]
-    done = rows[completed & (rows["searches"] >= 0)].assign(searches=lambda f: f["searches"].clip(upper=max_searches))
+    done = rows[completed & (rows["searches"] >= 0)].assign(
+        searches=lambda f: f["searches"].clip(upper=max_searches)
+    )
     profile = done.groupby(["shape", "searches"], as_index=False).agg(n=("em", "size"), em=("em", "mean"))
     profile["share"] = profile["n"] / profile.groupby("shape")["n"].transform("sum")
-    aborts = rows.assign(aborted=~completed).groupby("shape", as_index=False).agg(
-        n=("aborted", "size"), abort_rate=("aborted", "mean")
+    aborts = (
+        rows.assign(aborted=~completed)
+        .groupby("shape", as_index=False)
+        .agg(n=("aborted", "size"), abort_rate=("aborted", "mean"))
     )
     reasons = rows[rows["termination"] != ""]
     if len(reasons):

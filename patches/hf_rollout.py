@@ -10,7 +10,9 @@ module adds a fourth backend, selected with ``actor_rollout_ref.rollout.name=hf`
   ``search_env.hf_generate.HFGenerator`` (fp32, one request at a time). ``generate`` is
   verl's token-in/token-out call and always returns ``extra_fields["global_steps"]`` (the v1
   trainer calls ``int()`` on it, ``verl/trainer/ppo/v1/trainer_base.py:1897``). Sleep / wake-up /
-  KV-cache calls are no-ops. Optional scripted turns: ``patches.scripted_turns``.
+  KV-cache calls are no-ops. Options under ``rollout.engine_kwargs.hf``: ``scripted_turn_prob``
+  (``patches.scripted_turns``) and ``max_turn_tokens`` (caps every sampled turn, in tokens; a
+  speed knob for random tiny models on CPU, 0 = no cap).
 - ``HFReplica``: launches one ``HFServer`` per replica next to the first trainer worker.
 - ``HFServerAdapter``: lives in each FSDP worker; ``update_weights`` gathers the full tensors
   the engine yields and sends them to the server (``HFGenerator.load_weights``).
@@ -101,6 +103,9 @@ class HFServer:
         self.scripted_prob = float(os.environ.get(SCRIPTED_PROB_ENV, options.get("scripted_turn_prob", 0.0)))
         if not 0.0 <= self.scripted_prob <= 1.0:
             raise ValueError(f"scripted_turn_prob must be in [0, 1], got {self.scripted_prob}")
+        self.max_turn_tokens = int(options.get("max_turn_tokens") or 0)
+        if self.max_turn_tokens < 0:
+            raise ValueError(f"max_turn_tokens must be >= 0 (0 = no cap), got {self.max_turn_tokens}")
         self._rng = random.Random(seed)
         self.global_steps = 0
 
@@ -113,6 +118,8 @@ class HFServer:
         if scripted is not None:
             output = await asyncio.to_thread(self._forced_turn, list(prompt_ids), scripted, params["max_tokens"])
         else:
+            if self.max_turn_tokens:
+                params["max_tokens"] = min(params["max_tokens"], self.max_turn_tokens)
             output = await asyncio.to_thread(self.generator.generate, list(prompt_ids), params)
         output.extra_fields["global_steps"] = self.global_steps
         return output

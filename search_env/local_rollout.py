@@ -182,3 +182,43 @@ def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
         record["masked_tokens"] = int(length - masks[i, :length].sum())
         records.append(record)
     return records
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the full token-level transcript of rollouts of one question (prompt, response, records)."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m search_env.local_rollout", description=main.__doc__)
+    parser.add_argument("--model", required=True, help="HF model folder (e.g. from python -m search_env.tiny)")
+    parser.add_argument("--retrieval-url", default="http://127.0.0.1:8000", help="retrieval server base URL")
+    parser.add_argument("--question", required=True)
+    parser.add_argument("--scripted-first-turn", default=None,
+                        help="demo only: fixed text of the first assistant turn (e.g. a search call)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="generator default per turn")
+    parser.add_argument("--response-length", type=int, default=protocol.MAX_TOTAL_TOKENS)
+    parser.add_argument("--n", type=int, default=1, help="rollouts of the question")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides key=value")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        tools = write_tool_config(Path(tmp) / "tools.yaml", [args.retrieval_url])
+        config = compose_rollout_config(args.model, tools, response_length=args.response_length,
+                                        overrides=args.overrides)
+        rollout = LocalRollout(config, HFGenerator(args.model, args.max_new_tokens, args.seed),
+                               scripted_first_turn=args.scripted_first_turn)
+        row = {"prompt": protocol.build_messages(args.question), "data_source": "cli", "agent_name": "search_agent",
+               "extra_info": {"index": 0, "tools_kwargs": {}}}
+        batch = rollout.generate([row], n=args.n)
+    prompt_ids = batch.batch["prompts"][0][batch.batch["attention_mask"][0, : batch.batch["prompts"].shape[1]] == 1]
+    print("=== prompt ===")
+    print(rollout.tokenizer.decode(prompt_ids.tolist()))
+    for i, record in enumerate(rollout_records(batch, rollout.tokenizer)):
+        print(f"=== response {i} ===")
+        print(record.pop("response"))
+        print(f"=== records {i} ===")
+        print({k: (v.item() if hasattr(v, "item") else v) for k, v in record.items()})
+
+
+if __name__ == "__main__":
+    main()

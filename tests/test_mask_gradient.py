@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn, kl_penalty
+from verl.trainer.ppo.core_algos import (
+    agg_loss,
+    compute_grpo_outcome_advantage,
+    get_policy_loss_fn,
+    kl_penalty,
+)
 from verl.utils.config import omega_conf_to_dataclass
 
 from search_env import protocol

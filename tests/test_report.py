@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.__main__ import main as eval_main
 from eval.report import main
 from eval.results import ResultsError, load_results, load_rows, load_training_logs
 from eval.tables import search_profile
@@ -49,12 +50,22 @@ def write_checkpoint(step_dir: Path, step: int, c: int, m: int) -> None:
         for i in range(PER_BENCH):
             ok = i < right
             aborted = not ok and i % 2 == 1
-            bench_rows.append({
-                "benchmark": bench, "id": f"{bench}-{i}", "question": "q?", "golds": ["a"],
-                "prediction": None if aborted else ("a" if ok else "b"),
-                "em": float(ok), "f1": 1.0 if ok else 0.5, "acc": float(ok), "searches": i,
-                "termination": "length_cap" if aborted else "answer", "model_tokens": 10, "retrieved_tokens": 5,
-            })
+            bench_rows.append(
+                {
+                    "benchmark": bench,
+                    "id": f"{bench}-{i}",
+                    "question": "q?",
+                    "golds": ["a"],
+                    "prediction": None if aborted else ("a" if ok else "b"),
+                    "em": float(ok),
+                    "f1": 1.0 if ok else 0.5,
+                    "acc": float(ok),
+                    "searches": i,
+                    "termination": "length_cap" if aborted else "answer",
+                    "model_tokens": 10,
+                    "retrieved_tokens": 5,
+                }
+            )
         rows += bench_rows
         summary[bench] = {
             "n": PER_BENCH,
@@ -74,9 +85,11 @@ def build_tree(root: Path, tree=TREE) -> Path:
         run = f"{shape}_s{seed}"
         run_dir = root / run
         run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps(
-            {"run": run, "shape": shape, "seed": seed, "horizon": horizon, "config": {"shape": shape}}
-        ))
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {"run": run, "shape": shape, "seed": seed, "horizon": horizon, "config": {"shape": shape}}
+            )
+        )
         for step, cm in steps.items():
             if cm is MISSING:
                 (run_dir / f"global_step_{step}").mkdir()
@@ -93,9 +106,15 @@ def write_logs(root: Path) -> Path:
     for shape, seed, horizon in TREE:
         lines = []
         for step in range(1, min(horizon, 60) + 1):
-            data = {"reward/mean": step / 100, "rollout/searches_mean": 3 - step / 60,
-                    "response_length/mean": 2000.0 - step, "rollout/length_clip_ratio": 0.3 / step,
-                    "rollout/abort_ratio": 0.1, "actor/grad_norm": 0.5, "training/note": "text"}
+            data = {
+                "reward/mean": step / 100,
+                "rollout/searches_mean": 3 - step / 60,
+                "response_length/mean": 2000.0 - step,
+                "rollout/length_clip_ratio": 0.3 / step,
+                "rollout/abort_ratio": 0.1,
+                "actor/grad_norm": 0.5,
+                "training/note": "text",
+            }
             lines.append({"step": step, "data": data})
         lines.append({"step": 5, "data": {"reward/mean": 0.99}})
         (root / f"{shape}_s{seed}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -148,7 +167,12 @@ def test_table1_numbers(report):
             floor = rows[(rule, "untrained (step 0)", seed)]
             assert float(floor["avg_all_em"]) == pytest.approx(avg_all(1, 0))
             assert float(floor["avg_heldout_em"]) == pytest.approx(0.25)
-            assert (floor["step"], floor["short"], floor["last_step"], floor["rank"]) == ("0", "False", "", "")
+            assert (floor["step"], floor["short"], floor["last_step"], floor["rank"]) == (
+                "0",
+                "False",
+                "",
+                "",
+            )
     assert rows[("matched", "em_only", 44)]["short"] == "True"
     assert rows[("matched", "f1_format", 42)]["short"] == "True"  # step 180 not evaluated
     assert rows[("matched", "f1_only", 44)]["short"] == "False"
@@ -160,7 +184,10 @@ def test_table1_markdown_states_average_and_ranking(report):
     assert "unweighted mean over all 7 benchmarks, MuSiQue included" in text
     assert "6 held-out benchmarks" in text
     assert f"{avg_all(2, 1):.3f}" in text and "@150†" in text
-    assert f"f1_format ({avg_all(3, 2):.3f}) = f1_only ({avg_all(3, 2):.3f}) > em_only ({avg_all(2, 1):.3f})" in text
+    assert (
+        f"f1_format ({avg_all(3, 2):.3f}) = f1_only ({avg_all(3, 2):.3f}) > em_only ({avg_all(2, 1):.3f})"
+        in text
+    )
 
 
 def test_ranking_probability_and_seed_ranges(report):
@@ -170,10 +197,16 @@ def test_ranking_probability_and_seed_ranges(report):
     assert Fraction(matched["p_given_shape"]) == Fraction(1, 27)
     assert Fraction(matched["p_any_shape"]) == Fraction(1, 9)
     assert tests[("own", "avg_all")]["last_everywhere"] == ""  # em_only wins seed 43 at its own horizon
+    ranges = {(r["rule"], r["average"], r["shape"]): r for r in read_csv(report / "seed_range.csv")}
+    assert float(ranges[("matched", "avg_all", "em_only")]["range"]) == pytest.approx(1 / 28)
+    assert float(ranges[("matched", "avg_all", "f1_only")]["range"]) == pytest.approx(2 / 28)
+    assert float(ranges[("own", "avg_all", "em_only")]["range"]) == pytest.approx((28 - 12) / 28)
     stats = (report / "statistics.md").read_text()
     assert "**1/27**" in stats and "**em_only** is strictly last at every one of the 3 seeds" in stats
     # matched-horizon seed ranges: em_only 12,13,13; f1_only 19,18,20; f1_format 20,19,20 (/28)
-    assert f"| em_only | {12 / 28:.3f} | {13 / 28:.3f} | {(12 + 13 + 13) / 84:.3f} | 3 | {1 / 28:.3f} |" in stats
+    assert (
+        f"| em_only | {12 / 28:.3f} | {13 / 28:.3f} | {(12 + 13 + 13) / 84:.3f} | 3 | {1 / 28:.3f} |" in stats
+    )
     assert f"| f1_only | {18 / 28:.3f} | {20 / 28:.3f} | {19 / 28:.3f} | 3 | {2 / 28:.3f} |" in stats
 
 
@@ -233,7 +266,9 @@ def test_training_logs_resume_and_binding(tmp_path):
     log = tmp_path / "anything.jsonl"
     log.write_text('{"step": 1, "data": {"reward/mean": 0.1}}\n{"step": 1, "data": {"reward/mean": 0.2}}\n')
     logs = load_training_logs([f"f1_only_s7={log}"], results.runs)
-    assert logs[["run", "shape", "seed", "step", "value"]].values.tolist() == [["f1_only_s7", "f1_only", 7, 1, 0.2]]
+    assert logs[["run", "shape", "seed", "step", "value"]].values.tolist() == [
+        ["f1_only_s7", "f1_only", 7, 1, 0.2]
+    ]
     with pytest.raises(ResultsError, match="anything.jsonl.*RUN=PATH"):
         load_training_logs([str(log)], results.runs)
 
@@ -241,7 +276,9 @@ def test_training_logs_resume_and_binding(tmp_path):
 def test_missing_run_json_names_file_and_fix(tmp_path, capsys):
     root = build_tree(tmp_path / "out", {("em_only", 1, 10): {10: (1, 1)}})
     (root / "em_only_s1" / "run.json").unlink()
-    assert main(["--results", str(root), "--out", str(tmp_path / "r"), "--bootstrap", "0"]) == 2
+    assert (
+        eval_main(["report", "--results", str(root), "--out", str(tmp_path / "r"), "--bootstrap", "0"]) == 2
+    )
     err = capsys.readouterr().err
     assert str(root / "em_only_s1" / "run.json") in err and "Fix:" in err and '"horizon"' in err
 
@@ -253,9 +290,14 @@ def test_missing_run_json_names_file_and_fix(tmp_path, capsys):
         ('{"benchmarks": {"nq": {"n": 4, "em": "high", "f1": 0.1, "acc": 0.1}}}', "field 'em'"),
         ('{"benchmarks": {"nq": {"n": 4, "em": 1.5, "f1": 0.1, "acc": 0.1}}}', "not a number in \\[0, 1\\]"),
         ('{"benchmarks": {}}', "'benchmarks' is empty"),
-        ('{"benchmarks": {"nq": {"n": 4, "em": 0.5, "f1": 0.5, "acc": 0.5}}, "step": 20}', "folder is global_step_10"),
-        ('{"benchmarks": {"nq": {"n": 4, "em": 0.5, "f1": 0.5, "acc": 0.5}}, "macro": {"em": 0.4}}',
-         "macro.em = 0.4"),
+        (
+            '{"benchmarks": {"nq": {"n": 4, "em": 0.5, "f1": 0.5, "acc": 0.5}}, "step": 20}',
+            "folder is global_step_10",
+        ),
+        (
+            '{"benchmarks": {"nq": {"n": 4, "em": 0.5, "f1": 0.5, "acc": 0.5}}, "macro": {"em": 0.4}}',
+            "macro.em = 0.4",
+        ),
     ],
 )
 def test_malformed_summary_names_file(tmp_path, content, message):
@@ -272,3 +314,15 @@ def test_malformed_rows_line_names_line(tmp_path):
     path.write_text('{"benchmark": "nq", "em": 1, "f1": 1, "acc": 1}\n{"benchmark": "nq"}\n')
     with pytest.raises(ResultsError, match=r"rows.jsonl:2: missing field 'em'"):
         load_rows(path)
+
+
+def test_null_horizon_means_no_cap(tmp_path):
+    from eval.tables import select_checkpoints
+
+    root = build_tree(tmp_path / "out", {("f1_only", 1, 10): {10: (1, 1), 200: (3, 3)}})
+    meta = root / "f1_only_s1" / "run.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "horizon": None}))
+    results = load_results(root)
+    assert any("horizon is null" in n for n in results.notes)
+    picks, _ = select_checkpoints(results.scores, 180)
+    assert picks.set_index("rule")["step"].to_dict() == {"matched": 10, "own": 200}

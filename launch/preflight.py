@@ -1,0 +1,258 @@
+"""Check a recipe's prerequisites before launch/run.sh starts anything, and plan the run.
+
+    python launch/preflight.py --run-dir DIR RECIPE.yaml [hydra overrides...]
+
+Composes the recipe with verl's config (hydra compose API, the same overrides as the trainer
+gets), runs verl's ``validate_config``, then checks every prerequisite: GPUs for GPU recipes,
+model, train/val parquet, retrieval corpus/index/encoder, the retriever port, the tool and
+agent-loop YAML. Each missing item is reported with its exact path and the command that
+provides it; the exit status is 2 if anything is missing, 0 otherwise.
+
+On success it writes ``DIR/launch.env`` (shell assignments sourced by run.sh: absolute paths,
+device, timeout, which demo assets to build) and ``DIR/tools.yaml`` (the recipe's tool YAML with
+``retrieval_urls`` set to the retriever(s) of this run). Paths in recipes are relative to the
+repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+PREPARE = "bash launch/prepare.sh"
+
+
+@dataclass
+class Plan:
+    """What run.sh needs to know; ``problems`` lists missing prerequisites with their fix."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    config: DictConfig | None = None
+
+    def need(self, ok: bool, message: str) -> bool:
+        if not ok:
+            self.problems.append(message)
+        return ok
+
+
+def repo_path(value: Any) -> Path | None:
+    """A recipe path made absolute against the repository root (None stays None)."""
+    if value in (None, ""):
+        return None
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() else ROOT / path
+
+
+def compose_recipe(recipe: Path, overrides: list[str]) -> DictConfig:
+    """The recipe composed with verl's ``ppo_trainer`` and ``overrides`` (not resolved)."""
+    with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
+        return compose(config_name=recipe.stem, overrides=overrides)
+
+
+def validate(cfg: DictConfig) -> None:
+    """verl's own semantic checks (batch divisibility, micro-batch settings, ...)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch can see (0 on a CPU-only torch build)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def overridden(overrides: list[str], key: str) -> bool:
+    return any(o.lstrip("+~").split("=", 1)[0] == key for o in overrides)
+
+
+def check_gpus(cfg: DictConfig, overrides: list[str], plan: Plan, recipe: Path) -> list[str]:
+    """GPU recipes need CUDA GPUs; returns the extra overrides to pass (GPUs per node)."""
+    if cfg.launch.device == "cpu":
+        return []
+    gpus = visible_gpus()
+    if not plan.need(
+        gpus > 0,
+        f"recipe {recipe.name} trains on GPUs (launch.device=gpu) but torch sees no CUDA device; "
+        "run it on a GPU node (pip install -e .[gpu]), or on this machine run "
+        "`bash launch/run.sh recipes/demo_cpu.yaml`",
+    ):
+        return []
+    if overridden(overrides, "trainer.n_gpus_per_node"):
+        return []
+    return [f"trainer.n_gpus_per_node={gpus}"]
+
+
+def check_model(cfg: DictConfig, plan: Plan) -> None:
+    model = str(cfg.actor_rollout_ref.model.path)
+    path = repo_path(model)
+    assets = cfg.launch.get("assets") or {}
+    if cfg.launch.build_demo_assets and assets.get("tiny_model") and repo_path(assets.tiny_model) == path:
+        plan.env["BUILD_TINY_MODEL"] = "" if (path / "config.json").is_file() else str(path)
+    elif not (path / "config.json").is_file():
+        plan.problems.append(
+            f"model: no config.json in {path} (actor_rollout_ref.model.path={model}); "
+            f"run `{PREPARE} model` (downloads Qwen/Qwen3.5-0.8B there) or pass "
+            "actor_rollout_ref.model.path=<local HF model dir>"
+        )
+    plan.env["MODEL_PATH"] = str(path)
+
+
+def check_data(cfg: DictConfig, plan: Plan) -> None:
+    assets = cfg.launch.get("assets") or {}
+    build = bool(cfg.launch.build_demo_assets and assets.get("questions"))
+    for key in ("train_files", "val_files"):
+        value = cfg.data[key]
+        if not isinstance(value, str):
+            plan.problems.append(f"data.{key} must be one parquet path for launch/run.sh, got {value!r}")
+            continue
+        path = repo_path(value)
+        plan.env[key.upper()] = str(path)
+        if build:
+            plan.env[f"BUILD_{key.upper()}"] = "" if path.is_file() else str(path)
+        else:
+            plan.need(
+                path.is_file(),
+                f"data.{key}: {path} is missing; run `{PREPARE} data` (MuSiQue train + validation "
+                f"parquet via python -m search_env.data) or pass data.{key}=<parquet>",
+            )
+    if build:
+        questions = repo_path(assets.questions)
+        plan.need(questions.is_file(), f"launch.assets.questions: {questions} is missing (a FlashRAG jsonl)")
+        plan.env["QUESTIONS"] = str(questions)
+        plan.env["QUESTIONS_SOURCE"] = str(assets.get("data_source", "nq"))
+
+
+def retriever_urls(cfg: DictConfig) -> list[str]:
+    """External retriever URLs (``retriever.urls``, comma-separated), or [] to start a local one."""
+    urls = cfg.retriever.get("urls")
+    if not urls:
+        return []
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    return [u.strip().rstrip("/") for u in items if u.strip()]
+
+
+def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
+    """Check what the local retriever needs; returns the URLs the search tool will call."""
+    r = cfg.retriever
+    external = retriever_urls(cfg)
+    if external:
+        plan.env["RETRIEVER_EXTERNAL"] = "1"
+        return external
+    port = int(r.port)
+    plan.need(port_free(port), f"retriever.port={port}: 127.0.0.1:{port} is in use; pass retriever.port=<free port>")
+    corpus = repo_path(r.corpus)
+    plan.need(
+        corpus is not None and corpus.is_file(),
+        f"retriever.corpus: {corpus} is missing; run `{PREPARE} corpus` (wiki-18, 21M passages)",
+    )
+    args = ["serve", "--backend", str(r.backend), "--corpus", str(corpus), "--host", "127.0.0.1", "--port", str(port)]
+    if r.backend == "dense":
+        index, encoder = repo_path(r.index), repo_path(r.encoder)
+        plan.need(
+            index is not None and index.is_file(),
+            f"retriever.index: {index} is missing; run `{PREPARE} index` (E5 IVF4096,SQ8 faiss index)",
+        )
+        plan.need(
+            encoder is not None and (encoder / "config.json").is_file(),
+            f"retriever.encoder: no config.json in {encoder}; run `{PREPARE} encoder` (intfloat/e5-base-v2)",
+        )
+        args += ["--index", str(index), "--encoder", str(encoder), "--nprobe", str(r.nprobe)]
+    elif r.backend != "bm25":
+        plan.problems.append(f"retriever.backend must be dense or bm25, got {r.backend!r}")
+    plan.env["RETRIEVER_ARGS"] = shlex.join(args)
+    plan.env["RETRIEVER_STARTUP_S"] = str(int(r.get("startup_timeout_s") or 900))
+    plan.env["RETRIEVER_PORT"] = str(port)
+    return [f"http://127.0.0.1:{port}"]
+
+
+def write_tools_yaml(cfg: DictConfig, urls: list[str], out: Path, plan: Plan) -> None:
+    """Copy the recipe's tool YAML to ``out`` with every tool's ``retrieval_urls`` set to ``urls``."""
+    source = repo_path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)
+    if not plan.need(source is not None and source.is_file(), f"tool config {source} is missing"):
+        return
+    tools = yaml.safe_load(source.read_text())
+    for tool in tools.get("tools", []):
+        if "retrieval_urls" in tool.get("config", {}):
+            tool["config"]["retrieval_urls"] = urls
+    out.write_text(f"# generated by launch/preflight.py from {source}\n" + yaml.safe_dump(tools, sort_keys=False))
+    plan.env["TOOL_CONFIG"] = str(out)
+
+
+def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
+    plan = Plan()
+    cfg = compose_recipe(recipe, overrides)
+    extra = check_gpus(cfg, overrides, plan, recipe)
+    if extra:
+        cfg = compose_recipe(recipe, overrides + extra)
+    validate(cfg)
+    plan.config = cfg
+    check_model(cfg, plan)
+    check_data(cfg, plan)
+    urls = check_retriever(cfg, plan)
+    write_tools_yaml(cfg, urls, run_dir / "tools.yaml", plan)
+    agent_loops = repo_path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    if plan.need(agent_loops is not None and agent_loops.is_file(), f"agent-loop config {agent_loops} is missing"):
+        plan.env["AGENT_LOOP_CONFIG"] = str(agent_loops)
+    plan.env.update(
+        DEVICE=str(cfg.launch.device),
+        TIMEOUT_S=str(int(cfg.launch.timeout_s or 0)),
+        EXPERIMENT=str(cfg.trainer.experiment_name),
+        TOTAL_STEPS=str(cfg.trainer.total_training_steps),
+        RETRIEVER_URLS=",".join(urls),
+        EXTRA_OVERRIDES=shlex.join(extra),
+    )
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="run folder (launch.env, tools.yaml)")
+    parser.add_argument("recipe", type=Path, help="recipe YAML, e.g. recipes/f1_only_s44.yaml")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides, as for the trainer")
+    args = parser.parse_args(argv)
+    if not args.recipe.is_file():
+        print(f"error: recipe {args.recipe} not found (recipes are in {ROOT / 'recipes'})", file=sys.stderr)
+        return 2
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan = make_plan(args.recipe, list(args.overrides), args.run_dir.resolve())
+    except (HydraException, AssertionError, ValueError) as exc:
+        print(f"error: recipe {args.recipe} does not compose/validate: {exc}", file=sys.stderr)
+        return 2
+    if plan.problems:
+        print(f"error: {len(plan.problems)} prerequisite(s) missing for {args.recipe}:", file=sys.stderr)
+        for problem in plan.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    lines = [f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items())]
+    (args.run_dir / "launch.env").write_text("\n".join(lines) + "\n")
+    OmegaConf.save(plan.config, args.run_dir / "recipe.yaml")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

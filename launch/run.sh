@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Train one recipe end to end: preflight, (demo assets), retriever, verl GRPO, cleanup.
+#
+#   bash launch/run.sh RECIPE.yaml [hydra overrides...]
+#   bash launch/run.sh recipes/f1_only_s44.yaml                 # a cell, on a GPU node
+#   bash launch/run.sh recipes/demo_cpu.yaml                    # tiny model on CPU, ~2 min
+#   bash launch/run.sh recipes/demo_cpu.yaml trainer.total_training_steps=3   # resumes, trains step 3
+#
+# 1. launch/preflight.py composes the recipe with verl's config, validates it and checks every
+#    prerequisite (GPUs, model, parquet, corpus/index/encoder, free port); it lists each missing
+#    item with the command that provides it, before anything starts.
+# 2. Demo recipes (launch.build_demo_assets) build a missing tiny model (python -m search_env.tiny)
+#    and parquet (python -m search_env.data convert) first.
+# 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port) and waits for
+#    GET /health, unless retriever.urls names running ones (multi-node: one URL per node).
+# 4. Runs python -m verl.trainer.main_ppo in its own process group (under `timeout` when the
+#    recipe sets launch.timeout_s), with the overrides passed through; resume_mode=auto continues
+#    from the latest checkpoint of the run directory.
+# 5. On exit, error or Ctrl-C stops the trainer's process group (Ray included) and the retriever,
+#    by PID, and prints where the checkpoint and the logs are.
+#
+# Run directory: $RLVR_RUN_DIR, default runs/<recipe name>: train.log, retriever.log,
+# metrics.jsonl (verl file logger, kept across resumes), checkpoints/global_step_N/, tools.yaml,
+# recipe.yaml (the composed config), launch.env, preflight.log.
+# Multi-node: start Ray on every node, export RAY_ADDRESS=<head>:6379 on the head, pass
+# trainer.nnodes=N and retriever.urls=http://node1:8000,http://node2:8000 (retrievers started
+# with launch/serve_retriever.sh or python -m search_env serve on each node).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+
+if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit 2
+fi
+RECIPE="$1"
+shift
+[[ -f "$RECIPE" ]] || die "recipe $RECIPE not found (the recipes are in $ROOT/recipes)"
+RECIPE="$(cd "$(dirname "$RECIPE")" && pwd)/$(basename "$RECIPE")"
+NAME="$(basename "$RECIPE" .yaml)"
+cd "$ROOT"
+RUN_DIR="${RLVR_RUN_DIR:-$ROOT/runs/$NAME}"
+mkdir -p "$RUN_DIR"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+CKPT_DIR="$RUN_DIR/checkpoints"
+TRAIN_LOG="$RUN_DIR/train.log"
+
+TRAINER_PID="" RETRIEVER_PID="" RAY_TMP=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [[ -n "$TRAINER_PID" ]] && stop_group "$TRAINER_PID" 30
+  [[ -n "$RETRIEVER_PID" ]] && stop_pid "$RETRIEVER_PID" 10
+  [[ -n "$RAY_TMP" && -d "$RAY_TMP" ]] && rm -rf "$RAY_TMP"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted: stopping what this run started"; exit 130' INT TERM
+
+# 1. preflight -----------------------------------------------------------------------------
+log "preflight: $NAME (run dir $RUN_DIR)"
+if ! "$PYTHON" launch/preflight.py --run-dir "$RUN_DIR" "$RECIPE" "$@" >"$RUN_DIR/preflight.log" 2>&1; then
+  if grep -q '^error:' "$RUN_DIR/preflight.log"; then
+    sed -n '/^error:/,$p' "$RUN_DIR/preflight.log" >&2
+  else
+    tail -n 30 "$RUN_DIR/preflight.log" >&2
+  fi
+  exit 2
+fi
+# shellcheck disable=SC1091
+source "$RUN_DIR/launch.env"
+
+# 2. demo assets (a lock keeps concurrent runs from building the same files) ------------------
+build_assets() {
+  exec 9>"$ROOT/.demo.build.lock"
+  flock 9
+  if [[ -n "${BUILD_TINY_MODEL:-}" && ! -f "$BUILD_TINY_MODEL/config.json" ]]; then
+    log "building the tiny model: $BUILD_TINY_MODEL"
+    "$PYTHON" -m search_env.tiny --out "$BUILD_TINY_MODEL" >>"$RUN_DIR/assets.log" 2>&1
+  fi
+  local split key path
+  for key in TRAIN_FILES VAL_FILES; do
+    path="BUILD_$key"
+    path="${!path:-}"
+    [[ -n "$path" && ! -f "$path" ]] || continue
+    split=train
+    [[ "$key" == VAL_FILES ]] && split=test
+    log "building $path from $QUESTIONS"
+    mkdir -p "$(dirname "$path")"
+    "$PYTHON" -m search_env.data convert --input "$QUESTIONS" --data-source "$QUESTIONS_SOURCE" \
+      --split "$split" --out "$path" >>"$RUN_DIR/assets.log" 2>&1
+  done
+  flock -u 9
+}
+if [[ -n "${BUILD_TINY_MODEL:-}${BUILD_TRAIN_FILES:-}${BUILD_VAL_FILES:-}" ]]; then
+  build_assets || die "building the demo assets failed; see $RUN_DIR/assets.log"
+fi
+
+# 3. retriever -----------------------------------------------------------------------------
+if [[ -z "${RETRIEVER_EXTERNAL:-}" ]]; then
+  eval "RETRIEVER_CMD=($RETRIEVER_ARGS)"
+  log "retriever: python -m search_env ${RETRIEVER_CMD[*]}"
+  "$PYTHON" -m search_env "${RETRIEVER_CMD[@]}" >"$RUN_DIR/retriever.log" 2>&1 &
+  RETRIEVER_PID=$!
+  wait_health "$RETRIEVER_URLS" "${RETRIEVER_STARTUP_S:-900}" "$RETRIEVER_PID" ||
+    die "retriever did not answer GET $RETRIEVER_URLS/health within ${RETRIEVER_STARTUP_S:-900} s; see $RUN_DIR/retriever.log"
+else
+  for url in ${RETRIEVER_URLS//,/ }; do
+    wait_health "$url" 30 || die "retriever $url does not answer GET /health (retriever.urls)"
+  done
+fi
+log "retriever ready: $RETRIEVER_URLS"
+
+# 4. trainer -------------------------------------------------------------------------------
+export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.jsonl"
+[[ "$DEVICE" == cpu ]] && export VERL_PLATFORM=cpu
+ARGS=(--config-path "$(dirname "$RECIPE")" --config-name "$NAME" "$@")
+eval "ARGS+=($EXTRA_OVERRIDES)"
+ARGS+=(
+  "data.train_files=$TRAIN_FILES" "data.val_files=$VAL_FILES"
+  "actor_rollout_ref.model.path=$MODEL_PATH"
+  "actor_rollout_ref.rollout.multi_turn.tool_config_path=$TOOL_CONFIG"
+  "actor_rollout_ref.rollout.agent.agent_loop_config_path=$AGENT_LOOP_CONFIG"
+  "trainer.default_local_dir=$CKPT_DIR"
+)
+if [[ -z "${RAY_ADDRESS:-}" ]]; then  # a private local Ray instance, removed on exit
+  RAY_TMP="$(mktemp -d /tmp/rlvr_ray.XXXXXX)"
+  ARGS+=("+ray_kwargs.ray_init._temp_dir=$RAY_TMP")
+fi
+TIMEOUT=()
+((TIMEOUT_S > 0)) && TIMEOUT=(timeout -k 30 "$TIMEOUT_S")
+log "training $EXPERIMENT ($TOTAL_STEPS steps, device $DEVICE); log: $TRAIN_LOG"
+# setsid: the trainer and every Ray process it spawns share one process group, stopped together.
+setsid "${TIMEOUT[@]}" "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" \
+  > >(tee -a "$TRAIN_LOG" | awk -f "$ROOT/launch/progress.awk" >&2) 2>&1 &
+TRAINER_PID=$!
+RC=0
+wait "$TRAINER_PID" || RC=$?
+TRAINER_PID=""
+((RC == 124)) && log "the trainer hit launch.timeout_s=$TIMEOUT_S s and was stopped"
+
+# 5. summary -------------------------------------------------------------------------------
+LATEST="$(cat "$CKPT_DIR/latest_checkpointed_iteration.txt" 2>/dev/null || true)"
+STEPS="$( (grep -c . "$VERL_FILE_LOGGER_PATH" 2>/dev/null) || echo 0)"
+{
+  echo
+  if ((RC == 0)); then echo "training finished: $EXPERIMENT"; else echo "training FAILED (exit $RC): $EXPERIMENT"; fi
+  if [[ -n "$LATEST" ]]; then
+    echo "  checkpoint: $CKPT_DIR/global_step_$LATEST/actor   (resume: run the same command again)"
+  else
+    echo "  checkpoint: none written yet under $CKPT_DIR"
+  fi
+  echo "  train log:  $TRAIN_LOG"
+  [[ -n "$RETRIEVER_PID" ]] && echo "  retriever:  $RUN_DIR/retriever.log"
+  echo "  metrics:    $VERL_FILE_LOGGER_PATH ($STEPS steps logged)"
+  echo "  config:     $RUN_DIR/recipe.yaml"
+} >&2
+if ((RC != 0)); then
+  echo "--- last lines of $TRAIN_LOG ---" >&2
+  grep -v 'target_num_threads' "$TRAIN_LOG" | tail -n 25 >&2
+fi
+exit "$RC"

@@ -1,0 +1,188 @@
+"""End to end: `python -m eval run` on a run with real FSDP shards, the tiny model and a BM25 server.
+
+The run folder is built like verl's trainer builds it: step 5 is saved by verl's own
+``FSDPCheckpointManager`` (FSDP2, gloo, world size 1) and merged back by verl's model merger;
+step 0 is the run config's untrained model. Rows are real fixture questions (``--suite
+fixtures``), rolled out through verl's AgentLoopWorker and scored by reward_fns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.__main__ import main
+from eval.runner import summarize
+from eval.store import RowStore
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = ["nq", "musique", "bamboogle"]
+LIMIT = 2
+FAST_LIMITS = ["--max-turns", "2", "--max-turn-tokens", "16", "--response-length", "96"]
+"""Short turns keep the random tiny model fast; run.json records them."""
+
+SAVE_FSDP = r"""
+import sys, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForImageTextToText, AutoTokenizer
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+src, dst = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = AutoModelForImageTextToText.from_pretrained(src)
+fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",)))
+manager = FSDPCheckpointManager(model, processing_class=AutoTokenizer.from_pretrained(src),
+                                checkpoint_config={"save_contents": ["model"], "load_contents": ["model"]})
+manager.save_checkpoint(dst, global_step=5)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """RUN/global_step_5/actor with verl FSDP shards of a differently seeded tiny model, + config.yaml."""
+    from search_env.tiny import build_tiny
+
+    root = tmp_path_factory.mktemp("runs")
+    trained = build_tiny(root / "seed1_model", seed=1)
+    run = root / "f1_only_s3"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    subprocess.run([sys.executable, "-c", SAVE_FSDP, str(trained), str(run / "global_step_5" / "actor")],
+                   check=True, env=env, timeout=300, capture_output=True)
+    (run / "latest_checkpointed_iteration.txt").write_text("5")
+    config = {"shape": "f1_only", "seed": 3, "trainer": {"total_training_steps": 5},
+              "actor_rollout_ref": {"model": {"path": str(tiny_model_dir)}}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return run
+
+
+def _args(run: Path, out: Path, url: str, *extra: str) -> list[str]:
+    return ["run", "--run-dir", str(run), "--suite", "fixtures", "--out", str(out), "--limit", str(LIMIT),
+            "--benchmarks", *BENCHMARKS, "--retriever-url", url, "--batch-size", "1", *FAST_LIMITS, *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, run_dir: Path, retrieval_server_url: str) -> Path:
+    """An uninterrupted evaluation (in process); returns OUT/<run>."""
+    out = tmp_path_factory.mktemp("eval_ref")
+    assert main(_args(run_dir, out, retrieval_server_url)) == 0
+    return out / "f1_only_s3"
+
+
+def test_every_checkpoint_evaluated_and_summarised(reference: Path, run_dir: Path, retrieval_server_url: str,
+                                                   capsys: pytest.CaptureFixture[str]):
+    info = json.loads((reference / "run.json").read_text())
+    assert (info["run"], info["shape"], info["seed"], info["horizon"]) == ("f1_only_s3", "f1_only", 3, 5)
+    assert info["eval"]["limits"]["max_turn_tokens"] == 16 and info["eval"]["sampling"]["temperature"] == 0.0
+    assert (reference / "merged" / "global_step_5" / "model.safetensors").is_file()  # verl's merger ran
+    for step in (0, 5):
+        rows = RowStore(reference / f"global_step_{step}" / "rows.jsonl").rows()
+        assert sorted({r["benchmark"] for r in rows}) == sorted(BENCHMARKS)
+        assert len(rows) == LIMIT * len(BENCHMARKS)
+        assert all(r["termination"] in ("answer", "turn_cap", "length_cap", "error") for r in rows)
+        assert all(r["model_tokens"] >= 1 and r["golds"] for r in rows)
+        summary = json.loads((reference / f"global_step_{step}" / "summary.json").read_text())
+        assert summary == summarize(rows, BENCHMARKS, step)
+    # a second invocation finds everything done and changes nothing
+    before = {p: p.read_bytes() for p in reference.rglob("*.json*")}
+    capsys.readouterr()
+    assert main(_args(run_dir, reference.parent, retrieval_server_url)) == 0
+    assert "step 5: " not in capsys.readouterr().out  # no step had rows left to do
+    assert {p: p.read_bytes() for p in reference.rglob("*.json*")} == before
+    assert main(_args(run_dir, reference.parent, "http://127.0.0.1:9")) == 1  # an unreachable retriever
+    assert "retrieval server http://127.0.0.1:9 is not reachable" in capsys.readouterr().err
+
+
+def test_kill_and_resume_gives_identical_rows(reference: Path, run_dir: Path, retrieval_server_url: str,
+                                              tmp_path: Path):
+    """SIGKILL a `python -m eval run` mid-run, tear its last line, resume: same rows as uninterrupted."""
+    out = tmp_path / "eval_killed"
+    rows_path = out / "f1_only_s3" / "global_step_0" / "rows.jsonl"
+    cmd = [sys.executable, "-m", "eval", *_args(run_dir, out, retrieval_server_url)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (rows_path.is_file() and len(rows_path.read_text().splitlines()) >= 2):
+            assert proc.poll() is None, "eval run ended before it could be killed"
+            assert time.monotonic() < deadline, "no rows written in time"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / "f1_only_s3" / "global_step_5" / "summary.json").exists()
+    with open(rows_path, "a") as f:
+        f.write('{"benchmark": "nq", "id": "torn')  # as if killed in the middle of a write
+    assert main(_args(run_dir, out, retrieval_server_url)) == 0
+    for step in (0, 5):
+        name = f"global_step_{step}"
+        # greedy decoding: a different process, resumed midway, writes byte-identical rows
+        assert (out / "f1_only_s3" / name / "rows.jsonl").read_bytes() == (reference / name / "rows.jsonl").read_bytes()
+        assert (out / "f1_only_s3" / name / "summary.json").read_text() == (reference / name / "summary.json").read_text()
+
+
+def test_changed_settings_are_refused(reference: Path, run_dir: Path, retrieval_server_url: str,
+                                      capsys: pytest.CaptureFixture[str]):
+    assert main(_args(run_dir, reference.parent, retrieval_server_url, "--max-turns", "3")) == 1
+    assert "other eval settings (limits differ)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.environ.get("RLVR_DEMO_RUN_DIR"), reason="set RLVR_DEMO_RUN_DIR to a demo run's checkpoints")
+def test_real_demo_run(tmp_path: Path, retrieval_server_url: str):
+    run = Path(os.environ["RLVR_DEMO_RUN_DIR"])
+    assert main(["run", "--run-dir", str(run), "--suite", "fixtures", "--out", str(tmp_path), "--limit", "1",
+                 "--retriever-url", retrieval_server_url, "--backend", "hf"]) == 0
+    summaries = list(tmp_path.glob("*/global_step_*/summary.json"))
+    assert len(summaries) >= 2 and all(json.loads(p.read_text())["complete"] for p in summaries)
+
+
+def _vllm_skip_reason() -> str | None:
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "vllm backend needs a CUDA GPU (none here)"
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm backend needs vLLM (pip install -e .[gpu])"
+    return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_vllm_skip_reason() is not None, reason=str(_vllm_skip_reason()))
+def test_vllm_backend_matches_protocol(reference: Path, run_dir: Path, retrieval_server_url: str, tmp_path: Path):
+    assert main(_args(run_dir, tmp_path, retrieval_server_url, "--backend", "vllm", "--steps", "0")) == 0
+    rows = RowStore(tmp_path / "f1_only_s3" / "global_step_0" / "rows.jsonl").rows()
+    assert len(rows) == LIMIT * len(BENCHMARKS)
+
+
+def test_vllm_missing_is_actionable(monkeypatch: pytest.MonkeyPatch):
+    import builtins
+
+    from eval.backends import VLLMBackend
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name.startswith("vllm"):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
+        VLLMBackend(config=None, model_dir="unused")  # type: ignore[arg-type]
