@@ -23,7 +23,7 @@
 # metrics.jsonl (verl file logger, kept across resumes), checkpoints/global_step_N/, tools.yaml,
 # recipe.yaml (the composed config), launch.env, preflight.log.
 # Multi-node: start Ray on every node, export RAY_ADDRESS=<head>:6379 on the head, pass
-# trainer.nnodes=N and retriever.urls=http://node1:8000,http://node2:8000 (retrievers started
+# trainer.nnodes=N and retriever.urls=[http://node1:8000,http://node2:8000] (retrievers started
 # with launch/serve_retriever.sh or python -m search_env serve on each node).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"

@@ -1,0 +1,313 @@
+"""The CPU patches against verl 0.9.1: they load in every process, upstream still has the code
+they adapt (so a verl upgrade fails here first), and each one does what it claims."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import verl
+
+from patches import activation, cpu_engine, cpu_platform, gloo_backend, hf_rollout, post_import, scripted_turns
+
+VERL_DIR = Path(verl.__file__).parent
+ROOT = Path(__file__).resolve().parent.parent
+PATCH_MODULES = [f"patches.{m}" for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume")]
+
+
+def _fresh_interpreter(code: str, **env: str) -> dict:
+    """Run ``code`` (which prints one JSON line last) in a new interpreter with ``env`` set."""
+    full_env = {**os.environ, **env}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PROBE = """
+    import json, sys
+    import verl
+    import torch.distributed as dist
+    from verl.plugin.platform import PlatformRegistry, get_platform
+    import verl.workers.rollout.base as base, verl.workers.rollout.replica as replica
+    print(json.dumps({
+        "modules": sorted(m for m in sys.modules if m.startswith("patches")),
+        "platform": get_platform().device_name,
+        "cpu_registered": PlatformRegistry.get("cpu").__module__,
+        "gloo_fix": getattr(dist.init_process_group, "__rlvr_gloo_fix__", False),
+        "hf_replica": "hf" in replica.RolloutReplicaRegistry._registry,
+        "hf_adapter": base._ROLLOUT_REGISTRY.get(("hf", "async")),
+    }))
+"""
+
+
+def test_verl_version_is_the_one_patched():
+    assert verl.__version__ == "0.9.1", "patches target verl 0.9.1: re-check every patch before moving"
+
+
+def test_entry_point_loads_every_patch_in_a_fresh_process():
+    got = _fresh_interpreter(PROBE, VERL_PLATFORM="cpu")
+    assert set(PATCH_MODULES + ["patches.cpu_engine", "patches.gloo_backend"]) <= set(got["modules"])
+    assert got["platform"] == "cpu"
+    assert got["cpu_registered"] == "patches.cpu_platform"
+    assert got["gloo_fix"] is True
+    assert got["hf_replica"] is True
+    assert got["hf_adapter"] == hf_rollout.ADAPTER_FQN
+
+
+def test_patches_are_inert_on_another_platform():
+    got = _fresh_interpreter(PROBE, VERL_PLATFORM="nvidia")
+    assert set(PATCH_MODULES) <= set(got["modules"])
+    assert got["platform"] == "cuda", "VERL_PLATFORM=nvidia must keep verl's CUDA platform"
+    assert got["gloo_fix"] is False, "CPU-mode patches must not be installed off CPU mode"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [("cpu", True), ("CPU", True), ("nvidia", False), ("huawei", False), ("", activation.torch_is_cpu_only_build())],
+)
+def test_cpu_mode_follows_verl_platform(monkeypatch, env, expected):
+    monkeypatch.setenv("VERL_PLATFORM", env)
+    assert activation.cpu_mode_active() is expected
+    assert cpu_platform.PlatformCPU().is_platform_available(use_smi_check=True) is expected
+
+
+# ---- cpu_platform ---------------------------------------------------------------------------
+
+
+def test_upstream_platform_detection_still_honours_verl_platform():
+    from verl.plugin.platform import platform_manager
+
+    src = inspect.getsource(platform_manager._detect_platform_name)
+    assert 'os.environ.get("VERL_PLATFORM"' in src and 'return "nvidia"' in src
+
+
+def test_cpu_platform_device_module_has_what_verl_calls():
+    platform = cpu_platform.PlatformCPU()  # instantiable: every abstract method is implemented
+    dev = platform.device_module
+    assert (platform.device_name, platform.current_device(), platform.ray_resource_name()) == ("cpu", "cpu", "GPU")
+    assert platform.communication_backend_name() == "gloo"
+    free, total = dev.mem_get_info()
+    assert 0 < free <= total
+    assert dev.memory_allocated() == dev.memory_reserved() == dev.max_memory_allocated() == 0
+    assert dev.get_device_name() == "cpu" and dev.is_available() and dev.device_count() == 1
+    state = dev.get_rng_state()
+    first = torch.rand(3)
+    dev.set_rng_state(state)
+    assert torch.equal(first, torch.rand(3))
+    with platform.nvtx_range("x"):
+        dev.synchronize()
+        dev.empty_cache()
+
+
+# ---- gloo_backend -----------------------------------------------------------------------------
+
+
+def test_upstream_still_builds_the_duplicate_cpu_backend_string():
+    src = (VERL_DIR / "utils" / "distributed.py").read_text()
+    assert src.count('f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"') == 2
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("cpu:gloo,cpu:gloo", "gloo"), ("cpu:gloo, cpu:gloo", "gloo"), ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
+     ("nccl", "nccl"), (None, None)],
+)
+def test_fix_backend(given, expected):
+    assert gloo_backend.fix_backend(given) == expected
+
+
+def test_gloo_fix_makes_a_real_process_group():
+    wrapped = gloo_backend.wrap_init_process_group(torch.distributed.init_process_group)
+    original = getattr(wrapped, "__wrapped__", wrapped)
+    with pytest.raises(ValueError, match="Duplicate device type cpu"):
+        original("cpu:gloo,cpu:gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    wrapped(backend="cpu:gloo,cpu:gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        assert torch.distributed.get_backend() == "gloo"
+        tensor = torch.ones(2)
+        torch.distributed.all_reduce(tensor)
+        assert tensor.tolist() == [1.0, 1.0]
+    finally:
+        torch.distributed.destroy_process_group()
+    assert gloo_backend.wrap_init_process_group(wrapped) is wrapped
+
+
+# ---- cpu_engine -------------------------------------------------------------------------------
+
+
+def test_cpu_engine_registration_and_unpinned_reference_policy():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+
+    src = inspect.getsource(transformer_impl)
+    assert cpu_engine.PINNED_REF_POLICY_LINE in src, "upstream no longer pins the ref model: drop the patch"
+    assert src.count('backend=["fsdp", "fsdp2"], device=["cuda", "npu"]') == 2
+    cpu_engine.install()  # idempotent; already applied at import in CPU mode
+    for model_type, cls in (("language_model", "FSDPEngineWithLMHead"), ("value_model", "FSDPEngineWithValueHead")):
+        assert EngineRegistry._engines[model_type]["fsdp2"]["cpu"] is getattr(transformer_impl, cls)
+    policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
+    assert isinstance(policy, CPUOffloadPolicy) and policy.pin_memory is False
+
+
+def test_when_imported_runs_after_first_import_and_immediately_later(tmp_path, monkeypatch):
+    (tmp_path / "rlvr_probe_mod.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    post_import.when_imported("rlvr_probe_mod", lambda m: seen.append(("first", m.VALUE)))
+    assert seen == []
+    import rlvr_probe_mod  # noqa: F401
+
+    assert seen == [("first", 1)]
+    assert inspect.getsource(rlvr_probe_mod) == "VALUE = 1\n"  # the real loader stays in place
+    post_import.when_imported("rlvr_probe_mod", lambda m: seen.append(("again", m.VALUE)))
+    assert seen == [("first", 1), ("again", 1)]
+    monkeypatch.delitem(sys.modules, "rlvr_probe_mod")
+
+
+# ---- hf_rollout ---------------------------------------------------------------------------------
+
+
+def test_hf_backend_is_registered_with_verl_classes():
+    from verl.workers.rollout.base import BaseRollout, get_rollout_class
+    from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
+
+    assert issubclass(get_rollout_replica_class("hf"), RolloutReplica)
+    assert issubclass(get_rollout_class("hf", "async"), BaseRollout)
+    assert get_rollout_class("hf", "async") is hf_rollout.HFServerAdapter  # built once
+
+
+def test_upstream_vllm_server_budget_matches_ours():
+    src = (VERL_DIR / "workers" / "rollout" / "vllm_rollout" / "vllm_async_server.py").read_text()
+    assert "self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids)" in src
+    assert "max_possible_tokens = self.config.max_model_len - len(prompt_ids)" in src
+    trainer_src = (VERL_DIR / "trainer" / "ppo" / "v1" / "trainer_base.py").read_text()
+    assert 'np.array([tag["min_global_steps"] for tag in batch.tags], dtype=int)' in trainer_src  # needs an int
+
+
+def _rollout_config(**kw):
+    base = dict(prompt_length=512, response_length=256, max_model_len=None, seed=7, engine_kwargs={})
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "params", "max_model_len", "expected"),
+    [(100, {}, None, 256), (400, {}, None, 256), (700, {}, None, 68), (100, {"max_tokens": 10}, None, 10),
+     (100, {}, 150, 50), (100, {"max_tokens": 999}, None, 668)],
+)
+def test_max_new_tokens(prompt_len, params, max_model_len, expected):
+    cfg = _rollout_config(max_model_len=max_model_len)
+    assert hf_rollout.max_new_tokens(cfg, prompt_len, params) == expected
+
+
+def test_max_new_tokens_rejects_a_full_context():
+    with pytest.raises(ValueError, match="max_model_len"):
+        hf_rollout.max_new_tokens(_rollout_config(max_model_len=100), 100, {})
+
+
+def test_to_rollout_names_maps_conditional_generation_to_causal_lm():
+    t = torch.zeros(1)
+    got = hf_rollout.to_rollout_names(
+        {"model.language_model.norm.weight": t, "model.visual.pos_embed.weight": t, "lm_head.weight": t, "odd": t},
+        {"model.norm.weight", "lm_head.weight"},
+    )
+    assert set(got) == {"model.norm.weight", "lm_head.weight", "odd"}
+
+
+@pytest.fixture(scope="module")
+def hf_server(tiny_model_dir):
+    cfg = _rollout_config(prompt_length=512, response_length=128, engine_kwargs={"hf": {"scripted_turn_prob": 1.0}})
+    return hf_rollout.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
+
+
+def _prompt_ids(server, messages):
+    from search_env.protocol import CHAT_TEMPLATE_KWARGS, SEARCH_TOOL_SCHEMA
+
+    return server.generator.tokenizer.apply_chat_template(
+        messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True, return_dict=False,
+        **CHAT_TEMPLATE_KWARGS,
+    )
+
+
+def test_hf_server_scripts_a_search_then_an_answer_with_real_log_probs(hf_server):
+    from search_env.protocol import build_messages, render_search_call, search_queries
+
+    messages = build_messages("who got the first nobel prize in physics")
+    ids = _prompt_ids(hf_server, messages)
+    out = asyncio.run(hf_server.generate("r1", prompt_ids=ids, sampling_params={"temperature": 1.0}))
+    tok = hf_server.generator.tokenizer
+    text = tok.decode(out.token_ids, skip_special_tokens=False)
+    assert text == render_search_call("who got the first nobel prize in physics?") + tok.eos_token
+    assert search_queries(text) == ["who got the first nobel prize in physics?"]
+    assert out.extra_fields["global_steps"] == 0
+    with torch.no_grad():
+        logits = hf_server.generator.model(input_ids=torch.tensor([ids + out.token_ids])).logits[0].float()
+    expected = torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+
+    messages += [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "search", "arguments": {"query": "nobel physics"}}}]},
+        {"role": "tool", "content": "Doc 1 (Title: Wilhelm Röntgen) Röntgen won ...\nDoc 2 (Title: Other) x"},
+    ]
+    out = asyncio.run(hf_server.generate("r1", prompt_ids=_prompt_ids(hf_server, messages), sampling_params={}))
+    assert tok.decode(out.token_ids, skip_special_tokens=True) == "<answer>Wilhelm Röntgen</answer>"
+
+
+def test_hf_server_samples_within_budget_and_loads_trainer_weights(hf_server, tiny_model_dir):
+    from transformers import AutoModelForImageTextToText
+
+    hf_server.scripted_prob = 0.0
+    try:
+        out = asyncio.run(hf_server.generate("r2", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}))
+        assert 1 <= len(out.token_ids) <= 5 and all(math.isfinite(x) and x <= 0 for x in out.log_probs)
+        trainer_model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)  # the class verl trains
+        state = {k: v + 0.5 for k, v in trainer_model.state_dict().items()}
+        loaded = asyncio.run(hf_server.load_weights(state, global_steps=3))
+        own = hf_server.generator.model.state_dict()
+        assert loaded == len(own)  # every text tensor arrived; the vision tower was dropped
+        key = "model.language_model.norm.weight"
+        assert torch.equal(own["model.norm.weight"], state[key])
+        out = asyncio.run(hf_server.generate("r3", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2}))
+        assert out.extra_fields["global_steps"] == 3
+        with pytest.raises(KeyError, match="not in the rollout model"):
+            asyncio.run(hf_server.load_weights({"unknown.weight": torch.zeros(1)}))
+    finally:
+        hf_server.scripted_prob = 1.0
+
+
+def test_hf_server_rejects_bad_options(tiny_model_dir):
+    cfg = _rollout_config(engine_kwargs={"hf": {"scripted_turn_prob": 2}})
+    with pytest.raises(ValueError, match="scripted_turn_prob"):
+        hf_rollout.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
+
+
+# ---- scripted_turns -------------------------------------------------------------------------
+
+
+def test_question_query_and_scripted_turns():
+    user = "<|im_start|>user\nAnswer the question. Question: who wrote  Hamlet?<|im_end|>\n"
+    first = user + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert scripted_turns.question_query(first) == "who wrote Hamlet?"
+    assert scripted_turns.scripted_turn(first).startswith("<tool_call>\n<function=search>")
+    after_tool = (
+        first + "<tool_call>...</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        "Doc 1 (Title: Hamlet) a play\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert scripted_turns.scripted_turn(after_tool) == "<answer>Hamlet</answer>"
+    no_title = after_tool.replace("Doc 1 (Title: Hamlet) a play", "Search failed")
+    assert scripted_turns.scripted_turn(no_title) is None
+    assert scripted_turns.question_query("<|im_start|>user\nline one\nwho?\n<|im_end|>") == "who?"
+    assert scripted_turns.scripted_turn("<|im_start|>assistant\n") is None

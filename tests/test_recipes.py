@@ -1,0 +1,173 @@
+"""Every recipe composes with verl 0.9.1's own config, passes verl's validate_config, and carries
+the protocol of SPEC §3; the launcher's preflight names each missing prerequisite."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+from search_env import protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+STEP_CAPS = {42: 180, 43: 230, 44: 312}
+CELLS = [(shape, seed) for shape in ("em_only", "f1_only", "f1_format") for seed in STEP_CAPS]
+
+
+def _compose(name: str, overrides: list[str] | None = None):
+    with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
+        return compose(config_name=name, overrides=overrides or [])
+
+
+def _validated(name: str, overrides: list[str] | None = None):
+    cfg = _compose(name, overrides)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cells():
+    return {(shape, seed): _validated(f"{shape}_s{seed}") for shape, seed in CELLS}
+
+
+def test_cell_files_set_only_shape_seed_and_step_cap():
+    for shape, seed in CELLS:
+        raw = yaml.safe_load((RECIPES / f"{shape}_s{seed}.yaml").read_text())
+        assert raw["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}, "searchpath must be in the primary file"
+        assert raw["defaults"] == ["base", "_self_"]
+        rest = {k: v for k, v in raw.items() if k not in ("hydra", "defaults")}
+        assert rest == {"shape": shape, "seed": seed, "trainer": {"total_training_steps": STEP_CAPS[seed]}}
+
+
+def test_cells_carry_the_protocol(cells):
+    tools = yaml.safe_load((RECIPES / "tools.yaml").read_text())["tools"]
+    loops = {loop["name"]: loop for loop in yaml.safe_load((RECIPES / "agent_loops.yaml").read_text())}
+    for (shape, seed), cfg in cells.items():
+        a, r, d, t = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.data, cfg.trainer
+        assert (cfg.algorithm.adv_estimator, cfg.algorithm.norm_adv_by_std_in_grpo) == ("grpo", True)
+        assert not cfg.algorithm.use_kl_in_reward and not cfg.critic.enable
+        assert (r.n, d.train_batch_size, a.ppo_mini_batch_size) == (5, 64, 64)
+        assert (a.optim.lr, a.optim.lr_scheduler_type, a.optim.lr_warmup_steps) == (1e-6, "constant", 0)
+        assert (a.use_kl_loss, a.kl_loss_type, a.kl_loss_coef) == (True, "low_var_kl", 0.001)
+        assert a.clip_ratio == a.clip_ratio_low == a.clip_ratio_high == 0.2
+        assert (a.entropy_coeff, a.loss_agg_mode) == (0, "token-mean")
+        assert (r.temperature, r.top_p, r.name) == (1.0, 1.0, "vllm")
+        assert r.multi_turn.max_assistant_turns == protocol.MAX_ASSISTANT_TURNS == 10
+        assert r.multi_turn.format == protocol.TOOL_FORMAT == "qwen3_coder"
+        assert r.multi_turn.max_tool_response_length >= protocol.TOOL_RESPONSE_CHAR_CAP
+        assert r.max_model_len == protocol.MAX_TOTAL_TOKENS == 8192 and d.max_response_length == 8192
+        assert r.multi_turn.tool_config_path == "recipes/tools.yaml" and tools[0]["config"]["topk"] == protocol.TOPK
+        assert r.agent.default_agent_loop == "search_agent"
+        assert r.agent.agent_loop_config_path == "recipes/agent_loops.yaml"
+        assert loops["search_agent"]["max_turn_tokens"] == protocol.MAX_TURN_TOKENS == 1024
+        assert loops["search_agent"]["max_total_tokens"] == 8192 and loops["search_agent"]["mask_retrieved"]
+        assert d.apply_chat_template_kwargs == protocol.CHAT_TEMPLATE_KWARGS == {"enable_thinking": False}
+        assert cfg.reward.custom_reward_function.path == "pkg://reward_fns.compute_score"
+        assert cfg.reward.custom_reward_function.name == cfg.shape == shape
+        assert d.seed == a.data_loader_seed == a.fsdp_config.seed == r.seed == cfg.seed == seed
+        assert (t.total_training_steps, t.save_freq, t.resume_mode) == (STEP_CAPS[seed], 10, "auto")
+        assert "file" in t.logger and t.experiment_name == f"{shape}_s{seed}"
+        assert cfg.actor_rollout_ref.model.path == "data/models/Qwen3.5-0.8B"
+        assert (cfg.launch.device, cfg.retriever.backend, cfg.retriever.nprobe) == ("gpu", "dense", 64)
+        assert a.fsdp_config.strategy == cfg.actor_rollout_ref.ref.fsdp_config.strategy == "fsdp2"
+    dumped = {k: OmegaConf.to_yaml(cfg) for k, cfg in cells.items()}
+    for (shape, seed), text in dumped.items():  # cells differ only through shape, seed and step cap
+        other = _compose("f1_only_s42", [f"shape={shape}", f"seed={seed}", f"trainer.total_training_steps={STEP_CAPS[seed]}"])
+        assert OmegaConf.to_yaml(other) == text
+
+
+def test_reward_entry_points_exist(cells):
+    from verl.utils.import_utils import load_extern_object
+
+    for cfg in cells.values():
+        fn = load_extern_object(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
+        assert fn(data_source="musique", solution_str="<answer>Paris</answer>", ground_truth={"target": ["Paris"]},
+                  extra_info={})["score"] > 0
+
+
+def test_rollout_section_builds_verl_dataclass(cells):
+    rollout = omega_conf_to_dataclass(cells[("f1_only", 44)].actor_rollout_ref.rollout)
+    assert (rollout.n, rollout.max_model_len, rollout.multi_turn.format) == (5, 8192, "qwen3_coder")
+
+
+def test_demo_cpu_recipe():
+    cfg = _validated("demo_cpu")
+    a, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    assert (cfg.launch.device, cfg.trainer.device, r.name, a.actor.fsdp_config.strategy) == ("cpu", "cpu", "hf", "fsdp2")
+    assert a.model.override_config.attn_implementation == "sdpa"
+    assert 2 <= cfg.trainer.total_training_steps <= 3 and cfg.trainer.save_freq == 1
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.trainer.n_gpus_per_node == 1
+    assert cfg.retriever.backend == "bm25" and (ROOT / cfg.retriever.corpus).is_file()
+    assert r.engine_kwargs.hf.scripted_turn_prob > 0
+    assert omega_conf_to_dataclass(r).engine_kwargs["hf"]["max_turn_tokens"] > 0
+    assert cfg.data.seed == a.actor.data_loader_seed == r.seed == cfg.seed
+    assert a.actor.use_kl_loss and cfg.algorithm.adv_estimator == "grpo"  # same algorithm, smaller run
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigCompositionException, match="rollout.nn"):
+        _compose("f1_only_s44", ["actor_rollout_ref.rollout.nn=5"])
+
+
+# ---- launch/preflight.py ------------------------------------------------------------------
+
+
+def _preflight():
+    if "launch_preflight" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("launch_preflight", ROOT / "launch" / "preflight.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["launch_preflight"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["launch_preflight"]
+
+
+def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, capsys):
+    preflight = _preflight()
+    overrides = ["actor_rollout_ref.model.path=/nonexistent/model", "data.train_files=/nonexistent/train.parquet",
+                 "retriever.corpus=/nonexistent/wiki.jsonl", "retriever.index=/nonexistent/ivf.index"]
+    if preflight.visible_gpus() == 0:  # on a GPU node the cell's GPU check passes
+        assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml"), *overrides]) == 2
+        err = capsys.readouterr().err
+        assert "torch sees no CUDA device" in err and "recipes/demo_cpu.yaml" in err
+    plan = preflight.make_plan(RECIPES / "f1_only_s44.yaml", overrides, tmp_path)
+    text = "\n".join(plan.problems)
+    for expected in ("/nonexistent/model", "launch/prepare.sh model", "/nonexistent/train.parquet",
+                     "launch/prepare.sh data", "/nonexistent/wiki.jsonl", "/nonexistent/ivf.index",
+                     "launch/prepare.sh index"):
+        assert expected in text
+    assert not (tmp_path / "launch.env").exists()
+
+
+def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
+    preflight = _preflight()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        busy = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.port={port}"], tmp_path)
+        assert any(f"127.0.0.1:{port} is in use" in p for p in busy.problems)
+    assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "demo_cpu.yaml"), f"retriever.port={port}"]) == 0
+    env = dict(line.split("=", 1) for line in (tmp_path / "launch.env").read_text().splitlines())
+    assert env["DEVICE"] == "cpu" and env["RETRIEVER_URLS"] == f"http://127.0.0.1:{port}"
+    assert env["MODEL_PATH"].endswith(".demo/tiny_qwen35") and env["TRAIN_FILES"].startswith("/")
+    tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
+    assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]
+    assert tools["tools"][0]["config"]["topk"] == protocol.TOPK
+    assert OmegaConf.load(tmp_path / "recipe.yaml").retriever.port == port
+
+
+def test_preflight_takes_external_retrievers(tmp_path):
+    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path)
+    assert plan.env["RETRIEVER_URLS"] == "http://h1:8000,http://h2:8000" and plan.env["RETRIEVER_EXTERNAL"] == "1"
+    tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
+    assert tools["tools"][0]["config"]["retrieval_urls"] == ["http://h1:8000", "http://h2:8000"]
