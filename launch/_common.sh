@@ -22,27 +22,40 @@ PY
   return 1
 }
 
+# group_alive PGID -> 0 while a process of the group is running (zombies do not count).
+group_alive() {
+  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+}
+
+# pid_alive PID -> 0 while the process is running (a zombie does not count).
+pid_alive() {
+  local stat
+  stat="$(ps -o stat= -p "$1" 2>/dev/null)" || return 1
+  [[ -n "$stat" && "$stat" != Z* ]]
+}
+
 # stop_group PGID [GRACE_S]: SIGTERM the process group, SIGKILL whatever is left after GRACE_S.
 stop_group() {
   local pgid="$1" grace="${2:-20}" i
-  kill -0 -- "-$pgid" 2>/dev/null || return 0
+  group_alive "$pgid" || return 0
   kill -TERM -- "-$pgid" 2>/dev/null || true
-  for ((i = 0; i < grace; i++)); do
-    kill -0 -- "-$pgid" 2>/dev/null || return 0
-    sleep 1
+  for ((i = 0; i < grace * 5; i++)); do
+    group_alive "$pgid" || return 0
+    sleep 0.2
   done
   kill -KILL -- "-$pgid" 2>/dev/null || true
 }
 
-# stop_pid PID [GRACE_S]: SIGTERM one process, SIGKILL it after GRACE_S.
+# stop_pid PID [GRACE_S]: SIGTERM one child process, SIGKILL it after GRACE_S, then reap it.
 stop_pid() {
   local pid="$1" grace="${2:-10}" i
-  kill -0 "$pid" 2>/dev/null || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < grace; i++)); do
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
-    sleep 1
-  done
-  kill -KILL "$pid" 2>/dev/null || true
+  if pid_alive "$pid"; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < grace * 5; i++)); do
+      pid_alive "$pid" || break
+      sleep 0.2
+    done
+    pid_alive "$pid" && kill -KILL "$pid" 2>/dev/null
+  fi
   wait "$pid" 2>/dev/null || true
 }

@@ -44,13 +44,16 @@ RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 CKPT_DIR="$RUN_DIR/checkpoints"
 TRAIN_LOG="$RUN_DIR/train.log"
 
-TRAINER_PID="" RETRIEVER_PID="" RAY_TMP=""
+TRAINER_PGID="" RETRIEVER_PID="" RAY_TMP=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  [[ -n "$TRAINER_PID" ]] && stop_group "$TRAINER_PID" 30
-  [[ -n "$RETRIEVER_PID" ]] && stop_pid "$RETRIEVER_PID" 10
-  [[ -n "$RAY_TMP" && -d "$RAY_TMP" ]] && rm -rf "$RAY_TMP"
+  if [[ -n "$TRAINER_PGID" ]]; then  # also whatever Ray left behind after a normal exit
+    stop_group "$TRAINER_PGID" 30
+    wait "$TRAINER_PGID" 2>/dev/null || true
+  fi
+  if [[ -n "$RETRIEVER_PID" ]]; then stop_pid "$RETRIEVER_PID" 10; fi
+  if [[ -n "$RAY_TMP" && -d "$RAY_TMP" ]]; then rm -rf "$RAY_TMP"; fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -132,10 +135,9 @@ log "training $EXPERIMENT ($TOTAL_STEPS steps, device $DEVICE); log: $TRAIN_LOG"
 # setsid: the trainer and every Ray process it spawns share one process group, stopped together.
 setsid "${TIMEOUT[@]}" "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" \
   > >(tee -a "$TRAIN_LOG" | awk -f "$ROOT/launch/progress.awk" >&2) 2>&1 &
-TRAINER_PID=$!
+TRAINER_PGID=$!  # setsid did not fork (a background job is no group leader): its PID is the group id
 RC=0
-wait "$TRAINER_PID" || RC=$?
-TRAINER_PID=""
+wait "$TRAINER_PGID" || RC=$?
 ((RC == 124)) && log "the trainer hit launch.timeout_s=$TIMEOUT_S s and was stopped"
 
 # 5. summary -------------------------------------------------------------------------------

@@ -6,162 +6,37 @@ trainer uses (``RolloutReplicaRegistry`` in ``verl/workers/rollout/replica.py:38
 module adds a fourth backend, selected with ``actor_rollout_ref.rollout.name=hf``, modelled on
 ``vLLMReplica`` / ``ServerAdapter`` (``verl/workers/rollout/vllm_rollout/``):
 
-- ``HFServer``: a named Ray actor (``hf_server_<replica>_0``, no CPU reserved) holding a
-  ``search_env.hf_generate.HFGenerator`` (fp32, one request at a time). ``generate`` is
-  verl's token-in/token-out call and always returns ``extra_fields["global_steps"]`` (the v1
-  trainer calls ``int()`` on it, ``verl/trainer/ppo/v1/trainer_base.py:1897``). Sleep / wake-up /
-  KV-cache calls are no-ops. Options under ``rollout.engine_kwargs.hf``: ``scripted_turn_prob``
-  (``patches.scripted_turns``) and ``max_turn_tokens`` (caps every sampled turn, in tokens; a
-  speed knob for random tiny models on CPU, 0 = no cap).
+- ``patches.hf_server.HFServer``: a named Ray actor (``hf_server_<replica>_0``, no CPU reserved)
+  serving ``search_env.hf_generate.HFGenerator``;
 - ``HFReplica``: launches one ``HFServer`` per replica next to the first trainer worker.
 - ``HFServerAdapter``: lives in each FSDP worker; ``update_weights`` gathers the full tensors
   the engine yields and sends them to the server (``HFGenerator.load_weights``).
 
-Per-turn ``max_tokens`` follows ``vLLMHttpServer.generate``: ``min(response_length,
-prompt_length + response_length - len(prompt))``, capped by ``max_model_len``. Registration is
-lazy (``install()``, ``patches.post_import``) and inert unless a config names ``hf``; it is meant for tiny
-models on CPU (tests and the demo), not for real training.
+Registration is lazy (``install()``, ``patches.post_import``) and inert unless a config names
+``hf``; the backend is meant for tiny models on CPU (tests and the demo), not for real training.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import os
-import random
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from patches.hf_server import BACKEND_NAME, HFServer
 from patches.post_import import when_imported
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "hf"
 ADAPTER_FQN = "patches.hf_rollout.HFServerAdapter"
 
 
 def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
     """Ray actor name of a replica's server (same scheme as ``vllm_server_<r>_<n>``)."""
     return f"{BACKEND_NAME}_server_{replica_rank}_{node_rank}"
-
-
-def max_new_tokens(config: Any, prompt_len: int, sampling_params: dict[str, Any]) -> int:
-    """New-token budget of one turn (tokens), as ``vLLMHttpServer.generate`` computes it.
-
-    Raises ValueError when the prompt leaves no room under ``max_model_len``.
-    """
-    model_len = config.max_model_len or (config.prompt_length + config.response_length)
-    room = model_len - prompt_len
-    if room < 1:
-        raise ValueError(
-            f"prompt of {prompt_len} tokens leaves no room under max_model_len={model_len}; "
-            "raise actor_rollout_ref.rollout.max_model_len or shorten the prompt"
-        )
-    wanted = sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens")
-    if wanted is None:
-        wanted = min(config.response_length, config.prompt_length + config.response_length - prompt_len)
-    return max(1, min(int(wanted), room))
-
-
-VISION_PREFIX = "model.visual."
-LANGUAGE_MODEL_PREFIX = "model.language_model."
-
-
-def to_rollout_names(state_dict: dict[str, torch.Tensor], rollout_keys: set[str]) -> dict[str, torch.Tensor]:
-    """Rename the trainer's tensors to the rollout model's names.
-
-    The trainer holds the checkpoint's class (Qwen3.5: ``Qwen3_5ForConditionalGeneration``,
-    ``model.language_model.*`` + vision tower ``model.visual.*``); ``HFGenerator`` loads the
-    text-only ``*ForCausalLM`` (``model.*``). Names the rollout model has pass unchanged;
-    ``model.language_model.X`` becomes ``model.X``; vision-tower tensors are dropped (text-only
-    generation never runs them). Any other unknown name is kept, so ``load_weights`` reports it.
-    """
-    renamed: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        if name not in rollout_keys and name.startswith(LANGUAGE_MODEL_PREFIX):
-            name = "model." + name[len(LANGUAGE_MODEL_PREFIX) :]
-        elif name not in rollout_keys and name.startswith(VISION_PREFIX):
-            continue
-        renamed[name] = tensor
-    return renamed
-
-
-class HFServer:
-    """Serves ``generate`` for one rollout replica from an in-memory HF model (a Ray actor)."""
-
-    def __init__(self, config: Any, model_path: str, replica_rank: int):
-        from patches.scripted_turns import SCRIPTED_PROB_ENV
-        from search_env.hf_generate import HFGenerator
-
-        self.config = config
-        seed = int(config.seed) + replica_rank
-        self.generator = HFGenerator(model_path, max_new_tokens=int(config.response_length), seed=seed)
-        options = dict((config.engine_kwargs or {}).get(BACKEND_NAME) or {})
-        self.scripted_prob = float(os.environ.get(SCRIPTED_PROB_ENV, options.get("scripted_turn_prob", 0.0)))
-        if not 0.0 <= self.scripted_prob <= 1.0:
-            raise ValueError(f"scripted_turn_prob must be in [0, 1], got {self.scripted_prob}")
-        self.max_turn_tokens = int(options.get("max_turn_tokens") or 0)
-        if self.max_turn_tokens < 0:
-            raise ValueError(f"max_turn_tokens must be >= 0 (0 = no cap), got {self.max_turn_tokens}")
-        self._rng = random.Random(seed)
-        self.global_steps = 0
-
-    async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
-    ):
-        params = dict(sampling_params)
-        params["max_tokens"] = max_new_tokens(self.config, len(prompt_ids), params)
-        scripted = self._pick_scripted(prompt_ids)
-        if scripted is not None:
-            output = await asyncio.to_thread(self._forced_turn, list(prompt_ids), scripted, params["max_tokens"])
-        else:
-            if self.max_turn_tokens:
-                params["max_tokens"] = min(params["max_tokens"], self.max_turn_tokens)
-            output = await asyncio.to_thread(self.generator.generate, list(prompt_ids), params)
-        output.extra_fields["global_steps"] = self.global_steps
-        return output
-
-    def _pick_scripted(self, prompt_ids: list[int]) -> str | None:
-        if self.scripted_prob <= 0.0 or self._rng.random() >= self.scripted_prob:
-            return None
-        from patches.scripted_turns import scripted_turn
-
-        return scripted_turn(self.generator.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-
-    def _forced_turn(self, prompt_ids: list[int], text: str, budget: int):
-        """The scripted text + EOS as a ``TokenOutput``, with the policy's log-probs of its tokens."""
-        from verl.workers.rollout.replica import TokenOutput
-
-        tokenizer = self.generator.tokenizer
-        token_ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        token_ids = token_ids[:budget]
-        with torch.no_grad():
-            ids = torch.tensor([prompt_ids + token_ids], dtype=torch.long)
-            logits = self.generator.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-            log_probs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs.tolist(), stop_reason="completed")
-
-    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
-        state_dict = to_rollout_names(state_dict, set(self.generator.model.state_dict()))
-        loaded = await asyncio.to_thread(self.generator.load_weights, state_dict, global_steps)
-        await self.set_global_steps(global_steps)
-        return loaded
-
-    async def set_global_steps(self, global_steps: int | None) -> None:
-        if global_steps is not None:
-            self.global_steps = int(global_steps)
-
-    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        return {"aborted_count": 0, "request_ids": []}
-
-    async def _noop(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    wake_up = sleep = clear_kv_cache = release_kv_cache = resume_kv_cache = _noop
-    resume_generation = start_profile = stop_profile = _noop
 
 
 @functools.cache
@@ -184,8 +59,10 @@ def _replica_class() -> type:
             options["max_concurrency"] = self.max_concurrency
             if node_id is not None:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-            server = ray.remote(HFServer).options(**options).remote(
-                config=self.config, model_path=self.model_config.path, replica_rank=self.replica_rank
+            server = (
+                ray.remote(HFServer)
+                .options(**options)
+                .remote(config=self.config, model_path=self.model_config.path, replica_rank=self.replica_rank)
             )
             await server.set_global_steps.remote(0)
             self.servers = [server]
@@ -225,7 +102,9 @@ def _adapter_class() -> type:
             **kwargs: Any,
         ) -> None:
             if wire_format != "named_tensors":
-                raise NotImplementedError(f"the hf rollout takes wire_format='named_tensors', got {wire_format!r}")
+                raise NotImplementedError(
+                    f"the hf rollout takes wire_format='named_tensors', got {wire_format!r}"
+                )
             state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}
             if not self.is_leader:
                 return

@@ -18,18 +18,33 @@ import pytest
 import torch
 import verl
 
-from patches import activation, cpu_engine, cpu_platform, gloo_backend, hf_rollout, post_import, scripted_turns
+from patches import (
+    activation,
+    cpu_engine,
+    cpu_platform,
+    gloo_backend,
+    hf_rollout,
+    hf_server,
+    post_import,
+    scripted_turns,
+)
 
 VERL_DIR = Path(verl.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent
-PATCH_MODULES = [f"patches.{m}" for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume")]
+PATCH_MODULES = [
+    f"patches.{m}" for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume")
+]
 
 
 def _fresh_interpreter(code: str, **env: str) -> dict:
     """Run ``code`` (which prints one JSON line last) in a new interpreter with ``env`` set."""
     full_env = {**os.environ, **env}
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -75,7 +90,13 @@ def test_patches_are_inert_on_another_platform():
 
 @pytest.mark.parametrize(
     ("env", "expected"),
-    [("cpu", True), ("CPU", True), ("nvidia", False), ("huawei", False), ("", activation.torch_is_cpu_only_build())],
+    [
+        ("cpu", True),
+        ("CPU", True),
+        ("nvidia", False),
+        ("huawei", False),
+        ("", activation.torch_is_cpu_only_build()),
+    ],
 )
 def test_cpu_mode_follows_verl_platform(monkeypatch, env, expected):
     monkeypatch.setenv("VERL_PLATFORM", env)
@@ -96,7 +117,11 @@ def test_upstream_platform_detection_still_honours_verl_platform():
 def test_cpu_platform_device_module_has_what_verl_calls():
     platform = cpu_platform.PlatformCPU()  # instantiable: every abstract method is implemented
     dev = platform.device_module
-    assert (platform.device_name, platform.current_device(), platform.ray_resource_name()) == ("cpu", "cpu", "GPU")
+    assert (platform.device_name, platform.current_device(), platform.ray_resource_name()) == (
+        "cpu",
+        "cpu",
+        "GPU",
+    )
     assert platform.communication_backend_name() == "gloo"
     free, total = dev.mem_get_info()
     assert 0 < free <= total
@@ -121,8 +146,13 @@ def test_upstream_still_builds_the_duplicate_cpu_backend_string():
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [("cpu:gloo,cpu:gloo", "gloo"), ("cpu:gloo, cpu:gloo", "gloo"), ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
-     ("nccl", "nccl"), (None, None)],
+    [
+        ("cpu:gloo,cpu:gloo", "gloo"),
+        ("cpu:gloo, cpu:gloo", "gloo"),
+        ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
+        ("nccl", "nccl"),
+        (None, None),
+    ],
 )
 def test_fix_backend(given, expected):
     assert gloo_backend.fix_backend(given) == expected
@@ -156,7 +186,10 @@ def test_cpu_engine_registration_and_unpinned_reference_policy():
     assert cpu_engine.PINNED_REF_POLICY_LINE in src, "upstream no longer pins the ref model: drop the patch"
     assert src.count('backend=["fsdp", "fsdp2"], device=["cuda", "npu"]') == 2
     cpu_engine.install()  # idempotent; already applied at import in CPU mode
-    for model_type, cls in (("language_model", "FSDPEngineWithLMHead"), ("value_model", "FSDPEngineWithValueHead")):
+    for model_type, cls in (
+        ("language_model", "FSDPEngineWithLMHead"),
+        ("value_model", "FSDPEngineWithValueHead"),
+    ):
         assert EngineRegistry._engines[model_type]["fsdp2"]["cpu"] is getattr(transformer_impl, cls)
     policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)
     assert isinstance(policy, CPUOffloadPolicy) and policy.pin_memory is False
@@ -191,10 +224,15 @@ def test_hf_backend_is_registered_with_verl_classes():
 
 def test_upstream_vllm_server_budget_matches_ours():
     src = (VERL_DIR / "workers" / "rollout" / "vllm_rollout" / "vllm_async_server.py").read_text()
-    assert "self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids)" in src
+    assert (
+        "self.config.response_length, self.config.prompt_length + self.config.response_length - len(prompt_ids)"
+        in src
+    )
     assert "max_possible_tokens = self.config.max_model_len - len(prompt_ids)" in src
     trainer_src = (VERL_DIR / "trainer" / "ppo" / "v1" / "trainer_base.py").read_text()
-    assert 'np.array([tag["min_global_steps"] for tag in batch.tags], dtype=int)' in trainer_src  # needs an int
+    assert (
+        'np.array([tag["min_global_steps"] for tag in batch.tags], dtype=int)' in trainer_src
+    )  # needs an int
 
 
 def _rollout_config(**kw):
@@ -204,94 +242,118 @@ def _rollout_config(**kw):
 
 @pytest.mark.parametrize(
     ("prompt_len", "params", "max_model_len", "expected"),
-    [(100, {}, None, 256), (400, {}, None, 256), (700, {}, None, 68), (100, {"max_tokens": 10}, None, 10),
-     (100, {}, 150, 50), (100, {"max_tokens": 999}, None, 668)],
+    [
+        (100, {}, None, 256),
+        (400, {}, None, 256),
+        (700, {}, None, 68),
+        (100, {"max_tokens": 10}, None, 10),
+        (100, {}, 150, 50),
+        (100, {"max_tokens": 999}, None, 668),
+    ],
 )
 def test_max_new_tokens(prompt_len, params, max_model_len, expected):
     cfg = _rollout_config(max_model_len=max_model_len)
-    assert hf_rollout.max_new_tokens(cfg, prompt_len, params) == expected
+    assert hf_server.max_new_tokens(cfg, prompt_len, params) == expected
 
 
 def test_max_new_tokens_rejects_a_full_context():
     with pytest.raises(ValueError, match="max_model_len"):
-        hf_rollout.max_new_tokens(_rollout_config(max_model_len=100), 100, {})
+        hf_server.max_new_tokens(_rollout_config(max_model_len=100), 100, {})
 
 
 def test_to_rollout_names_maps_conditional_generation_to_causal_lm():
     t = torch.zeros(1)
-    got = hf_rollout.to_rollout_names(
-        {"model.language_model.norm.weight": t, "model.visual.pos_embed.weight": t, "lm_head.weight": t, "odd": t},
+    got = hf_server.to_rollout_names(
+        {
+            "model.language_model.norm.weight": t,
+            "model.visual.pos_embed.weight": t,
+            "lm_head.weight": t,
+            "odd": t,
+        },
         {"model.norm.weight", "lm_head.weight"},
     )
     assert set(got) == {"model.norm.weight", "lm_head.weight", "odd"}
 
 
 @pytest.fixture(scope="module")
-def hf_server(tiny_model_dir):
-    cfg = _rollout_config(prompt_length=512, response_length=128, engine_kwargs={"hf": {"scripted_turn_prob": 1.0}})
-    return hf_rollout.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
+def hf_actor(tiny_model_dir):
+    cfg = _rollout_config(
+        prompt_length=512, response_length=128, engine_kwargs={"hf": {"scripted_turn_prob": 1.0}}
+    )
+    return hf_server.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
 
 
 def _prompt_ids(server, messages):
     from search_env.protocol import CHAT_TEMPLATE_KWARGS, SEARCH_TOOL_SCHEMA
 
     return server.generator.tokenizer.apply_chat_template(
-        messages, tools=[SEARCH_TOOL_SCHEMA], add_generation_prompt=True, tokenize=True, return_dict=False,
+        messages,
+        tools=[SEARCH_TOOL_SCHEMA],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
         **CHAT_TEMPLATE_KWARGS,
     )
 
 
-def test_hf_server_scripts_a_search_then_an_answer_with_real_log_probs(hf_server):
+def test_hf_server_scripts_a_search_then_an_answer_with_real_log_probs(hf_actor):
     from search_env.protocol import build_messages, render_search_call, search_queries
 
     messages = build_messages("who got the first nobel prize in physics")
-    ids = _prompt_ids(hf_server, messages)
-    out = asyncio.run(hf_server.generate("r1", prompt_ids=ids, sampling_params={"temperature": 1.0}))
-    tok = hf_server.generator.tokenizer
+    ids = _prompt_ids(hf_actor, messages)
+    out = asyncio.run(hf_actor.generate("r1", prompt_ids=ids, sampling_params={"temperature": 1.0}))
+    tok = hf_actor.generator.tokenizer
     text = tok.decode(out.token_ids, skip_special_tokens=False)
     assert text == render_search_call("who got the first nobel prize in physics?") + tok.eos_token
     assert search_queries(text) == ["who got the first nobel prize in physics?"]
     assert out.extra_fields["global_steps"] == 0
     with torch.no_grad():
-        logits = hf_server.generator.model(input_ids=torch.tensor([ids + out.token_ids])).logits[0].float()
-    expected = torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
+        logits = hf_actor.generator.model(input_ids=torch.tensor([ids + out.token_ids])).logits[0].float()
+    expected = torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(
+        1, torch.tensor(out.token_ids)[:, None]
+    )[:, 0]
     assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
 
     messages += [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "search", "arguments": {"query": "nobel physics"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"query": "nobel physics"}}}
+            ],
+        },
         {"role": "tool", "content": "Doc 1 (Title: Wilhelm Röntgen) Röntgen won ...\nDoc 2 (Title: Other) x"},
     ]
-    out = asyncio.run(hf_server.generate("r1", prompt_ids=_prompt_ids(hf_server, messages), sampling_params={}))
+    out = asyncio.run(hf_actor.generate("r1", prompt_ids=_prompt_ids(hf_actor, messages), sampling_params={}))
     assert tok.decode(out.token_ids, skip_special_tokens=True) == "<answer>Wilhelm Röntgen</answer>"
 
 
-def test_hf_server_samples_within_budget_and_loads_trainer_weights(hf_server, tiny_model_dir):
+def test_hf_server_samples_within_budget_and_loads_trainer_weights(hf_actor, tiny_model_dir):
     from transformers import AutoModelForImageTextToText
 
-    hf_server.scripted_prob = 0.0
+    hf_actor.scripted_prob = 0.0
     try:
-        out = asyncio.run(hf_server.generate("r2", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}))
+        out = asyncio.run(hf_actor.generate("r2", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}))
         assert 1 <= len(out.token_ids) <= 5 and all(math.isfinite(x) and x <= 0 for x in out.log_probs)
         trainer_model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)  # the class verl trains
         state = {k: v + 0.5 for k, v in trainer_model.state_dict().items()}
-        loaded = asyncio.run(hf_server.load_weights(state, global_steps=3))
-        own = hf_server.generator.model.state_dict()
+        loaded = asyncio.run(hf_actor.load_weights(state, global_steps=3))
+        own = hf_actor.generator.model.state_dict()
         assert loaded == len(own)  # every text tensor arrived; the vision tower was dropped
         key = "model.language_model.norm.weight"
         assert torch.equal(own["model.norm.weight"], state[key])
-        out = asyncio.run(hf_server.generate("r3", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2}))
+        out = asyncio.run(hf_actor.generate("r3", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2}))
         assert out.extra_fields["global_steps"] == 3
         with pytest.raises(KeyError, match="not in the rollout model"):
-            asyncio.run(hf_server.load_weights({"unknown.weight": torch.zeros(1)}))
+            asyncio.run(hf_actor.load_weights({"unknown.weight": torch.zeros(1)}))
     finally:
-        hf_server.scripted_prob = 1.0
+        hf_actor.scripted_prob = 1.0
 
 
 def test_hf_server_rejects_bad_options(tiny_model_dir):
     cfg = _rollout_config(engine_kwargs={"hf": {"scripted_turn_prob": 2}})
     with pytest.raises(ValueError, match="scripted_turn_prob"):
-        hf_rollout.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
+        hf_server.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
 
 
 # ---- scripted_turns -------------------------------------------------------------------------

@@ -44,7 +44,9 @@ def cells():
 def test_cell_files_set_only_shape_seed_and_step_cap():
     for shape, seed in CELLS:
         raw = yaml.safe_load((RECIPES / f"{shape}_s{seed}.yaml").read_text())
-        assert raw["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}, "searchpath must be in the primary file"
+        assert raw["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}, (
+            "searchpath must be in the primary file"
+        )
         assert raw["defaults"] == ["base", "_self_"]
         rest = {k: v for k, v in raw.items() if k not in ("hydra", "defaults")}
         assert rest == {"shape": shape, "seed": seed, "trainer": {"total_training_steps": STEP_CAPS[seed]}}
@@ -67,7 +69,10 @@ def test_cells_carry_the_protocol(cells):
         assert r.multi_turn.format == protocol.TOOL_FORMAT == "qwen3_coder"
         assert r.multi_turn.max_tool_response_length >= protocol.TOOL_RESPONSE_CHAR_CAP
         assert r.max_model_len == protocol.MAX_TOTAL_TOKENS == 8192 and d.max_response_length == 8192
-        assert r.multi_turn.tool_config_path == "recipes/tools.yaml" and tools[0]["config"]["topk"] == protocol.TOPK
+        assert (
+            r.multi_turn.tool_config_path == "recipes/tools.yaml"
+            and tools[0]["config"]["topk"] == protocol.TOPK
+        )
         assert r.agent.default_agent_loop == "search_agent"
         assert r.agent.agent_loop_config_path == "recipes/agent_loops.yaml"
         assert loops["search_agent"]["max_turn_tokens"] == protocol.MAX_TURN_TOKENS == 1024
@@ -83,7 +88,10 @@ def test_cells_carry_the_protocol(cells):
         assert a.fsdp_config.strategy == cfg.actor_rollout_ref.ref.fsdp_config.strategy == "fsdp2"
     dumped = {k: OmegaConf.to_yaml(cfg) for k, cfg in cells.items()}
     for (shape, seed), text in dumped.items():  # cells differ only through shape, seed and step cap
-        other = _compose("f1_only_s42", [f"shape={shape}", f"seed={seed}", f"trainer.total_training_steps={STEP_CAPS[seed]}"])
+        other = _compose(
+            "f1_only_s42",
+            [f"shape={shape}", f"seed={seed}", f"trainer.total_training_steps={STEP_CAPS[seed]}"],
+        )
         assert OmegaConf.to_yaml(other) == text
 
 
@@ -91,9 +99,18 @@ def test_reward_entry_points_exist(cells):
     from verl.utils.import_utils import load_extern_object
 
     for cfg in cells.values():
-        fn = load_extern_object(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
-        assert fn(data_source="musique", solution_str="<answer>Paris</answer>", ground_truth={"target": ["Paris"]},
-                  extra_info={})["score"] > 0
+        fn = load_extern_object(
+            cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name
+        )
+        assert (
+            fn(
+                data_source="musique",
+                solution_str="<answer>Paris</answer>",
+                ground_truth={"target": ["Paris"]},
+                extra_info={},
+            )["score"]
+            > 0
+        )
 
 
 def test_rollout_section_builds_verl_dataclass(cells):
@@ -104,7 +121,12 @@ def test_rollout_section_builds_verl_dataclass(cells):
 def test_demo_cpu_recipe():
     cfg = _validated("demo_cpu")
     a, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
-    assert (cfg.launch.device, cfg.trainer.device, r.name, a.actor.fsdp_config.strategy) == ("cpu", "cpu", "hf", "fsdp2")
+    assert (cfg.launch.device, cfg.trainer.device, r.name, a.actor.fsdp_config.strategy) == (
+        "cpu",
+        "cpu",
+        "hf",
+        "fsdp2",
+    )
     assert a.model.override_config.attn_implementation == "sdpa"
     assert 2 <= cfg.trainer.total_training_steps <= 3 and cfg.trainer.save_freq == 1
     assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.trainer.n_gpus_per_node == 1
@@ -134,17 +156,29 @@ def _preflight():
 
 def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, capsys):
     preflight = _preflight()
-    overrides = ["actor_rollout_ref.model.path=/nonexistent/model", "data.train_files=/nonexistent/train.parquet",
-                 "retriever.corpus=/nonexistent/wiki.jsonl", "retriever.index=/nonexistent/ivf.index"]
+    overrides = [
+        "actor_rollout_ref.model.path=/nonexistent/model",
+        "data.train_files=/nonexistent/train.parquet",
+        "retriever.corpus=/nonexistent/wiki.jsonl",
+        "retriever.index=/nonexistent/ivf.index",
+    ]
     if preflight.visible_gpus() == 0:  # on a GPU node the cell's GPU check passes
-        assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml"), *overrides]) == 2
+        assert (
+            preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml"), *overrides]) == 2
+        )
         err = capsys.readouterr().err
         assert "torch sees no CUDA device" in err and "recipes/demo_cpu.yaml" in err
     plan = preflight.make_plan(RECIPES / "f1_only_s44.yaml", overrides, tmp_path)
     text = "\n".join(plan.problems)
-    for expected in ("/nonexistent/model", "launch/prepare.sh model", "/nonexistent/train.parquet",
-                     "launch/prepare.sh data", "/nonexistent/wiki.jsonl", "/nonexistent/ivf.index",
-                     "launch/prepare.sh index"):
+    for expected in (
+        "/nonexistent/model",
+        "launch/prepare.sh model",
+        "/nonexistent/train.parquet",
+        "launch/prepare.sh data",
+        "/nonexistent/wiki.jsonl",
+        "/nonexistent/ivf.index",
+        "launch/prepare.sh index",
+    ):
         assert expected in text
     assert not (tmp_path / "launch.env").exists()
 
@@ -153,10 +187,14 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
     preflight = _preflight()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
+        sock.listen()
         port = sock.getsockname()[1]
         busy = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.port={port}"], tmp_path)
         assert any(f"127.0.0.1:{port} is in use" in p for p in busy.problems)
-    assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "demo_cpu.yaml"), f"retriever.port={port}"]) == 0
+    assert (
+        preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "demo_cpu.yaml"), f"retriever.port={port}"])
+        == 0
+    )
     env = dict(line.split("=", 1) for line in (tmp_path / "launch.env").read_text().splitlines())
     assert env["DEVICE"] == "cpu" and env["RETRIEVER_URLS"] == f"http://127.0.0.1:{port}"
     assert env["MODEL_PATH"].endswith(".demo/tiny_qwen35") and env["TRAIN_FILES"].startswith("/")
@@ -167,7 +205,12 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
 
 
 def test_preflight_takes_external_retrievers(tmp_path):
-    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path)
-    assert plan.env["RETRIEVER_URLS"] == "http://h1:8000,http://h2:8000" and plan.env["RETRIEVER_EXTERNAL"] == "1"
+    plan = _preflight().make_plan(
+        RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path
+    )
+    assert (
+        plan.env["RETRIEVER_URLS"] == "http://h1:8000,http://h2:8000"
+        and plan.env["RETRIEVER_EXTERNAL"] == "1"
+    )
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == ["http://h1:8000", "http://h2:8000"]
