@@ -74,7 +74,7 @@ source "$RUN_DIR/launch.env"
 
 # 2. demo assets (a lock keeps concurrent runs from building the same files) ------------------
 build_assets() {
-  exec 9>"$ROOT/.demo.build.lock"
+  exec 9>"${TMPDIR:-/tmp}/rlvr_demo_assets.lock"
   flock 9
   if [[ -n "${BUILD_TINY_MODEL:-}" && ! -f "$BUILD_TINY_MODEL/config.json" ]]; then
     log "building the tiny model: $BUILD_TINY_MODEL"
