@@ -1,19 +1,26 @@
 """The CPU demo end to end: `bash launch/run.sh recipes/demo_cpu.yaml` trains for real with verl
-(GRPO, Ray, FSDP2, the search agent loop against a live BM25 retriever), checkpoints, and a
-second invocation resumes from that checkpoint. Heavy: two trainer start-ups (~2 min each on 2
+(GRPO, Ray, FSDP2, the search agent loop against a live BM25 retriever), logs the study's
+metrics every step, checkpoints, survives a SIGKILL after a checkpoint, and resumes from it with
+every step's metrics logged exactly once. Heavy: three trainer start-ups (~1.5 min each on 2
 cores), serialised with other heavy runs through /tmp/rlvr_heavy.lock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+
+from search_env.rollout_stats import TERMINATIONS, group_metrics, group_of
 
 pytestmark = pytest.mark.e2e
 
@@ -27,8 +34,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
-    cmd = [
+def _demo_cmd(port: int, *overrides: str) -> list[str]:
+    return [
         "flock",
         "/tmp/rlvr_heavy.lock",
         "bash",
@@ -37,8 +44,89 @@ def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Completed
         f"retriever.port={port}",
         *overrides,
     ]
-    env = {**os.environ, "RLVR_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    return {**os.environ, "RLVR_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+
+
+def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _demo_cmd(port, *overrides),
+        cwd=ROOT,
+        env=_env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+
+
+def _process_groups_of(run_dir: Path) -> set[int]:
+    """Process groups of every process whose environment names this run directory."""
+    marker = f"RLVR_RUN_DIR={run_dir}".encode()
+    groups = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                groups.add(os.getpgid(int(proc.name)))
+        except (OSError, ProcessLookupError):
+            continue
+    return groups
+
+
+def _kill_when_logged(run_dir: Path, port: int, step: int, *overrides: str) -> str:
+    """Start the demo, SIGKILL everything it started once `step`'s metrics are logged; its stderr.
+
+    Nothing gets to clean up after a SIGKILL, so the private Ray temp dir the run made is removed here.
+    """
+    ray_dirs_before = set(Path("/tmp").glob("rlvr_ray.*"))
+    proc = subprocess.Popen(
+        _demo_cmd(port, *overrides),
+        cwd=ROOT,
+        env=_env(run_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while step not in _steps(run_dir):
+            assert proc.poll() is None, f"demo ended before logging step {step}: {proc.stderr.read()[-4000:]}"
+            assert time.monotonic() < deadline, f"step {step} was not logged within {RUN_TIMEOUT_S} s"
+            time.sleep(0.5)
+    finally:
+        for group in _process_groups_of(run_dir) | {proc.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        proc.wait(timeout=60)
+        for ray_dir in set(Path("/tmp").glob("rlvr_ray.*")) - ray_dirs_before:
+            shutil.rmtree(ray_dir, ignore_errors=True)
+    return proc.stderr.read()
+
+
+def _check_metrics_plausible(step: int, logged: dict, dump: Path) -> None:
+    """Fractions in [0, 1], terminations summing to 1, GRPO group stats equal to the dumped rewards'."""
+    for name in (
+        "rollout/abort_ratio",
+        "rollout/length_clip_ratio",
+        "grpo/zero_variance_group_frac",
+        "reward/mean",
+        "reward/em",
+        "reward/f1",
+        "reward/acc",
+        *(f"rollout/termination/{t}" for t in TERMINATIONS),
+    ):
+        assert 0.0 <= logged[name] <= 1.0, (step, name, logged[name])
+    assert sum(logged[f"rollout/termination/{t}"] for t in TERMINATIONS) == pytest.approx(1.0)
+    assert logged["rollout/model_tokens_mean"] > 0 and logged["rollout/retrieved_tokens_mean"] >= 0
+    assert logged["response_length/clip_ratio"] == logged["rollout/length_clip_ratio"]
+    rows = [json.loads(line) for line in dump.read_text().splitlines()]
+    scores, groups = [r["score"] for r in rows], [group_of(r["uid"]) for r in rows]
+    assert logged["reward/mean"] == pytest.approx(sum(scores) / len(scores))
+    recomputed = group_metrics(scores, groups)
+    for name in ("grpo/zero_variance_group_frac", "grpo/group_reward_std_mean", "grpo/groups"):
+        assert logged[name] == pytest.approx(recomputed[name]), (step, name)
 
 
 def _steps(run_dir: Path) -> dict[int, dict]:
@@ -64,11 +152,11 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
+@pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)
 def test_demo_trains_checkpoints_and_resumes(tmp_path):
     run_dir, port = tmp_path / "demo", _free_port()
     before = _private_ray_leftovers()
-    first = _run_demo(run_dir, port)
+    first = _run_demo(run_dir, port, f"trainer.rollout_data_dir={run_dir / 'rollouts'}")
     assert first.returncode == 0, first.stderr[-4000:]
     ckpt = run_dir / "checkpoints"
     assert f"checkpoint: {ckpt}/global_step_2/actor" in first.stderr
@@ -80,12 +168,22 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     assert any(s["rollout/searches_mean"] > 0 for s in steps.values()), "no rollout called the search tool"
     assert any(s["actor/grad_norm"] > 0 for s in steps.values()), "no learning signal (all groups tied)"
     assert "Training from scratch" in first.stderr
+    for step, logged in steps.items():
+        _check_metrics_plausible(step, logged, run_dir / "rollouts" / f"{step}.jsonl")
+    assert "rollout/searches_mean" in first.stderr, "the console logger does not print the study's metrics"
     assert _port_free(port), "the retriever outlived the run"
+
+    # Resume, log step 3 (no checkpoint: save_freq 2), then die by SIGKILL before step 4.
+    killed = _kill_when_logged(run_dir, port, 3, "trainer.total_training_steps=4", "trainer.save_freq=2")
+    assert re.search(r"Resuming from \S+/global_step_2", killed), killed[-4000:]
+    assert not (ckpt / "global_step_3").exists()
+    assert _port_free(port), "the retriever outlived the killed run"
 
     second = _run_demo(run_dir, port, "trainer.total_training_steps=3")
     assert second.returncode == 0, second.stderr[-4000:]
     assert re.search(r"Resuming from \S+/global_step_2", second.stderr), second.stderr[-4000:]
     assert "step:3" in second.stderr and "step:1 " not in second.stderr
-    assert sorted(_steps(run_dir)) == [1, 2, 3], "metrics history lost on resume"
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3], "each step's metrics must appear exactly once after kill + resume"
     assert (ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert _private_ray_leftovers() <= before, "Ray processes or temp dirs outlived the run"
