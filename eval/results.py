@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from search_env.jsonl import iter_jsonl
+
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RECIPE_STEM = re.compile(r"^(?P<shape>[A-Za-z0-9_]+?)_s(?P<seed>\d+)$")
 METRICS = ("em", "f1", "acc")
@@ -353,27 +355,20 @@ def load_rows(path: Path) -> pd.DataFrame:
     last line. Blank lines are ignored; any other malformed line raises naming ``file:line``.
     """
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ResultsError(f"{path}:{lineno}: not valid JSON ({err}). Fix: {ROW_FIX}") from err
-            where = Path(f"{path}:{lineno}")
-            bench = _require(row, "benchmark", str, where, ROW_FIX)
-            rec = {"benchmark": canonical_benchmark(bench), "id": str(row.get("id", f"line{lineno}"))}
-            for metric in METRICS:
-                rec[metric] = _as_fraction(
-                    _require(row, metric, (int, float), where, ROW_FIX), metric, where, ROW_FIX
-                )
-            searches = row.get("searches")
-            rec["searches"] = searches if isinstance(searches, int) and not isinstance(searches, bool) else -1
-            rec["termination"] = str(row.get("termination") or "")
-            prediction = row.get("prediction")
-            rec["answered"] = isinstance(prediction, str)
-            records.append(rec)
+    for lineno, row in iter_jsonl(path, ROW_FIX, ResultsError):
+        where = Path(f"{path}:{lineno}")
+        bench = _require(row, "benchmark", str, where, ROW_FIX)
+        rec = {"benchmark": canonical_benchmark(bench), "id": str(row.get("id", f"line{lineno}"))}
+        for metric in METRICS:
+            rec[metric] = _as_fraction(
+                _require(row, metric, (int, float), where, ROW_FIX), metric, where, ROW_FIX
+            )
+        searches = row.get("searches")
+        rec["searches"] = searches if isinstance(searches, int) and not isinstance(searches, bool) else -1
+        rec["termination"] = str(row.get("termination") or "")
+        prediction = row.get("prediction")
+        rec["answered"] = isinstance(prediction, str)
+        records.append(rec)
     frame = pd.DataFrame.from_records(
         records, columns=["benchmark", "id", *METRICS, "searches", "termination", "answered"]
     )
@@ -393,22 +388,15 @@ def load_training_log(path: Path) -> pd.DataFrame:
     the same file) the last value logged for each (step, metric) wins.
     """
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ResultsError(f"{path}:{lineno}: not valid JSON ({err}). Fix: {LOG_FIX}") from err
-            if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
-                raise ResultsError(f"{path}:{lineno}: no 'data' object. Fix: {LOG_FIX}")
-            step = entry.get("step")
-            if not isinstance(step, int) or isinstance(step, bool):
-                raise ResultsError(f"{path}:{lineno}: 'step' = {step!r} is not an integer. Fix: {LOG_FIX}")
-            for metric, value in entry["data"].items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    records.append((step, metric, float(value)))
+    for lineno, entry in iter_jsonl(path, LOG_FIX, ResultsError):
+        if not isinstance(entry, dict) or not isinstance(entry.get("data"), dict):
+            raise ResultsError(f"{path}:{lineno}: no 'data' object. Fix: {LOG_FIX}")
+        step = entry.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise ResultsError(f"{path}:{lineno}: 'step' = {step!r} is not an integer. Fix: {LOG_FIX}")
+        for metric, value in entry["data"].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                records.append((step, metric, float(value)))
     frame = pd.DataFrame.from_records(records, columns=["step", "metric", "value"])
     return (
         frame.drop_duplicates(["step", "metric"], keep="last")

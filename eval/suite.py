@@ -21,7 +21,6 @@ the same file and unchanged when the file is reordered (rows are then used in fi
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,20 +79,14 @@ class Suite:
 def _jsonl_questions(benchmark: str, file: Path) -> list[Question]:
     """Rows of one jsonl file (FlashRAG or R1-Searcher schema, parsed by ``search_env.data``)."""
     from search_env.data import parse_row
+    from search_env.jsonl import iter_jsonl
 
     rows: list[Question] = []
-    with open(file, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{file}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{file}:{line_no}: a row must be a JSON object (id, question, golden_answers)")
-            row = parse_row(obj, f"{file}:{line_no}")
-            rows.append(Question(benchmark, row.id, row.question, tuple(row.golds)))
+    for line_no, obj in iter_jsonl(file, "one JSON object per line: {id, question, golden_answers}"):
+        if not isinstance(obj, dict):
+            raise ValueError(f"{file}:{line_no}: a row must be a JSON object (id, question, golden_answers)")
+        row = parse_row(obj, f"{file}:{line_no}")
+        rows.append(Question(benchmark, row.id, row.question, tuple(row.golds)))
     return rows
 
 

@@ -45,6 +45,7 @@ import pandas as pd
 
 from reward_fns import normalize_answer
 from search_env import protocol
+from search_env.jsonl import iter_jsonl
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 AGENT_NAME = "search_agent"
@@ -100,17 +101,10 @@ def read_jsonl(path: str | Path, limit: int | None = None) -> list[QARow]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not JSON: {err}") from None
-            rows.append(parse_row(raw, f"{path}:{line_no}"))
+    for line_no, raw in iter_jsonl(path, "one FlashRAG row per line: {id, question, golden_answers}"):
+        if limit is not None and len(rows) >= limit:
+            break
+        rows.append(parse_row(raw, f"{path}:{line_no}"))
     return rows
 
 
