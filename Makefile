@@ -8,6 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export WANDB_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
+# `make lint` fixes what ruff can; `make test` only checks.
 .PHONY: venv test demo lint
 venv: $(STAMP)
 
@@ -21,11 +22,12 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 test: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 demo: venv
 	bash launch/run.sh recipes/demo_cpu.yaml
 
 lint: venv
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .

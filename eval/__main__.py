@@ -1,9 +1,9 @@
 """Command line of the evaluation harness (docs/evaluation.md).
 
-    python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limit N]
-                       [--backend auto|hf|vllm] [--retriever-url URL ...] [--base-model auto|none|PATH]
-    python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
-    python -m eval report ...            (eval.report: tables and figures)
+python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limit N]
+                   [--backend auto|hf|vllm] [--retriever-url URL ...] [--base-model auto|none|PATH]
+python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
+python -m eval report ...            (eval.report: tables and figures)
 """
 
 from __future__ import annotations
@@ -26,30 +26,57 @@ def _positive_int(text: str) -> int:
 
 def build_run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval run", description="Evaluate every checkpoint of a run.")
-    p.add_argument("--run-dir", required=True, type=Path,
-                   help="trainer.default_local_dir of the run (holds global_step_N), or an HF model folder")
-    p.add_argument("--suite", required=True,
-                   help="folder of <benchmark>.jsonl, a verl parquet (grouped by data_source), or a "
-                        "built-in name: test, val, fixtures")
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        type=Path,
+        help="trainer.default_local_dir of the run (holds global_step_N), or an HF model folder",
+    )
+    p.add_argument(
+        "--suite",
+        required=True,
+        help="folder of <benchmark>.jsonl, a verl parquet (grouped by data_source), or a "
+        "built-in name: test, val, fixtures",
+    )
     p.add_argument("--out", required=True, type=Path, help="results root; this run goes to OUT/<run>")
     p.add_argument("--steps", type=int, nargs="+", help="only these steps (0 = the untrained model)")
     p.add_argument("--limit", type=_positive_int, help="rows per benchmark (seeded subsample by id)")
     p.add_argument("--subsample-seed", type=int, default=0, help="seed of the --limit subsample (default 0)")
     p.add_argument("--benchmarks", nargs="+", help="only these benchmarks of the suite")
-    p.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"],
-                   help="vllm (GPU), hf (CPU, tiny models) or auto: vllm when CUDA and vllm exist")
-    p.add_argument("--retriever-url", nargs="+", default=[], dest="retriever_urls",
-                   help="retrieval server base URL(s), e.g. http://127.0.0.1:8000")
-    p.add_argument("--base-model", default="auto",
-                   help="step 0: an HF folder, 'none', or 'auto' (the run config's model.path if local)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "hf", "vllm"],
+        help="vllm (GPU), hf (CPU, tiny models) or auto: vllm when CUDA and vllm exist",
+    )
+    p.add_argument(
+        "--retriever-url",
+        nargs="+",
+        default=[],
+        dest="retriever_urls",
+        help="retrieval server base URL(s), e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--base-model",
+        default="auto",
+        help="step 0: an HF folder, 'none', or 'auto' (the run config's model.path if local)",
+    )
     p.add_argument("--run-name", help="name of the run under OUT (default: from the config or the folder)")
     p.add_argument("--shape", help="reward shape of the run, if its config does not say")
     p.add_argument("--seed", type=int, help="training seed of the run, if its config does not say")
     p.add_argument("--horizon", type=int, help="step cap of the run (default: config, else last checkpoint)")
-    p.add_argument("--batch-size", type=_positive_int, help="rows per rollout call and fsync (hf 8, vllm 512)")
-    p.add_argument("--max-turns", type=_positive_int, help="assistant turns per rollout (default: run config/10)")
-    p.add_argument("--max-turn-tokens", type=_positive_int, help="new tokens per turn (default: run config/1024)")
-    p.add_argument("--max-total-tokens", type=_positive_int, help="whole sequence cap (default: run config/8192)")
+    p.add_argument(
+        "--batch-size", type=_positive_int, help="rows per rollout call and fsync (hf 8, vllm 512)"
+    )
+    p.add_argument(
+        "--max-turns", type=_positive_int, help="assistant turns per rollout (default: run config/10)"
+    )
+    p.add_argument(
+        "--max-turn-tokens", type=_positive_int, help="new tokens per turn (default: run config/1024)"
+    )
+    p.add_argument(
+        "--max-total-tokens", type=_positive_int, help="whole sequence cap (default: run config/8192)"
+    )
     p.add_argument("--response-length", type=_positive_int, help="response budget (default: run config/8192)")
     return p
 
@@ -99,17 +126,25 @@ def prepare(args: argparse.Namespace):
         have = {c.step for c in found}
         missing = sorted(set(args.steps) - have)
         if missing:
-            raise ValueError(f"--steps {missing} not available in {args.run_dir} (have {sorted(have)}; step 0 "
-                             "needs --base-model or a local actor_rollout_ref.model.path)")
+            raise ValueError(
+                f"--steps {missing} not available in {args.run_dir} (have {sorted(have)}; step 0 "
+                "needs --base-model or a local actor_rollout_ref.model.path)"
+            )
         found = [c for c in found if c.step in set(args.steps)]
     if info["horizon"] is None:
         info["horizon"] = max(c.step for c in found)
     if info["shape"] is None or info["seed"] is None:
-        raise ValueError(f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
-                         "'shape'/'seed' found): pass --shape em_only|f1_only|f1_format and --seed N")
+        raise ValueError(
+            f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
+            "'shape'/'seed' found): pass --shape em_only|f1_only|f1_format and --seed N"
+        )
     limits = runner.limits_from_config(info["config"])
-    overrides = {"max_assistant_turns": args.max_turns, "max_turn_tokens": args.max_turn_tokens,
-                 "max_total_tokens": args.max_total_tokens, "response_length": args.response_length}
+    overrides = {
+        "max_assistant_turns": args.max_turns,
+        "max_turn_tokens": args.max_turn_tokens,
+        "max_total_tokens": args.max_total_tokens,
+        "response_length": args.response_length,
+    }
     limits = replace(limits, **{k: v for k, v in overrides.items() if v is not None})
     backend = _resolve_backend(args.backend)
     return runner.RunPlan(
@@ -137,8 +172,11 @@ def cmd_run(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     steps = ", ".join(str(c.step) for c in plan.checkpoints)
-    print(f"run {plan.run_name}: steps [{steps}] on suite {plan.suite.name} ({plan.suite.n_rows} rows, "
-          f"{len(plan.suite.benchmarks)} benchmarks), backend {plan.backend} -> {plan.run_root}", flush=True)
+    print(
+        f"run {plan.run_name}: steps [{steps}] on suite {plan.suite.name} ({plan.suite.n_rows} rows, "
+        f"{len(plan.suite.benchmarks)} benchmarks), backend {plan.backend} -> {plan.run_root}",
+        flush=True,
+    )
     try:
         summaries = runner.run(plan, lambda config, model_dir: make_backend(plan.backend, config, model_dir))
     except (RuntimeError, ValueError) as err:

@@ -107,7 +107,9 @@ class VLLMEngineClient(LLMServerClient):
         )
         final = None
         async for out in self.engine.generate(
-            prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)), sampling_params=params, request_id=uuid.uuid4().hex
+            prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
+            sampling_params=params,
+            request_id=uuid.uuid4().hex,
         ):
             final = out
         if final is None or not final.outputs:
@@ -129,7 +131,9 @@ class VLLMEngineClient(LLMServerClient):
 class VLLMBackend:
     """``vllm``: verl's agent loop with all rollouts of a batch advancing together in one vLLM engine."""
 
-    def __init__(self, config: DictConfig, model_dir: str, seed: int = 0, gpu_memory_utilization: float = 0.85):
+    def __init__(
+        self, config: DictConfig, model_dir: str, seed: int = 0, gpu_memory_utilization: float = 0.85
+    ):
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM

@@ -173,7 +173,9 @@ def run_info(
     config_path = find_run_config(run_dir)
     config = load_config(config_path) if config_path else {}
     reward_fn = get_dotted(config, "reward.custom_reward_function.name")
-    found_shape = config.get("shape") or get_dotted(config, "reward.custom_reward_function.reward_kwargs.shape")
+    found_shape = config.get("shape") or get_dotted(
+        config, "reward.custom_reward_function.reward_kwargs.shape"
+    )
     if found_shape is None and reward_fn in SHAPES:
         found_shape = reward_fn
     found_seed = config.get("seed")

@@ -405,14 +405,25 @@ def load_training_log(path: Path) -> pd.DataFrame:
     )
 
 
+RUN_DIR_LOG = "metrics.jsonl"
+"""``launch/run.sh`` writes a run's training log to ``runs/<run>/metrics.jsonl``."""
+
+
+def _log_run_name(path: Path) -> str:
+    """The run a log file names: its folder for ``<run>/metrics.jsonl``, else its stem."""
+    return path.parent.name if path.name == RUN_DIR_LOG else path.stem
+
+
 def _expand_log_args(specs: Sequence[str]) -> list[tuple[str | None, Path]]:
-    """``RUN=PATH`` binds a file to a run; a bare file uses its stem; a folder adds its ``*.jsonl``."""
+    """``RUN=PATH`` binds a file to a run; a bare file names its run (``_log_run_name``); a folder adds
+    every ``<run>/metrics.jsonl`` below it, or, when it holds none, its own ``*.jsonl`` files."""
     found: list[tuple[str | None, Path]] = []
     for spec in specs:
         name, sep, target = spec.partition("=")
         bound, path = (name, Path(target)) if sep and not Path(spec).exists() else (None, Path(spec))
         if path.is_dir():
-            found.extend((bound, p) for p in sorted(path.rglob("*.jsonl")))
+            logs = sorted(path.rglob(RUN_DIR_LOG)) or sorted(path.glob("*.jsonl"))
+            found.extend((bound, p) for p in logs)
         elif path.is_file():
             found.append((bound, path))
         else:
@@ -425,13 +436,13 @@ def _expand_log_args(specs: Sequence[str]) -> list[tuple[str | None, Path]]:
 def load_training_logs(specs: Sequence[str], runs: dict[str, Run]) -> pd.DataFrame:
     """Load training logs and attach each to a run: tidy ``run, shape, seed, step, metric, value``.
 
-    A log belongs to the run named by ``RUN=PATH``, else to the run whose name equals the file stem
-    (verl names the file ``<experiment_name>.jsonl``), else to ``<shape>_s<seed>`` parsed from the
+    A log belongs to the run named by ``RUN=PATH``, else to the run named by the file
+    (``runs/<run>/metrics.jsonl`` from launch/run.sh, or verl's default ``<experiment_name>.jsonl``), else to ``<shape>_s<seed>`` parsed from the
     stem (the recipe naming). Anything else raises naming the file.
     """
     frames = []
     for bound, path in _expand_log_args(specs):
-        name = bound or path.stem
+        name = bound or _log_run_name(path)
         if name in runs:
             run = runs[name]
             shape, seed = run.shape, run.seed
@@ -440,7 +451,7 @@ def load_training_logs(specs: Sequence[str], runs: dict[str, Run]) -> pd.DataFra
         else:
             raise ResultsError(
                 f"{path}: cannot tell which run this log belongs to (known runs: {sorted(runs)}). "
-                "Fix: name it <run>.jsonl or <shape>_s<seed>.jsonl, or pass it as RUN=PATH"
+                "Fix: name it <run>/metrics.jsonl, <run>.jsonl or <shape>_s<seed>.jsonl, or pass it as RUN=PATH"
             )
         frame = load_training_log(path)
         frames.append(frame.assign(run=name, shape=shape, seed=seed))

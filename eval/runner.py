@@ -37,8 +37,8 @@ from eval.suite import REPO_ROOT, Question, Suite
 from reward_fns import extract_answer
 from reward_fns.compute_score import compute_score
 from search_env import protocol
+from search_env.rollout_stats import TERMINATIONS
 
-TERMINATIONS = ("answer", "turn_cap", "length_cap", "error")
 DEFAULT_BATCH = {"hf": 8, "vllm": 512}
 """Rows per rollout call (and per fsync of rows.jsonl)."""
 
@@ -83,8 +83,9 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
 def score_row(q: Question, record: dict[str, Any], shape: str) -> dict[str, Any]:
     """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`)."""
     response = record["response"]
-    scored = compute_score(data_source=q.benchmark, solution_str=response,
-                           ground_truth={"target": list(q.golds)}, shape=shape)
+    scored = compute_score(
+        data_source=q.benchmark, solution_str=response, ground_truth={"target": list(q.golds)}, shape=shape
+    )
     return {
         "benchmark": q.benchmark,
         "id": q.id,
@@ -132,8 +133,13 @@ def summarize(rows: Sequence[dict[str, Any]], benchmarks: Sequence[str], step: i
             "terminations": {t: counts.get(t, 0) for t in TERMINATIONS},
         }
     macro = {m: _mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
-    return {"step": step, "benchmarks": per, "macro": macro, "n": sum(p["n"] for p in per.values()),
-            "complete": True}
+    return {
+        "step": step,
+        "benchmarks": per,
+        "macro": macro,
+        "n": sum(p["n"] for p in per.values()),
+        "complete": True,
+    }
 
 
 def check_retrievers(urls: Sequence[str], timeout: float = 5.0) -> None:
@@ -147,8 +153,10 @@ def check_retrievers(urls: Sequence[str], timeout: float = 5.0) -> None:
         try:
             status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code
         except httpx.HTTPError as err:
-            raise RuntimeError(f"retrieval server {url} is not reachable ({type(err).__name__}); start it "
-                               "or fix --retriever-url") from None
+            raise RuntimeError(
+                f"retrieval server {url} is not reachable ({type(err).__name__}); start it "
+                "or fix --retriever-url"
+            ) from None
         if status != 200:
             raise RuntimeError(f"retrieval server {url}/health answered HTTP {status}")
 
@@ -189,14 +197,20 @@ def eval_settings(suite: Suite, limit: int | None, subsample_seed: int, limits: 
 def write_run_json(plan: RunPlan) -> None:
     """Create ``run.json``, or check the existing one was written with the same eval settings."""
     path = plan.run_root / "run.json"
-    doc = {**{k: plan.info[k] for k in ("run", "shape", "seed", "horizon", "config")},
-           "config_path": plan.info.get("config_path"), "eval": plan.eval_settings}
+    doc = {
+        **{k: plan.info[k] for k in ("run", "shape", "seed", "horizon", "config")},
+        "config_path": plan.info.get("config_path"),
+        "eval": plan.eval_settings,
+    }
     doc["run"] = plan.run_name
     if path.is_file():
         old = read_json(path).get("eval")
         if old != plan.eval_settings:
-            diff = sorted(k for k in set(old or {}) | set(plan.eval_settings)
-                          if (old or {}).get(k) != plan.eval_settings.get(k))
+            diff = sorted(
+                k
+                for k in set(old or {}) | set(plan.eval_settings)
+                if (old or {}).get(k) != plan.eval_settings.get(k)
+            )
             raise ValueError(
                 f"{path} was written with other eval settings ({', '.join(diff)} differ); results would not "
                 "be comparable: use the same --suite/--limit/--backend/limits, or another --out"
@@ -208,8 +222,15 @@ def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
     from search_env.local_rollout import write_tool_config
 
     tools = write_tool_config(plan.run_root / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
-    loops = [{"name": "search_agent", "_target_": "search_env.agent_loop.SearchAgentLoop", "mask_retrieved": True,
-              "max_turn_tokens": plan.limits.max_turn_tokens, "max_total_tokens": plan.limits.max_total_tokens}]
+    loops = [
+        {
+            "name": "search_agent",
+            "_target_": "search_env.agent_loop.SearchAgentLoop",
+            "mask_retrieved": True,
+            "max_turn_tokens": plan.limits.max_turn_tokens,
+            "max_total_tokens": plan.limits.max_total_tokens,
+        }
+    ]
     loops_path = plan.run_root / "agent_loops.yaml"
     loops_path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
     return tools, loops_path
@@ -240,8 +261,10 @@ def rollout_config(plan: RunPlan, model_dir: Path) -> Any:
 def _to_verl_rows(questions: Sequence[Question]) -> list[dict[str, Any]]:
     from search_env.data import QARow, to_verl_row
 
-    return [to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i)
-            for i, q in enumerate(questions)]
+    return [
+        to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i)
+        for i, q in enumerate(questions)
+    ]
 
 
 def evaluate_step(
@@ -270,8 +293,15 @@ def evaluate_step(
         try:
             for bench, questions in plan.suite.benchmarks.items():
                 n_done = len(questions) - len(todo[bench])
-                with tqdm(total=len(questions), initial=n_done, desc=f"step {ckpt.step} {bench}", unit="row",
-                          leave=True, file=sys.stderr, dynamic_ncols=True) as bar:
+                with tqdm(
+                    total=len(questions),
+                    initial=n_done,
+                    desc=f"step {ckpt.step} {bench}",
+                    unit="row",
+                    leave=True,
+                    file=sys.stderr,
+                    dynamic_ncols=True,
+                ) as bar:
                     pending = todo[bench]
                     for start in range(0, len(pending), plan.batch_size):
                         batch = pending[start : start + plan.batch_size]

@@ -58,7 +58,9 @@ def best_step(scores: dict[int, float]) -> int | None:
 def _questions(run_root: Path) -> set[str]:
     out: set[str] = set()
     for rows_path in run_root.glob("global_step_*/rows.jsonl"):
-        out |= {normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")}
+        out |= {
+            normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")
+        }
     return out
 
 
@@ -114,7 +116,10 @@ def select_run(
         if step is None:
             result[f"val_{name}"] = None
         else:
-            result[f"val_{name}"] = {**_pick(steps[step], step, metric), "val_macro": val_steps[step]["macro"]}
+            result[f"val_{name}"] = {
+                **_pick(steps[step], step, metric),
+                "val_macro": val_steps[step]["macro"],
+            }
     return result
 
 
@@ -162,9 +167,13 @@ def format_table(selection: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval select", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", required=True, type=Path, help="test-suite results folder (eval run --out)")
+    parser.add_argument(
+        "--results", required=True, type=Path, help="test-suite results folder (eval run --out)"
+    )
     parser.add_argument("--val-results", type=Path, help="validation-suite results folder of the same runs")
-    parser.add_argument("--metric", default="em", choices=METRICS, help="macro metric to maximise (default em)")
+    parser.add_argument(
+        "--metric", default="em", choices=METRICS, help="macro metric to maximise (default em)"
+    )
     parser.add_argument("--matched-horizon", type=int, default=MATCHED_HORIZON, help="common step cap (180)")
     parser.add_argument("--json", type=Path, help="selection JSON path (default RESULTS/selection.json)")
     args = parser.parse_args(argv)

@@ -99,17 +99,23 @@ def _parquet_questions(file: Path) -> dict[str, list[Question]]:
     frame = pd.read_parquet(file)
     for column in ("data_source", "reward_model", "extra_info"):
         if column not in frame.columns:
-            raise ValueError(f"{file}: column {column!r} is missing; write the file with `python -m search_env.data`")
+            raise ValueError(
+                f"{file}: column {column!r} is missing; write the file with `python -m search_env.data`"
+            )
     out: dict[str, list[Question]] = {}
     for i, rec in enumerate(frame.to_dict("records")):
         extra = rec["extra_info"] or {}
         if "id" not in extra or "question" not in extra:
-            raise ValueError(f"{file} row {i}: extra_info needs 'id' and 'question' (search_env.data writes both)")
+            raise ValueError(
+                f"{file} row {i}: extra_info needs 'id' and 'question' (search_env.data writes both)"
+            )
         golds = gold_answers((rec["reward_model"] or {}).get("ground_truth"))
         if not golds:
             raise ValueError(f"{file} row {i}: reward_model.ground_truth holds no gold answer")
         bench = str(rec["data_source"])
-        out.setdefault(bench, []).append(Question(bench, str(extra["id"]), str(extra["question"]), tuple(golds)))
+        out.setdefault(bench, []).append(
+            Question(bench, str(extra["id"]), str(extra["question"]), tuple(golds))
+        )
     return out
 
 
@@ -117,7 +123,9 @@ def _check_unique(benchmark: str, rows: list[Question], where: Path) -> list[Que
     seen: set[str] = set()
     for q in rows:
         if q.id in seen:
-            raise ValueError(f"{where}: id {q.id!r} of benchmark {benchmark} is repeated; ids key the results")
+            raise ValueError(
+                f"{where}: id {q.id!r} of benchmark {benchmark} is repeated; ids key the results"
+            )
         seen.add(q.id)
     if not rows:
         raise ValueError(f"{where}: no rows for benchmark {benchmark}")
@@ -164,7 +172,11 @@ def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
             return name, path, {b: _check_unique(b, r, target) for b, r in sorted(merged.items())}
     elif target.suffix == ".parquet":
         path = target.resolve()
-        return name, path, {b: _check_unique(b, r, target) for b, r in sorted(_parquet_questions(target).items())}
+        return (
+            name,
+            path,
+            {b: _check_unique(b, r, target) for b, r in sorted(_parquet_questions(target).items())},
+        )
     else:
         files = {target.stem: target}
         path = target.resolve()

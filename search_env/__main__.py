@@ -24,8 +24,12 @@ DEFAULT_NPROBE = 64
 
 
 def _gpu_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", choices=["auto", "on", "off"], default="auto",
-                        help="use CUDA for the encoder and faiss-gpu when available (auto), always (on) or never")
+    parser.add_argument(
+        "--gpu",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="use CUDA for the encoder and faiss-gpu when available (auto), always (on) or never",
+    )
 
 
 def _positive(kind: type) -> object:
@@ -34,6 +38,7 @@ def _positive(kind: type) -> object:
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
+
     return parse
 
 
@@ -44,32 +49,66 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the HTTP retrieval server")
     serve.add_argument("--backend", choices=["bm25", "dense"], default="bm25")
-    serve.add_argument("--corpus", type=Path, default=DEMO_CORPUS,
-                       help="wiki-18 style jsonl (default: the bundled 1,000-passage demo sample)")
-    serve.add_argument("--bm25-index", type=Path, default=None,
-                       help="bm25: directory of a saved bm25s index; built from the corpus and saved there if absent")
-    serve.add_argument("--index", type=Path, default=None, help="dense: faiss index file (row i = corpus row i)")
+    serve.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEMO_CORPUS,
+        help="wiki-18 style jsonl (default: the bundled 1,000-passage demo sample)",
+    )
+    serve.add_argument(
+        "--bm25-index",
+        type=Path,
+        default=None,
+        help="bm25: directory of a saved bm25s index; built from the corpus and saved there if absent",
+    )
+    serve.add_argument(
+        "--index", type=Path, default=None, help="dense: faiss index file (row i = corpus row i)"
+    )
     serve.add_argument("--encoder", default=None, help="dense: HF model directory (e.g. e5-base-v2)")
-    serve.add_argument("--nprobe", type=_positive(int), default=DEFAULT_NPROBE,
-                       help=f"dense IVF: inverted lists probed per query (default {DEFAULT_NPROBE})")
-    serve.add_argument("--query-max-length", type=_positive(int), default=256, help="dense: query tokens (default 256)")
-    serve.add_argument("--topk", type=_positive(int), default=5, help="topk when a request omits it (default 5)")
+    serve.add_argument(
+        "--nprobe",
+        type=_positive(int),
+        default=DEFAULT_NPROBE,
+        help=f"dense IVF: inverted lists probed per query (default {DEFAULT_NPROBE})",
+    )
+    serve.add_argument(
+        "--query-max-length", type=_positive(int), default=256, help="dense: query tokens (default 256)"
+    )
+    serve.add_argument(
+        "--topk", type=_positive(int), default=5, help="topk when a request omits it (default 5)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-batch", type=_positive(int), default=256,
-                       help="most queries per backend call; 1 = no micro-batching (default 256)")
-    serve.add_argument("--max-wait-ms", type=float, default=2.0,
-                       help="how long a non-full batch waits for more requests (default 2 ms)")
+    serve.add_argument(
+        "--max-batch",
+        type=_positive(int),
+        default=256,
+        help="most queries per backend call; 1 = no micro-batching (default 256)",
+    )
+    serve.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long a non-full batch waits for more requests (default 2 ms)",
+    )
     serve.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024)
     _gpu_flag(serve)
 
     build = sub.add_parser("build-index", help="embed a corpus and build a faiss index")
     build.add_argument("--corpus", type=Path, required=True)
-    build.add_argument("--encoder", required=True, help="HF model directory (E5 prefixes when the name contains e5)")
+    build.add_argument(
+        "--encoder", required=True, help="HF model directory (E5 prefixes when the name contains e5)"
+    )
     build.add_argument("--out", type=Path, required=True, help="index file to write")
-    build.add_argument("--factory", default=DEFAULT_FACTORY, help=f"faiss factory string (default {DEFAULT_FACTORY})")
-    build.add_argument("--train-size", type=_positive(int), default=None,
-                       help="passages sampled for k-means/SQ training (default min(N, 256 x nlist))")
+    build.add_argument(
+        "--factory", default=DEFAULT_FACTORY, help=f"faiss factory string (default {DEFAULT_FACTORY})"
+    )
+    build.add_argument(
+        "--train-size",
+        type=_positive(int),
+        default=None,
+        help="passages sampled for k-means/SQ training (default min(N, 256 x nlist))",
+    )
     build.add_argument("--chunk-size", type=_positive(int), default=65536, help="passages embedded per add()")
     build.add_argument("--batch-size", type=_positive(int), default=256, help="passages per encoder forward")
     build.add_argument("--passage-max-length", type=_positive(int), default=256)
@@ -77,11 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     _gpu_flag(build)
 
     convert = sub.add_parser("convert-index", help="re-pack an existing Flat index (no re-embedding)")
-    convert.add_argument("--flat", type=Path, required=True, help="existing IndexFlatIP file (e.g. e5_Flat.index)")
+    convert.add_argument(
+        "--flat", type=Path, required=True, help="existing IndexFlatIP file (e.g. e5_Flat.index)"
+    )
     convert.add_argument("--out", type=Path, required=True)
     convert.add_argument("--factory", default=DEFAULT_FACTORY)
-    convert.add_argument("--train-size", type=_positive(int), default=None,
-                         help="vectors sampled for training (default min(N, 256 x nlist))")
+    convert.add_argument(
+        "--train-size",
+        type=_positive(int),
+        default=None,
+        help="vectors sampled for training (default min(N, 256 x nlist))",
+    )
     convert.add_argument("--chunk-size", type=_positive(int), default=1_000_000, help="vectors per add()")
     convert.add_argument("--seed", type=int, default=0)
     _gpu_flag(convert)
@@ -91,8 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--flat", type=Path, required=True)
     recall.add_argument("--k", type=_positive(int), default=10)
     recall.add_argument("--nprobe", default=f"16,{DEFAULT_NPROBE},256", help="comma-separated nprobe values")
-    recall.add_argument("--queries", type=_positive(int), default=1000,
-                        help="number of stored vectors sampled as queries (default 1000)")
+    recall.add_argument(
+        "--queries",
+        type=_positive(int),
+        default=1000,
+        help="number of stored vectors sampled as queries (default 1000)",
+    )
     recall.add_argument("--seed", type=int, default=0)
     recall.add_argument("--out", type=Path, default=None, help="JSON report (default <index>.recall.json)")
     _gpu_flag(recall)
@@ -119,18 +168,31 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 retriever.save(args.bm25_index)
     else:
         if args.index is None or args.encoder is None:
-            raise SystemExit("serve --backend dense needs --index PATH and --encoder PATH "
-                             "(build an index with `python -m search_env build-index`)")
+            raise SystemExit(
+                "serve --backend dense needs --index PATH and --encoder PATH "
+                "(build an index with `python -m search_env build-index`)"
+            )
         from search_env.encoder import Encoder
         from search_env.index import DenseRetriever, load_index
 
         encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), query_max_length=args.query_max_length)
-        retriever = DenseRetriever(corpus, encoder, load_index(args.index, nprobe=args.nprobe,
-                                                               use_gpu=_use_gpu(args.gpu)))
-    app = create_app(retriever, default_topk=args.topk, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_body_bytes=args.max_body_bytes)
-    logging.getLogger(__name__).info("serving %s retriever over %d passages on http://%s:%d",
-                                     args.backend, len(corpus), args.host, args.port)
+        retriever = DenseRetriever(
+            corpus, encoder, load_index(args.index, nprobe=args.nprobe, use_gpu=_use_gpu(args.gpu))
+        )
+    app = create_app(
+        retriever,
+        default_topk=args.topk,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_body_bytes=args.max_body_bytes,
+    )
+    logging.getLogger(__name__).info(
+        "serving %s retriever over %d passages on http://%s:%d",
+        args.backend,
+        len(corpus),
+        args.host,
+        args.port,
+    )
     serve(app, host=args.host, port=args.port)
 
 
@@ -139,17 +201,36 @@ def cmd_build_index(args: argparse.Namespace) -> None:
     from search_env.encoder import Encoder
     from search_env.index import build_index
 
-    encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), batch_size=args.batch_size,
-                      passage_max_length=args.passage_max_length)
-    build_index(Corpus(args.corpus), encoder, args.out, factory=args.factory, train_size=args.train_size,
-                chunk_size=args.chunk_size, seed=args.seed, use_gpu=_use_gpu(args.gpu))
+    encoder = Encoder(
+        args.encoder,
+        use_gpu=_use_gpu(args.gpu),
+        batch_size=args.batch_size,
+        passage_max_length=args.passage_max_length,
+    )
+    build_index(
+        Corpus(args.corpus),
+        encoder,
+        args.out,
+        factory=args.factory,
+        train_size=args.train_size,
+        chunk_size=args.chunk_size,
+        seed=args.seed,
+        use_gpu=_use_gpu(args.gpu),
+    )
 
 
 def cmd_convert_index(args: argparse.Namespace) -> None:
     from search_env.index import convert_index
 
-    convert_index(args.flat, args.out, factory=args.factory, train_size=args.train_size,
-                  chunk_size=args.chunk_size, seed=args.seed, use_gpu=_use_gpu(args.gpu))
+    convert_index(
+        args.flat,
+        args.out,
+        factory=args.factory,
+        train_size=args.train_size,
+        chunk_size=args.chunk_size,
+        seed=args.seed,
+        use_gpu=_use_gpu(args.gpu),
+    )
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
@@ -159,18 +240,32 @@ def cmd_recall(args: argparse.Namespace) -> None:
         nprobes = [int(x) for x in args.nprobe.split(",") if x.strip()]
     except ValueError:
         raise SystemExit(f"--nprobe: expected comma-separated integers, got {args.nprobe!r}") from None
-    report = measure_recall(args.index, args.flat, k=args.k, nprobes=nprobes, n_queries=args.queries,
-                            seed=args.seed, out=args.out, use_gpu=_use_gpu(args.gpu))
+    report = measure_recall(
+        args.index,
+        args.flat,
+        k=args.k,
+        nprobes=nprobes,
+        n_queries=args.queries,
+        seed=args.seed,
+        out=args.out,
+        use_gpu=_use_gpu(args.gpu),
+    )
     print(json.dumps(report, indent=2))
 
 
-COMMANDS = {"serve": cmd_serve, "build-index": cmd_build_index, "convert-index": cmd_convert_index,
-            "recall": cmd_recall}
+COMMANDS = {
+    "serve": cmd_serve,
+    "build-index": cmd_build_index,
+    "convert-index": cmd_convert_index,
+    "recall": cmd_recall,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every stop-word-only query at INFO
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # CPU-feature probing noise
     try:

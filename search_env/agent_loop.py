@@ -18,8 +18,9 @@ is dropped and the rollout ends (verl does the same for ``response_length``).
 Per rollout, ``AgentLoopOutput.extra_fields`` gets (verl passes them to the reward function's
 ``extra_info`` and to the trainer's non-tensor batch):
 
-- ``termination``: ``length_cap`` (the last assistant turn was cut by a token limit, or a tool
-  response was dropped for lack of room), ``turn_cap`` (the last allowed assistant turn still
+- ``termination``: ``length_cap`` (the last assistant turn ended without an end-of-turn token, i.e.
+  a token limit cut it — ours, the rollout engine's or ``response_length`` — or a tool response
+  was dropped for lack of room), ``turn_cap`` (the last allowed assistant turn still
   called a tool), ``error`` (the last turn opened a ``<tool_call>`` that the parser could not
   read), else ``answer`` (the last assistant turn called no tool; see ``answered``);
 - ``searches``, ``search_errors``: set by ``SearchTool``;
@@ -40,8 +41,6 @@ from search_env import protocol
 
 log = logging.getLogger(__name__)
 
-TERMINATIONS = ("answer", "turn_cap", "length_cap", "error")
-
 
 @register("search_agent")
 class SearchAgentLoop(ToolAgentLoop):
@@ -57,7 +56,9 @@ class SearchAgentLoop(ToolAgentLoop):
     ):
         super().__init__(*args, **kwargs)
         if not isinstance(mask_retrieved, bool):
-            raise TypeError(f"search_agent option mask_retrieved must be true or false, got {mask_retrieved!r}")
+            raise TypeError(
+                f"search_agent option mask_retrieved must be true or false, got {mask_retrieved!r}"
+            )
         if int(max_turn_tokens) < 1 or int(max_total_tokens) < 1:
             raise ValueError(
                 f"search_agent options max_turn_tokens ({max_turn_tokens}) and max_total_tokens "
@@ -92,7 +93,7 @@ class SearchAgentLoop(ToolAgentLoop):
         )
         if state == AgentState.TERMINATED:
             turn = agent_data.response_ids
-            cut = len(turn) >= budget and (not turn or turn[-1] not in stop_ids)
+            cut = not turn or turn[-1] not in stop_ids  # no end-of-turn token: a token limit stopped it
             self.termination = "length_cap" if cut else self._natural_stop(turn)
         return state
 

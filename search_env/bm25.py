@@ -33,16 +33,23 @@ class BM25Retriever(Retriever):
     def __init__(self, corpus: Corpus, model: bm25s.BM25) -> None:
         n_docs = int(model.scores["num_docs"])
         if n_docs != len(corpus):
-            raise ValueError(f"bm25 index holds {n_docs} documents but the corpus {corpus.path} has "
-                             f"{len(corpus)} rows; rebuild the index for this corpus")
+            raise ValueError(
+                f"bm25 index holds {n_docs} documents but the corpus {corpus.path} has "
+                f"{len(corpus)} rows; rebuild the index for this corpus"
+            )
         self.corpus = corpus
         self.model = model
 
     @classmethod
     def build(cls, corpus: Corpus, show_progress: bool = False) -> BM25Retriever:
         tokenizer = Tokenizer(stopwords=STOPWORDS)
-        ids = tokenizer.tokenize(corpus.iter_contents(), length=len(corpus), update_vocab=True,
-                                 return_as="ids", show_progress=show_progress)
+        ids = tokenizer.tokenize(
+            corpus.iter_contents(),
+            length=len(corpus),
+            update_vocab=True,
+            return_as="ids",
+            show_progress=show_progress,
+        )
         model = bm25s.BM25()
         model.index((ids, tokenizer.get_vocab_dict()), show_progress=show_progress)
         log.info("bm25: indexed %d passages, %d terms", len(corpus), len(tokenizer.get_vocab_dict()))

@@ -29,7 +29,9 @@ def _normalize_urls(urls: str | list[str]) -> list[str]:
     items = [urls] if isinstance(urls, str) else list(urls)
     cleaned = [u.strip().rstrip("/") for u in items if isinstance(u, str) and u.strip()]
     if not cleaned:
-        raise ValueError("RetrievalClient: `urls` is empty; pass a server base URL such as http://127.0.0.1:8000")
+        raise ValueError(
+            "RetrievalClient: `urls` is empty; pass a server base URL such as http://127.0.0.1:8000"
+        )
     for url in cleaned:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"RetrievalClient: url {url!r} must start with http:// or https://")
@@ -55,8 +57,11 @@ def parse_retrieve_response(payload: object, n_queries: int) -> list[list[Passag
                 raise ValueError(f"result item {item!r:.200} has no document id/contents")
             title, text = split_contents(str(doc["contents"]))
             score = item.get("score") if "document" in item else None
-            parsed.append(Passage(id=str(doc["id"]), title=title, text=text,
-                                  score=None if score is None else float(score)))
+            parsed.append(
+                Passage(
+                    id=str(doc["id"]), title=title, text=text, score=None if score is None else float(score)
+                )
+            )
         passages.append(parsed)
     return passages
 
@@ -70,8 +75,9 @@ class RetrievalClient:
     (r = 1, 2, ...) is `backoff * 2**(r-1)` times a uniform jitter in [0.5, 1.5).
     """
 
-    def __init__(self, urls: str | list[str], timeout: float = 30.0, max_retries: int = 3,
-                 backoff: float = 0.5) -> None:
+    def __init__(
+        self, urls: str | list[str], timeout: float = 30.0, max_retries: int = 3, backoff: float = 0.5
+    ) -> None:
         if timeout <= 0:
             raise ValueError(f"RetrievalClient: timeout must be > 0 seconds, got {timeout}")
         if max_retries < 0:
@@ -92,8 +98,10 @@ class RetrievalClient:
         loop = asyncio.get_running_loop()
         if self._http is None or self._http.is_closed or self._http_loop is not loop:
             self._http_loop = loop
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout),
-                                           limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            )
         return self._http
 
     async def retrieve(self, queries: list[str], topk: int = 5) -> list[list[Passage]]:
@@ -116,13 +124,16 @@ class RetrievalClient:
                 errors.append(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
                 continue
             if response.status_code >= 400:
-                raise RetrievalError(f"{url}/retrieve rejected the request: HTTP {response.status_code}: "
-                                     f"{response.text[:500]}")
+                raise RetrievalError(
+                    f"{url}/retrieve rejected the request: HTTP {response.status_code}: {response.text[:500]}"
+                )
             try:
                 return parse_retrieve_response(response.json(), len(queries))
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 errors.append(f"{url}: malformed response: {err}")
-        raise RetrievalError(f"retrieval failed after {self.max_retries + 1} tries: " + "; ".join(errors[-3:]))
+        raise RetrievalError(
+            f"retrieval failed after {self.max_retries + 1} tries: " + "; ".join(errors[-3:])
+        )
 
     async def aclose(self) -> None:
         """Close the pooled connections; the client may be used again afterwards (a new pool opens)."""

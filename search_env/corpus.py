@@ -90,7 +90,9 @@ class Corpus:
         if not self.path.is_file():
             raise FileNotFoundError(f"corpus: no such file {self.path} (expected a wiki-18 style jsonl)")
         if self.path.suffix == ".gz":
-            raise ValueError(f"corpus: {self.path} is gzip-compressed; run `gunzip -k {self.path}` and pass the .jsonl")
+            raise ValueError(
+                f"corpus: {self.path} is gzip-compressed; run `gunzip -k {self.path}` and pass the .jsonl"
+            )
         size = self.path.stat().st_size
         if size == 0:
             raise ValueError(f"corpus: {self.path} is empty")
@@ -122,7 +124,9 @@ class Corpus:
                 os.replace(tmp, cached)
                 log.info("corpus: cached %d row offsets in %s", len(offsets) - 1, cached)
             except OSError as err:
-                log.warning("corpus: cannot cache offsets next to the corpus (%s); keeping them in memory", err)
+                log.warning(
+                    "corpus: cannot cache offsets next to the corpus (%s); keeping them in memory", err
+                )
         return offsets
 
     def __len__(self) -> int:
@@ -140,7 +144,9 @@ class Corpus:
             obj = json.loads(self.raw(i))
             return {"id": str(obj["id"]), "contents": str(obj["contents"])}
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"corpus {self.path} row {i}: expected {{\"id\", \"contents\"}} json ({err})") from err
+            raise ValueError(
+                f'corpus {self.path} row {i}: expected {{"id", "contents"}} json ({err})'
+            ) from err
 
     def contents(self, i: int) -> str:
         return self.row(i)["contents"]

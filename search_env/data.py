@@ -85,7 +85,9 @@ def parse_row(raw: Mapping[str, Any], where: str) -> QARow:
     elif "answer" in raw:
         golds = [raw["answer"]] if isinstance(raw["answer"], str) else list(raw["answer"] or [])
     else:
-        raise ValueError(f"{where}: no gold answers: expected 'golden_answers' (FlashRAG) or 'answer' (R1-Searcher)")
+        raise ValueError(
+            f"{where}: no gold answers: expected 'golden_answers' (FlashRAG) or 'answer' (R1-Searcher)"
+        )
     golds = [str(g) for g in golds if g is not None and str(g).strip()]
     if not golds:
         raise ValueError(f"{where}: the gold answer list is empty")
@@ -158,7 +160,9 @@ def to_verl_row(row: QARow, data_source: str, split: str, index: int) -> dict[st
     }
 
 
-def write_parquet(rows: Sequence[QARow], data_source: str | Sequence[str], split: str, path: str | Path) -> Path:
+def write_parquet(
+    rows: Sequence[QARow], data_source: str | Sequence[str], split: str, path: str | Path
+) -> Path:
     """Write verl rows; ``data_source`` is one name or one per row. Returns the path."""
     sources = [data_source] * len(rows) if isinstance(data_source, str) else list(data_source)
     if not rows:
@@ -176,7 +180,11 @@ def write_jsonl(rows: Iterable[QARow], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({"id": r.id, "question": r.question, "golden_answers": r.golds}, ensure_ascii=False))
+            f.write(
+                json.dumps(
+                    {"id": r.id, "question": r.question, "golden_answers": r.golds}, ensure_ascii=False
+                )
+            )
             f.write("\n")
     return path
 
@@ -251,8 +259,10 @@ def cmd_val(args: argparse.Namespace) -> None:
     out = Path(args.out)
     write_parquet([r for _, r in sample], [d for d, _ in sample], "train", out / "val.parquet")
     write_jsonl([r for _, r in sample], out / "val.jsonl")
-    print(f"{out / 'val.parquet'}: {len(sample)} rows ({args.per_dataset} per dataset from "
-          f"{', '.join(VAL_DATASETS)} train; none in the test suite or the training set)")
+    print(
+        f"{out / 'val.parquet'}: {len(sample)} rows ({args.per_dataset} per dataset from "
+        f"{', '.join(VAL_DATASETS)} train; none in the test suite or the training set)"
+    )
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -276,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--datasets", nargs="+", default=None, help="only these benchmarks (default: all 7)")
     val = sub.add_parser("val", help="validation sample from 4 train splits -> OUT/val.{parquet,jsonl}")
     common(val)
-    val.add_argument("--per-dataset", type=int, default=VAL_PER_DATASET, help="rows per dataset (default 250)")
+    val.add_argument(
+        "--per-dataset", type=int, default=VAL_PER_DATASET, help="rows per dataset (default 250)"
+    )
     val.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     convert = sub.add_parser("convert", help="one jsonl file (FlashRAG or R1-Searcher schema) -> parquet")
     convert.add_argument("--input", required=True, help="jsonl file")

@@ -54,9 +54,16 @@ class Encoder:
     prefixes on/off (None = detect from the name). Not thread-safe: call from one thread at a time.
     """
 
-    def __init__(self, model_path: str | os.PathLike[str], use_gpu: bool | None = None, fp16: bool | None = None,
-                 batch_size: int = 256, query_max_length: int = 256, passage_max_length: int = 256,
-                 e5: bool | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        use_gpu: bool | None = None,
+        fp16: bool | None = None,
+        batch_size: int = 256,
+        query_max_length: int = 256,
+        passage_max_length: int = 256,
+        e5: bool | None = None,
+    ) -> None:
         if batch_size < 1 or query_max_length < 1 or passage_max_length < 1:
             raise ValueError("Encoder: batch_size, query_max_length and passage_max_length must be >= 1")
         self.model_path = str(model_path)
@@ -70,8 +77,14 @@ class Encoder:
         dtype = torch.float16 if self.fp16 else torch.float32
         self.model = AutoModel.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
         self.dim = int(self.model.config.hidden_size)
-        log.info("encoder %s on %s (%s, e5 prefixes %s, dim %d)", self.model_path, self.device,
-                 "fp16" if self.fp16 else "fp32", "on" if self.is_e5 else "off", self.dim)
+        log.info(
+            "encoder %s on %s (%s, e5 prefixes %s, dim %d)",
+            self.model_path,
+            self.device,
+            "fp16" if self.fp16 else "fp32",
+            "on" if self.is_e5 else "off",
+            self.dim,
+        )
 
     def encode_queries(self, queries: Iterable[str]) -> np.ndarray:
         """(n, dim) float32 for questions/search queries (`query: ` prefix for E5)."""
@@ -88,8 +101,13 @@ class Encoder:
         """Texts as given (no prefix) -> (n, dim) float32, C-contiguous, unit L2 norm."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for lo in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(texts[lo : lo + self.batch_size], padding=True, truncation=True,
-                                   max_length=max_length, return_tensors="pt").to(self.device)
+            batch = self.tokenizer(
+                texts[lo : lo + self.batch_size],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            ).to(self.device)
             hidden = self.model(**batch).last_hidden_state
             pooled = torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]), dim=-1)
             out[lo : lo + len(pooled)] = pooled.cpu().numpy()
@@ -121,9 +139,15 @@ def tiny_wordpiece_vocab(texts: Iterable[str], vocab_size: int) -> dict[str, int
     return {token: i for i, token in enumerate(tokens)}
 
 
-def build_tiny_encoder(out_dir: str | os.PathLike[str], hidden_size: int = 32, num_layers: int = 2,
-                       num_heads: int = 2, vocab_size: int = 2000, seed: int = 0,
-                       corpus: str | os.PathLike[str] = DEMO_CORPUS) -> Path:
+def build_tiny_encoder(
+    out_dir: str | os.PathLike[str],
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    vocab_size: int = 2000,
+    seed: int = 0,
+    corpus: str | os.PathLike[str] = DEMO_CORPUS,
+) -> Path:
     """Write a random-weight BERT (`hidden_size`-d output) and a WordPiece tokenizer whose vocabulary
     comes from `corpus` to `out_dir`; byte-identical for a given seed; no network. Returns `out_dir`."""
     from search_env.corpus import Corpus
@@ -135,8 +159,14 @@ def build_tiny_encoder(out_dir: str | os.PathLike[str], hidden_size: int = 32, n
     vocab = tiny_wordpiece_vocab(Corpus(corpus).iter_contents(), vocab_size)
     BertTokenizer(vocab=vocab, model_max_length=512).save_pretrained(out)
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=hidden_size, num_hidden_layers=num_layers,
-                        num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
-                        max_position_embeddings=512, pad_token_id=vocab["[PAD]"])
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=2 * hidden_size,
+        max_position_embeddings=512,
+        pad_token_id=vocab["[PAD]"],
+    )
     BertModel(config).save_pretrained(out)
     return out

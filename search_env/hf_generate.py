@@ -74,7 +74,9 @@ class HFGenerator:
                     break
                 step_input = torch.tensor([[token]], dtype=torch.long)
         extra = {"global_steps": self.global_steps} if self.global_steps is not None else {}
-        return TokenOutput(token_ids=out_ids, log_probs=log_probs, stop_reason="completed", extra_fields=extra)
+        return TokenOutput(
+            token_ids=out_ids, log_probs=log_probs, stop_reason="completed", extra_fields=extra
+        )
 
     def _pick(self, logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> int:
         if temperature <= 0:

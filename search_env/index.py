@@ -67,8 +67,13 @@ def clamp_factory(factory: str, n_train: int) -> str:
     limit = max(1, n_train // MIN_POINTS_PER_CENTROID)
     if nlist <= limit:
         return factory
-    log.warning("nlist %d needs >= %d training vectors but only %d are available: using nlist %d",
-                nlist, nlist * MIN_POINTS_PER_CENTROID, n_train, limit)
+    log.warning(
+        "nlist %d needs >= %d training vectors but only %d are available: using nlist %d",
+        nlist,
+        nlist * MIN_POINTS_PER_CENTROID,
+        n_train,
+        limit,
+    )
     return re.sub(r"IVF\d+", f"IVF{limit}", factory, count=1)
 
 
@@ -107,8 +112,17 @@ def set_nprobe(index: faiss.Index, nprobe: int, nlist: int | None, on_gpu: bool 
     return nprobe
 
 
-def train_and_fill(factory: str, dim: int, n: int, vectors: VectorSource, train_size: int | None,
-                   chunk_size: int, seed: int, use_gpu: bool | None, desc: str) -> tuple[faiss.Index, str]:
+def train_and_fill(
+    factory: str,
+    dim: int,
+    n: int,
+    vectors: VectorSource,
+    train_size: int | None,
+    chunk_size: int,
+    seed: int,
+    use_gpu: bool | None,
+    desc: str,
+) -> tuple[faiss.Index, str]:
     """Create `factory`, train it on a random sample of the n rows, add all rows in chunks (tqdm).
     Returns the CPU index and the factory actually used (nlist may be clamped)."""
     if n < 1:
@@ -144,8 +158,14 @@ def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     faiss.write_index(index, str(out))
-    meta = {**meta, "ntotal": int(index.ntotal), "dim": int(index.d), "metric": "inner_product",
-            "nlist": ivf_nlist(index), "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    meta = {
+        **meta,
+        "ntotal": int(index.ntotal),
+        "dim": int(index.d),
+        "metric": "inner_product",
+        "nlist": ivf_nlist(index),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     Path(str(out) + META_SUFFIX).write_text(json.dumps(meta, indent=2) + "\n")
     log.info("wrote %s (%d vectors, %s)", out, index.ntotal, meta.get("factory"))
 
@@ -155,9 +175,16 @@ def read_meta(index_path: str | Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def build_index(corpus: Corpus, encoder, out: str | Path, factory: str = "IVF4096,SQ8",
-                train_size: int | None = None, chunk_size: int = 65536, seed: int = 0,
-                use_gpu: bool | None = None) -> faiss.Index:
+def build_index(
+    corpus: Corpus,
+    encoder,
+    out: str | Path,
+    factory: str = "IVF4096,SQ8",
+    train_size: int | None = None,
+    chunk_size: int = 65536,
+    seed: int = 0,
+    use_gpu: bool | None = None,
+) -> faiss.Index:
     """Embed every corpus row with `encoder.encode_passages` (an `Encoder`) and write a `factory` index
     to `out`. Training rows are embedded once for training and again when added (~5 % extra for
     wiki-18 with the default sample)."""
@@ -165,11 +192,22 @@ def build_index(corpus: Corpus, encoder, out: str | Path, factory: str = "IVF409
     def embed(rows: np.ndarray) -> np.ndarray:
         return encoder.encode_passages([corpus.contents(int(i)) for i in rows])
 
-    index, used = train_and_fill(factory, encoder.dim, len(corpus), embed, train_size, chunk_size, seed,
-                                 use_gpu, desc="embed+add")
-    write_index(index, out, {"factory": used, "requested_factory": factory, "source": "build-index",
-                             "corpus": str(corpus.path), "encoder": encoder.model_path, "e5": encoder.is_e5,
-                             "passage_max_length": encoder.passage_max_length})
+    index, used = train_and_fill(
+        factory, encoder.dim, len(corpus), embed, train_size, chunk_size, seed, use_gpu, desc="embed+add"
+    )
+    write_index(
+        index,
+        out,
+        {
+            "factory": used,
+            "requested_factory": factory,
+            "source": "build-index",
+            "corpus": str(corpus.path),
+            "encoder": encoder.model_path,
+            "e5": encoder.is_e5,
+            "passage_max_length": encoder.passage_max_length,
+        },
+    )
     return index
 
 
@@ -182,15 +220,25 @@ def read_flat(path: str | Path) -> faiss.Index:
     except RuntimeError:
         flat = faiss.read_index(str(path))
     if not isinstance(flat, faiss.IndexFlat):
-        raise ValueError(f"--flat: {path} is a {type(flat).__name__}, expected an IndexFlat (e.g. e5_Flat.index)")
+        raise ValueError(
+            f"--flat: {path} is a {type(flat).__name__}, expected an IndexFlat (e.g. e5_Flat.index)"
+        )
     if flat.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise ValueError(f"--flat: {path} uses metric {flat.metric_type}, expected inner product (IndexFlatIP)")
+        raise ValueError(
+            f"--flat: {path} uses metric {flat.metric_type}, expected inner product (IndexFlatIP)"
+        )
     return flat
 
 
-def convert_index(flat_path: str | Path, out: str | Path, factory: str = "IVF4096,SQ8",
-                  train_size: int | None = None, chunk_size: int = 1_000_000, seed: int = 0,
-                  use_gpu: bool | None = None) -> faiss.Index:
+def convert_index(
+    flat_path: str | Path,
+    out: str | Path,
+    factory: str = "IVF4096,SQ8",
+    train_size: int | None = None,
+    chunk_size: int = 1_000_000,
+    seed: int = 0,
+    use_gpu: bool | None = None,
+) -> faiss.Index:
     """Re-pack the vectors of an IndexFlatIP into `factory` without re-embedding: vectors are
     reconstructed from the Flat codes (training sample by id, then all rows in chunks)."""
     flat = read_flat(flat_path)
@@ -200,8 +248,9 @@ def convert_index(flat_path: str | Path, out: str | Path, factory: str = "IVF409
             return flat.reconstruct_n(int(rows[0]), len(rows))
         return flat.reconstruct_batch(rows.astype(np.int64))
 
-    index, used = train_and_fill(factory, flat.d, flat.ntotal, reconstruct, train_size, chunk_size, seed,
-                                 use_gpu, desc="convert")
+    index, used = train_and_fill(
+        factory, flat.d, flat.ntotal, reconstruct, train_size, chunk_size, seed, use_gpu, desc="convert"
+    )
     meta = {"factory": used, "requested_factory": factory, "source": "convert-index", "flat": str(flat_path)}
     write_index(index, out, {**read_meta(flat_path), **meta})
     return index
@@ -224,8 +273,13 @@ class LoadedIndex:
 
     def describe(self) -> dict:
         kind = self.meta.get("factory") or f"{type(self.index).__name__}(nlist={self.nlist})"
-        return {"index_type": kind, "nprobe": self.nprobe, "nlist": self.nlist, "dim": int(self.index.d),
-                "index_on_gpu": self.on_gpu}
+        return {
+            "index_type": kind,
+            "nprobe": self.nprobe,
+            "nlist": self.nlist,
+            "dim": int(self.index.d),
+            "index_on_gpu": self.on_gpu,
+        }
 
 
 def load_index(path: str | Path, nprobe: int = DEFAULT_NPROBE, use_gpu: bool | None = None) -> LoadedIndex:
@@ -258,9 +312,16 @@ def _drop_self(ids: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def measure_recall(index_path: str | Path, flat_path: str | Path, k: int = 10, nprobes: list[int] | None = None,
-                   n_queries: int = 1000, seed: int = 0, out: str | Path | None = None,
-                   use_gpu: bool | None = None) -> dict:
+def measure_recall(
+    index_path: str | Path,
+    flat_path: str | Path,
+    k: int = 10,
+    nprobes: list[int] | None = None,
+    n_queries: int = 1000,
+    seed: int = 0,
+    out: str | Path | None = None,
+    use_gpu: bool | None = None,
+) -> dict:
     """Recall@k of the index at `index_path` against exact search on `flat_path`, for each nprobe.
 
     Queries are `n_queries` stored vectors sampled at random (seeded); each query's own row is removed
@@ -272,8 +333,10 @@ def measure_recall(index_path: str | Path, flat_path: str | Path, k: int = 10, n
     loaded = load_index(index_path, nprobe=nprobes[0], use_gpu=use_gpu)
     index = loaded.index
     if index.ntotal != flat.ntotal or index.d != flat.d:
-        raise ValueError(f"index {index_path} ({index.ntotal} x {index.d}) and flat {flat_path} "
-                         f"({flat.ntotal} x {flat.d}) do not hold the same vectors")
+        raise ValueError(
+            f"index {index_path} ({index.ntotal} x {index.d}) and flat {flat_path} "
+            f"({flat.ntotal} x {flat.d}) do not hold the same vectors"
+        )
     rng = np.random.default_rng(seed)
     query_ids = np.sort(rng.choice(flat.ntotal, size=min(n_queries, flat.ntotal), replace=False))
     queries = flat.reconstruct_batch(query_ids.astype(np.int64))
@@ -288,14 +351,28 @@ def measure_recall(index_path: str | Path, flat_path: str | Path, k: int = 10, n
         _, found = index.search(queries, k + 1)
         ms = (time.perf_counter() - started) * 1000 / len(queries)
         found = _drop_self(found, query_ids, k)
-        results.append({"nprobe": used, f"recall@{k}": round(recall_at_k(found, truth), 4),
-                        "top1_agreement": round(float(np.mean(found[:, 0] == truth[:, 0])), 4),
-                        "ms_per_query_batched": round(ms, 4)})
+        results.append(
+            {
+                "nprobe": used,
+                f"recall@{k}": round(recall_at_k(found, truth), 4),
+                "top1_agreement": round(float(np.mean(found[:, 0] == truth[:, 0])), 4),
+                "ms_per_query_batched": round(ms, 4),
+            }
+        )
         log.info("nprobe %s: recall@%d %.4f", used, k, results[-1][f"recall@{k}"])
-    report = {"index": str(index_path), "flat": str(flat_path), "k": k, "n_queries": len(queries), "seed": seed,
-              "ntotal": int(flat.ntotal), "nlist": loaded.nlist, "factory": loaded.meta.get("factory"),
-              "flat_ms_per_query_batched": round(flat_ms, 4), "results": results,
-              "queries": "stored vectors sampled at random; each query's own row excluded from both lists"}
+    report = {
+        "index": str(index_path),
+        "flat": str(flat_path),
+        "k": k,
+        "n_queries": len(queries),
+        "seed": seed,
+        "ntotal": int(flat.ntotal),
+        "nlist": loaded.nlist,
+        "factory": loaded.meta.get("factory"),
+        "flat_ms_per_query_batched": round(flat_ms, 4),
+        "results": results,
+        "queries": "stored vectors sampled at random; each query's own row excluded from both lists",
+    }
     out = Path(out) if out is not None else Path(str(index_path) + RECALL_SUFFIX)
     out.write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -310,10 +387,14 @@ class DenseRetriever(Retriever):
     def __init__(self, corpus: Corpus, encoder, loaded: LoadedIndex) -> None:
         index = loaded.index
         if index.ntotal != len(corpus):
-            raise ValueError(f"index holds {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows; "
-                             "build the index from this corpus")
+            raise ValueError(
+                f"index holds {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows; "
+                "build the index from this corpus"
+            )
         if index.d != encoder.dim:
-            raise ValueError(f"index dimension {index.d} != encoder {encoder.model_path} dimension {encoder.dim}")
+            raise ValueError(
+                f"index dimension {index.d} != encoder {encoder.model_path} dimension {encoder.dim}"
+            )
         self.corpus = corpus
         self.encoder = encoder
         self.loaded = loaded
@@ -323,5 +404,9 @@ class DenseRetriever(Retriever):
         return rows.astype(np.int64, copy=False), scores
 
     def describe(self) -> dict:
-        return {**self.loaded.describe(), "encoder": self.encoder.model_path,
-                "encoder_device": str(self.encoder.device), "e5_prefixes": self.encoder.is_e5}
+        return {
+            **self.loaded.describe(),
+            "encoder": self.encoder.model_path,
+            "encoder_device": str(self.encoder.device),
+            "e5_prefixes": self.encoder.is_e5,
+        }

@@ -62,8 +62,12 @@ class HFLLMClient(LLMServerClient):
         with torch.no_grad():
             logits = self.generator.model(input_ids=full).logits[0, len(prompt_ids) - 1 : -1].float()
         log_probs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
-        extra = {"global_steps": self.generator.global_steps} if self.generator.global_steps is not None else {}
-        return TokenOutput(token_ids=ids, log_probs=log_probs.tolist(), stop_reason="completed", extra_fields=extra)
+        extra = (
+            {"global_steps": self.generator.global_steps} if self.generator.global_steps is not None else {}
+        )
+        return TokenOutput(
+            token_ids=ids, log_probs=log_probs.tolist(), stop_reason="completed", extra_fields=extra
+        )
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
@@ -80,13 +84,30 @@ class HFLLMClient(LLMServerClient):
         return output
 
 
-def write_tool_config(path: str | Path, retrieval_urls: Sequence[str], topk: int = protocol.TOPK,
-                      timeout: float = 30.0, max_retries: int = 3) -> Path:
+def write_tool_config(
+    path: str | Path,
+    retrieval_urls: Sequence[str],
+    topk: int = protocol.TOPK,
+    timeout: float = 30.0,
+    max_retries: int = 3,
+) -> Path:
     """Write a tool YAML like recipes/tools.yaml for other server URLs; returns its path."""
-    config = {"type": "native", "retrieval_urls": list(retrieval_urls), "topk": topk,
-              "timeout": timeout, "max_retries": max_retries}
-    tools = {"tools": [{"class_name": "search_env.tool.SearchTool", "config": config,
-                        "tool_schema": protocol.SEARCH_TOOL_SCHEMA}]}
+    config = {
+        "type": "native",
+        "retrieval_urls": list(retrieval_urls),
+        "topk": topk,
+        "timeout": timeout,
+        "max_retries": max_retries,
+    }
+    tools = {
+        "tools": [
+            {
+                "class_name": "search_env.tool.SearchTool",
+                "config": config,
+                "tool_schema": protocol.SEARCH_TOOL_SCHEMA,
+            }
+        ]
+    }
     path = Path(path)
     path.write_text(yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
     return path
@@ -131,9 +152,18 @@ def rows_to_batch(rows: Sequence[Mapping[str, Any]], n: int = 1) -> DataProto:
     Each row is repeated ``n`` times in place (GRPO groups are adjacent, like verl's
     ``repeat(interleave=True)``).
     """
-    fields: dict[str, list[Any]] = {k: [] for k in
-                                     ("raw_prompt", "agent_name", "index", "tools_kwargs", "extra_info",
-                                      "data_source", "reward_model")}
+    fields: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "raw_prompt",
+            "agent_name",
+            "index",
+            "tools_kwargs",
+            "extra_info",
+            "data_source",
+            "reward_model",
+        )
+    }
     for row in rows:
         extra = dict(row.get("extra_info") or {})
         for _ in range(n):
@@ -175,8 +205,17 @@ def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
     lengths = batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1] :].sum(dim=1)
     for i in range(len(batch)):
         length = int(lengths[i])
-        record = {key: batch.non_tensor_batch[key][i] for key in
-                  ("termination", "searches", "search_errors", "model_tokens", "retrieved_tokens", "answered")}
+        record = {
+            key: batch.non_tensor_batch[key][i]
+            for key in (
+                "termination",
+                "searches",
+                "search_errors",
+                "model_tokens",
+                "retrieved_tokens",
+                "answered",
+            )
+        }
         record["response"] = tokenizer.decode(responses[i, :length].tolist())
         record["response_length"] = length
         record["masked_tokens"] = int(length - masks[i, :length].sum())
@@ -190,11 +229,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     import tempfile
 
     parser = argparse.ArgumentParser(prog="python -m search_env.local_rollout", description=main.__doc__)
-    parser.add_argument("--model", required=True, help="HF model folder (e.g. from python -m search_env.tiny)")
+    parser.add_argument(
+        "--model", required=True, help="HF model folder (e.g. from python -m search_env.tiny)"
+    )
     parser.add_argument("--retrieval-url", default="http://127.0.0.1:8000", help="retrieval server base URL")
     parser.add_argument("--question", required=True)
-    parser.add_argument("--scripted-first-turn", default=None,
-                        help="demo only: fixed text of the first assistant turn (e.g. a search call)")
+    parser.add_argument(
+        "--scripted-first-turn",
+        default=None,
+        help="demo only: fixed text of the first assistant turn (e.g. a search call)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="generator default per turn")
     parser.add_argument("--response-length", type=int, default=protocol.MAX_TOTAL_TOKENS)
     parser.add_argument("--n", type=int, default=1, help="rollouts of the question")
@@ -203,14 +247,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tools = write_tool_config(Path(tmp) / "tools.yaml", [args.retrieval_url])
-        config = compose_rollout_config(args.model, tools, response_length=args.response_length,
-                                        overrides=args.overrides)
-        rollout = LocalRollout(config, HFGenerator(args.model, args.max_new_tokens, args.seed),
-                               scripted_first_turn=args.scripted_first_turn)
-        row = {"prompt": protocol.build_messages(args.question), "data_source": "cli", "agent_name": "search_agent",
-               "extra_info": {"index": 0, "tools_kwargs": {}}}
+        config = compose_rollout_config(
+            args.model, tools, response_length=args.response_length, overrides=args.overrides
+        )
+        rollout = LocalRollout(
+            config,
+            HFGenerator(args.model, args.max_new_tokens, args.seed),
+            scripted_first_turn=args.scripted_first_turn,
+        )
+        row = {
+            "prompt": protocol.build_messages(args.question),
+            "data_source": "cli",
+            "agent_name": "search_agent",
+            "extra_info": {"index": 0, "tools_kwargs": {}},
+        }
         batch = rollout.generate([row], n=args.n)
-    prompt_ids = batch.batch["prompts"][0][batch.batch["attention_mask"][0, : batch.batch["prompts"].shape[1]] == 1]
+    prompt_ids = batch.batch["prompts"][0][
+        batch.batch["attention_mask"][0, : batch.batch["prompts"].shape[1]] == 1
+    ]
     print("=== prompt ===")
     print(rollout.tokenizer.decode(prompt_ids.tolist()))
     for i, record in enumerate(rollout_records(batch, rollout.tokenizer)):

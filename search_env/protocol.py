@@ -59,7 +59,10 @@ SEARCH_TOOL_SCHEMA: dict[str, Any] = {
         "parameters": {
             "type": "object",
             "properties": {
-                "query": {"type": "string", "description": "What to look up, e.g. a name or a short question."}
+                "query": {
+                    "type": "string",
+                    "description": "What to look up, e.g. a name or a short question.",
+                }
             },
             "required": ["query"],
         },
@@ -161,7 +164,10 @@ def parse_tool_calls(text: str) -> list[FunctionCall]:
     """
     if _TEXT_PARSER.tool_call_start_token not in text:
         return []
-    calls = (_TEXT_PARSER._parse_xml_function_call(s, _TOOL_SCHEMAS) for s in _TEXT_PARSER._get_function_calls(text))
+    calls = (
+        _TEXT_PARSER._parse_xml_function_call(s, _TOOL_SCHEMAS)
+        for s in _TEXT_PARSER._get_function_calls(text)
+    )
     return [c for c in calls if c is not None]
 
 

@@ -42,5 +42,7 @@ class Retriever(ABC):
 
     def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
         """Top-`topk` passages per query, best first, with scores."""
-        return [[self.corpus.passage(row, score) for row, score in hits]
-                for hits in self.search_hits(queries, topk)]
+        return [
+            [self.corpus.passage(row, score) for row, score in hits]
+            for hits in self.search_hits(queries, topk)
+        ]

@@ -116,8 +116,9 @@ class MicroBatcher:
     own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside).
     """
 
-    def __init__(self, search_fn: Callable[[list[str], int], list[list[Hit]]], max_batch: int,
-                 max_wait_ms: float) -> None:
+    def __init__(
+        self, search_fn: Callable[[list[str], int], list[list[Hit]]], max_batch: int, max_wait_ms: float
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
         if max_wait_ms < 0:
@@ -203,13 +204,16 @@ class MicroBatcher:
 def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[list[Hit]]:
     """Search, then read each hit's corpus row (runs in the batch worker thread)."""
     corpus = retriever.corpus
-    return [[(corpus.row(row), score) for row, score in per_query]
-            for per_query in retriever.search_hits(queries, topk)]
+    return [
+        [(corpus.row(row), score) for row, score in per_query]
+        for per_query in retriever.search_hits(queries, topk)
+    ]
 
 
 def _json(payload: object, status: int = 200) -> Response:
-    return Response(content=json.dumps(payload, ensure_ascii=False), status_code=status,
-                    media_type="application/json")
+    return Response(
+        content=json.dumps(payload, ensure_ascii=False), status_code=status, media_type="application/json"
+    )
 
 
 def _describe_validation_error(err: RequestValidationError) -> str:
@@ -232,22 +236,37 @@ class JsonBodyGuard:
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Callable[[dict], Awaitable[None]], size: str) -> None:
-        body = json.dumps({"error": f"body: request body of {size} bytes exceeds the limit of "
-                                    f"{self.max_bytes} bytes; send fewer or shorter queries per request",
-                           "field": "body"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        body = json.dumps(
+            {
+                "error": f"body: request body of {size} bytes exceeds the limit of "
+                f"{self.max_bytes} bytes; send fewer or shorter queries per request",
+                "field": "body",
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
-                       send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
+    ) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        scope = {**scope, "headers": [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
-                 + [(b"content-type", b"application/json")]}
+        scope = {
+            **scope,
+            "headers": [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            + [(b"content-type", b"application/json")],
+        }
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(send, declared.decode())
@@ -280,8 +299,13 @@ class JsonBodyGuard:
         await self.app(scope, replay, send)
 
 
-def create_app(retriever: Retriever, default_topk: int = 5, max_batch: int = 256, max_wait_ms: float = 2.0,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    retriever: Retriever,
+    default_topk: int = 5,
+    max_batch: int = 256,
+    max_wait_ms: float = 2.0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
     micro-batching); max_wait_ms: how long a non-full batch waits for more requests."""
     if not 1 <= default_topk <= MAX_TOPK:
@@ -313,12 +337,22 @@ def create_app(retriever: Retriever, default_topk: int = 5, max_batch: int = 256
     @app.get("/health")
     async def health() -> Response:
         stats = batcher.stats
-        return _json({"status": "healthy", "backend": retriever.backend, "corpus": str(retriever.corpus.path),
-                      "corpus_size": len(retriever.corpus), **retriever.describe(),
-                      "default_topk": default_topk, "max_batch": batcher.max_batch,
-                      "max_wait_ms": batcher.max_wait_s * 1000.0, "batches": stats.batches,
-                      "queries_served": stats.queries, "largest_batch": stats.max_batch_seen,
-                      "uptime_s": round(time.time() - app.state.started, 3)})
+        return _json(
+            {
+                "status": "healthy",
+                "backend": retriever.backend,
+                "corpus": str(retriever.corpus.path),
+                "corpus_size": len(retriever.corpus),
+                **retriever.describe(),
+                "default_topk": default_topk,
+                "max_batch": batcher.max_batch,
+                "max_wait_ms": batcher.max_wait_s * 1000.0,
+                "batches": stats.batches,
+                "queries_served": stats.queries,
+                "largest_batch": stats.max_batch_seen,
+                "uptime_s": round(time.time() - app.state.started, 3),
+            }
+        )
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> Response:
@@ -366,7 +400,9 @@ def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"retrieval server exited with code {process.returncode} before {url} was healthy")
+            raise RuntimeError(
+                f"retrieval server exited with code {process.returncode} before {url} was healthy"
+            )
         try:
             response = httpx.get(f"{url}/health", timeout=2.0)
             if response.status_code == 200:
@@ -402,8 +438,13 @@ class ServerProcess:
         self.stop()
 
 
-def spawn_server(serve_args: list[str], host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout_s: float = 120.0, log_path: str | Path | None = None) -> ServerProcess:
+def spawn_server(
+    serve_args: list[str],
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    startup_timeout_s: float = 120.0,
+    log_path: str | Path | None = None,
+) -> ServerProcess:
     """Start `python -m search_env serve <serve_args> --host H --port P` and wait until healthy.
 
     Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).

@@ -28,7 +28,9 @@ from search_env.client import RetrievalClient, RetrievalError
 
 log = logging.getLogger(__name__)
 
-RETRIEVAL_FAILED_TEXT = "Search failed: the search service did not answer. Try again, or answer with what you know."
+RETRIEVAL_FAILED_TEXT = (
+    "Search failed: the search service did not answer. Try again, or answer with what you know."
+)
 EMPTY_QUERY_TEXT = "Search failed: the search call needs a non-empty 'query' string."
 
 
@@ -81,4 +83,8 @@ class SearchTool(BaseTool):
             log.warning("search for %r failed: %s", query, err)
             _count(agent_data, "search_errors")
             return ToolResponse(text=RETRIEVAL_FAILED_TEXT), 0.0, {"error": "retrieval"}
-        return ToolResponse(text=protocol.format_passages(passages, topk=self.topk)), 0.0, {"hits": len(passages)}
+        return (
+            ToolResponse(text=protocol.format_passages(passages, topk=self.topk)),
+            0.0,
+            {"hits": len(passages)},
+        )

@@ -50,8 +50,20 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("retrieval_server") / "server.log"
-    cmd = [sys.executable, "-m", "search_env", "serve", "--backend", "bm25", "--corpus", str(DEMO_CORPUS),
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "search_env",
+        "serve",
+        "--backend",
+        "bm25",
+        "--corpus",
+        str(DEMO_CORPUS),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -65,8 +77,9 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"retrieval server not healthy after {SERVER_START_TIMEOUT_S} s:\n"
-                                   f"{log_path.read_text()}")
+                raise RuntimeError(
+                    f"retrieval server not healthy after {SERVER_START_TIMEOUT_S} s:\n{log_path.read_text()}"
+                )
             time.sleep(0.2)
         yield url
     finally:
@@ -79,7 +92,9 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 
 @pytest.fixture(scope="session")
-def make_local_rollout(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, retrieval_server_url: str):
+def make_local_rollout(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, retrieval_server_url: str
+):
     """Factory for in-process verl rollouts (``search_env.local_rollout.LocalRollout``) on the tiny model.
 
     ``make_local_rollout(scripted_first_turn=None, max_turn_tokens=16, max_total_tokens=8192,
@@ -95,18 +110,38 @@ def make_local_rollout(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir:
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
     counter = iter(range(10**6))
 
-    def make(scripted_first_turn: str | None = None, max_turn_tokens: int = 16, max_total_tokens: int = 8192,
-             response_length: int = 1024, max_assistant_turns: int = 3, retrieval_urls: list[str] | None = None,
-             max_retries: int = 3) -> LocalRollout:
+    def make(
+        scripted_first_turn: str | None = None,
+        max_turn_tokens: int = 16,
+        max_total_tokens: int = 8192,
+        response_length: int = 1024,
+        max_assistant_turns: int = 3,
+        retrieval_urls: list[str] | None = None,
+        max_retries: int = 3,
+    ) -> LocalRollout:
         folder = tmp_path_factory.mktemp(f"rollout_cfg{next(counter)}")
-        tools = write_tool_config(folder / "tools.yaml", retrieval_urls or [retrieval_server_url],
-                                  timeout=5.0, max_retries=max_retries)
-        loops = [{"name": name, "_target_": "search_env.agent_loop.SearchAgentLoop", "mask_retrieved": masked,
-                  "max_turn_tokens": max_turn_tokens, "max_total_tokens": max_total_tokens}
-                 for name, masked in (("search_agent", True), ("search_agent_unmasked", False))]
+        tools = write_tool_config(
+            folder / "tools.yaml",
+            retrieval_urls or [retrieval_server_url],
+            timeout=5.0,
+            max_retries=max_retries,
+        )
+        loops = [
+            {
+                "name": name,
+                "_target_": "search_env.agent_loop.SearchAgentLoop",
+                "mask_retrieved": masked,
+                "max_turn_tokens": max_turn_tokens,
+                "max_total_tokens": max_total_tokens,
+            }
+            for name, masked in (("search_agent", True), ("search_agent_unmasked", False))
+        ]
         (folder / "agent_loops.yaml").write_text(yaml.safe_dump(loops))
         config = compose_rollout_config(
-            tiny_model_dir, tools, prompt_length=1024, response_length=response_length,
+            tiny_model_dir,
+            tools,
+            prompt_length=1024,
+            response_length=response_length,
             agent_loop_config_path=folder / "agent_loops.yaml",
             overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
         )

@@ -52,11 +52,19 @@ def test_search_result_reaches_model_and_counts(make_local_rollout):
 def test_answer_first_turn(make_local_rollout):
     rollout = make_local_rollout(scripted_first_turn="<answer> lobbyist </answer>", max_turn_tokens=64)
     (record,) = rollout_records(rollout.generate([_row()]), rollout.tokenizer)
-    assert record == {**record, "termination": "answer", "answered": True, "searches": 0, "retrieved_tokens": 0}
+    assert record == {
+        **record,
+        "termination": "answer",
+        "answered": True,
+        "searches": 0,
+        "retrieved_tokens": 0,
+    }
 
 
 def test_unreadable_tool_call_is_error(make_local_rollout):
-    rollout = make_local_rollout(scripted_first_turn="<tool_call>\nsearch for evan\n</tool_call>", max_turn_tokens=64)
+    rollout = make_local_rollout(
+        scripted_first_turn="<tool_call>\nsearch for evan\n</tool_call>", max_turn_tokens=64
+    )
     (record,) = rollout_records(rollout.generate([_row()]), rollout.tokenizer)
     assert record["termination"] == "error" and record["searches"] == 0
 
@@ -77,11 +85,19 @@ def test_tool_response_over_response_length_is_dropped(make_local_rollout):
 
 
 def test_tool_response_over_total_budget_is_dropped(make_local_rollout):
-    prompt_tokens = len(make_local_rollout().tokenizer.apply_chat_template(
-        protocol.build_messages(QUESTION), tools=[protocol.SEARCH_TOOL_SCHEMA], add_generation_prompt=True,
-        enable_thinking=False, tokenize=True, return_dict=True)["input_ids"])
-    rollout = make_local_rollout(scripted_first_turn=SEARCH_TURN, max_total_tokens=prompt_tokens + 120,
-                                 max_turn_tokens=64)
+    prompt_tokens = len(
+        make_local_rollout().tokenizer.apply_chat_template(
+            protocol.build_messages(QUESTION),
+            tools=[protocol.SEARCH_TOOL_SCHEMA],
+            add_generation_prompt=True,
+            enable_thinking=False,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
+    rollout = make_local_rollout(
+        scripted_first_turn=SEARCH_TURN, max_total_tokens=prompt_tokens + 120, max_turn_tokens=64
+    )
     (record,) = rollout_records(rollout.generate([_row()]), rollout.tokenizer)
     assert record["termination"] == "length_cap" and record["searches"] == 1
     assert "<tool_response>" not in record["response"]
@@ -92,8 +108,13 @@ def test_retrieval_failure_becomes_error_text_not_exception(make_local_rollout):
     with socket.socket() as sock:  # a loopback port with nothing listening
         sock.bind(("127.0.0.1", 0))
         dead_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    rollout = make_local_rollout(scripted_first_turn=SEARCH_TURN, retrieval_urls=[dead_url], max_retries=0,
-                                 max_assistant_turns=2, max_turn_tokens=64)
+    rollout = make_local_rollout(
+        scripted_first_turn=SEARCH_TURN,
+        retrieval_urls=[dead_url],
+        max_retries=0,
+        max_assistant_turns=2,
+        max_turn_tokens=64,
+    )
     (record,) = rollout_records(rollout.generate([_row()]), rollout.tokenizer)
     assert record["searches"] == 1 and record["search_errors"] == 1
     assert "<tool_response>\nSearch failed: the search service did not answer." in record["response"]

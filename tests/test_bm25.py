@@ -39,8 +39,11 @@ def test_queries_without_known_terms_get_no_passages(bm25: BM25Retriever) -> Non
 
 def test_topk_larger_than_corpus_is_padded(tmp_path) -> None:
     path = tmp_path / "tiny.jsonl"
-    path.write_text("".join(json.dumps({"id": f"d{i}", "contents": f'"T{i}"\napple {"pear " * i}'}) + "\n"
-                            for i in range(3)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "contents": f'"T{i}"\napple {"pear " * i}'}) + "\n" for i in range(3)
+        )
+    )
     retriever = BM25Retriever.build(Corpus(path))
     rows, scores = retriever.search_rows(["apple pear"], topk=10)
     assert rows.shape == (1, 10)

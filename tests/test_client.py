@@ -20,7 +20,9 @@ SERVE_ARGS = ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)]
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("client-servers")
-    started = [spawn_server(SERVE_ARGS, startup_timeout_s=60, log_path=log_dir / f"s{i}.log") for i in range(2)]
+    started = [
+        spawn_server(SERVE_ARGS, startup_timeout_s=60, log_path=log_dir / f"s{i}.log") for i in range(2)
+    ]
     yield started
     for server in started:
         server.stop()
@@ -96,7 +98,9 @@ def test_retries_ride_out_a_server_restart(tmp_path) -> None:
 
     def restart_later() -> None:
         time.sleep(0.5)
-        restarted.append(spawn_server(SERVE_ARGS, port=port, startup_timeout_s=60, log_path=tmp_path / "second.log"))
+        restarted.append(
+            spawn_server(SERVE_ARGS, port=port, startup_timeout_s=60, log_path=tmp_path / "second.log")
+        )
 
     async def run() -> tuple[list, list]:
         async with RetrievalClient(first.url, timeout=5.0, max_retries=8, backoff=0.25) as client:
@@ -123,18 +127,29 @@ def test_retries_ride_out_a_server_restart(tmp_path) -> None:
 def test_parse_accepts_both_shapes_and_rejects_others() -> None:
     doc = {"id": "7", "contents": '"T"\nbody'}
     assert parse_retrieve_response({"result": [[{"document": doc, "score": 1.5}]]}, 1) == [
-        [Passage("7", "T", "body", 1.5)]]
+        [Passage("7", "T", "body", 1.5)]
+    ]
     assert parse_retrieve_response({"result": [[doc], []]}, 2) == [[Passage("7", "T", "body", None)], []]
-    for bad, n in [({"result": [[doc]]}, 2), ({"results": []}, 0), ({"result": [[{"x": 1}]]}, 1),
-                   ({"result": ["nope"]}, 1), ([], 0)]:
+    for bad, n in [
+        ({"result": [[doc]]}, 2),
+        ({"results": []}, 0),
+        ({"result": [[{"x": 1}]]}, 1),
+        ({"result": ["nope"]}, 1),
+        ([], 0),
+    ]:
         with pytest.raises(ValueError):
             parse_retrieve_response(bad, n)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"urls": []}, "empty"), ({"urls": "127.0.0.1:8000"}, "http://"), ({"urls": "http://x", "timeout": 0}, "timeout"),
-     ({"urls": "http://x", "max_retries": -1}, "max_retries"), ({"urls": "http://x", "backoff": -1}, "backoff")],
+    [
+        ({"urls": []}, "empty"),
+        ({"urls": "127.0.0.1:8000"}, "http://"),
+        ({"urls": "http://x", "timeout": 0}, "timeout"),
+        ({"urls": "http://x", "max_retries": -1}, "max_retries"),
+        ({"urls": "http://x", "backoff": -1}, "backoff"),
+    ],
 )
 def test_bad_client_arguments(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):

@@ -63,14 +63,23 @@ def test_train_command_and_count_warning(source, tmp_path, capsys, tiny_model_di
     assert len(frame) == 400 and set(frame["agent_name"]) == {"search_agent"}
     first = frame.iloc[0]
     assert first["data_source"] == "musique"
-    assert list(first["reward_model"]["ground_truth"]["target"]) == [json.loads(_lines(
-        R1 / "musique_500.jsonl", 100, 101))["answer"]]
-    assert first["prompt"][0]["content"] == protocol.build_messages(first["extra_info"]["question"])[0]["content"]
+    assert list(first["reward_model"]["ground_truth"]["target"]) == [
+        json.loads(_lines(R1 / "musique_500.jsonl", 100, 101))["answer"]
+    ]
+    assert (
+        first["prompt"][0]["content"]
+        == protocol.build_messages(first["extra_info"]["question"])[0]["content"]
+    )
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = OmegaConf.create({"max_prompt_length": 1024, "filter_overlong_prompts": True,
-                               "apply_chat_template_kwargs": protocol.CHAT_TEMPLATE_KWARGS,
-                               "cache_dir": str(tmp_path / "cache")})
+    config = OmegaConf.create(
+        {
+            "max_prompt_length": 1024,
+            "filter_overlong_prompts": True,
+            "apply_chat_template_kwargs": protocol.CHAT_TEMPLATE_KWARGS,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     dataset = RLHFDataset(data_files=[str(tmp_path / "musique_train.parquet")], tokenizer=tok, config=config)
     assert len(dataset) == 400
     item = dataset[3]
@@ -86,10 +95,15 @@ def test_suite_command_writes_parquet_and_eval_jsonl(source, tmp_path, capsys):
     assert "bamboogle" not in err  # 125 >= 50: the cap is met
     for name, _, _ in data.SUITE:
         assert (tmp_path / "suite" / f"{name}.parquet").is_file()
-    bamboogle = [json.loads(line) for line in (tmp_path / "suite" / "bamboogle.jsonl").read_text().splitlines()]
+    bamboogle = [
+        json.loads(line) for line in (tmp_path / "suite" / "bamboogle.jsonl").read_text().splitlines()
+    ]
     assert len(bamboogle) == 50
-    assert bamboogle[0] == {"id": "test_0", "question": "Who was president of the United States in the year that "
-                            "Citibank was founded?", "golden_answers": ["james madison"]}
+    assert bamboogle[0] == {
+        "id": "test_0",
+        "question": "Who was president of the United States in the year that Citibank was founded?",
+        "golden_answers": ["james madison"],
+    }
 
 
 def test_validation_split_is_disjoint_and_deterministic(source, tmp_path):
@@ -108,7 +122,9 @@ def test_validation_split_is_disjoint_and_deterministic(source, tmp_path):
 
 def test_convert_and_offline_hub_error(tmp_path, monkeypatch):
     out = tmp_path / "bamboogle.parquet"
-    data.main(["convert", "--input", str(R1 / "bamboogle.jsonl"), "--data-source", "bamboogle", "--out", str(out)])
+    data.main(
+        ["convert", "--input", str(R1 / "bamboogle.jsonl"), "--data-source", "bamboogle", "--out", str(out)]
+    )
     assert len(pd.read_parquet(out)) == 125
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="--source DIR"):

@@ -187,3 +187,32 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     assert logged == [1, 2, 3], "each step's metrics must appear exactly once after kill + resume"
     assert (ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert _private_ray_leftovers() <= before, "Ray processes or temp dirs outlived the run"
+    _evaluate_demo_checkpoint(ckpt, tmp_path / "eval")
+
+
+def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
+    """`launch/eval.sh` on the demo's own (FSDP-sharded) step-3 checkpoint: one fixture row per benchmark."""
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "LIMIT": "1",
+        "RETRIEVER_PORT": str(_free_port()),
+        "TIMEOUT_S": "600",
+    }
+    done = subprocess.run(
+        ["bash", "launch/eval.sh", str(ckpt), "--steps", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (summary_path,) = out.glob("*/global_step_3/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["complete"] and summary["step"] == 3
+    rows = [json.loads(line) for line in (summary_path.parent / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == len(summary["benchmarks"]) >= 5 and all(
+        b["n"] == 1 for b in summary["benchmarks"].values()
+    )
+    assert "macro" in done.stdout  # the per-benchmark table

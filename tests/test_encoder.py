@@ -53,8 +53,10 @@ def test_tiny_encoder_matches_an_independent_pipeline(tiny_dir) -> None:
     check_first16_passages(encoder, reference_passage_vectors(tiny_dir, contents, 256), min_cosine=0.99999)
 
 
-@pytest.mark.skipif(not os.environ.get("RLVR_E5_PATH"),
-                    reason="RLVR_E5_PATH is not set: no local e5-base-v2 weights to check the 16 reference vectors")
+@pytest.mark.skipif(
+    not os.environ.get("RLVR_E5_PATH"),
+    reason="RLVR_E5_PATH is not set: no local e5-base-v2 weights to check the 16 reference vectors",
+)
 def test_e5_matches_flashrag_reference_vectors() -> None:
     path = Path(os.environ["RLVR_E5_PATH"])
     if not (path / "config.json").is_file():
@@ -81,19 +83,26 @@ def test_batching_gives_the_same_vectors(tiny_dir) -> None:
 
 
 def test_e5_prefixes_follow_the_model_name(tiny_dir, tmp_path) -> None:
-    assert is_e5_model("intfloat/e5-base-v2") and is_e5_model("/models/E5-large") and not is_e5_model(tiny_dir)
+    assert (
+        is_e5_model("intfloat/e5-base-v2") and is_e5_model("/models/E5-large") and not is_e5_model(tiny_dir)
+    )
     plain = Encoder(tiny_dir, use_gpu=False)
     assert not plain.is_e5
-    np.testing.assert_allclose(plain.encode_queries(["capital of france"]),
-                               plain.encode(["capital of france"], 256), atol=1e-6)
+    np.testing.assert_allclose(
+        plain.encode_queries(["capital of france"]), plain.encode(["capital of france"], 256), atol=1e-6
+    )
     e5_dir = tmp_path / "tiny-e5"
     e5_dir.symlink_to(tiny_dir, target_is_directory=True)
     e5 = Encoder(e5_dir, use_gpu=False)
     assert e5.is_e5
-    np.testing.assert_allclose(e5.encode_queries(["capital of france"]),
-                               plain.encode(["query: capital of france"], 256), atol=1e-6)
-    np.testing.assert_allclose(e5.encode_passages(['"Paris"\nParis is the capital']),
-                               plain.encode(['passage: "Paris"\nParis is the capital'], 256), atol=1e-6)
+    np.testing.assert_allclose(
+        e5.encode_queries(["capital of france"]), plain.encode(["query: capital of france"], 256), atol=1e-6
+    )
+    np.testing.assert_allclose(
+        e5.encode_passages(['"Paris"\nParis is the capital']),
+        plain.encode(['passage: "Paris"\nParis is the capital'], 256),
+        atol=1e-6,
+    )
     assert not Encoder(e5_dir, use_gpu=False, e5=False).is_e5
 
 
@@ -103,7 +112,9 @@ def test_queries_are_truncated_to_query_max_length(tiny_dir) -> None:
     ids = encoder.tokenizer(long_query, truncation=True, max_length=8)["input_ids"]
     truncated = encoder.tokenizer.decode(ids[1:-1])
     assert len(ids) == 8
-    np.testing.assert_allclose(encoder.encode_queries([long_query]), encoder.encode_queries([truncated]), atol=1e-5)
+    np.testing.assert_allclose(
+        encoder.encode_queries([long_query]), encoder.encode_queries([truncated]), atol=1e-5
+    )
     assert Encoder(tiny_dir, use_gpu=False).query_max_length == 256
 
 

@@ -14,14 +14,33 @@ from eval.select import select
 from eval.store import RowStore, write_json_atomic
 
 
-def _write_run(root: Path, run: str, horizon: int, em_by_step: dict[int, float], questions: list[str]) -> None:
-    write_json_atomic(root / run / "run.json", {"run": run, "shape": "f1_only", "seed": 42, "horizon": horizon,
-                                                "config": {}})
+def _write_run(
+    root: Path, run: str, horizon: int, em_by_step: dict[int, float], questions: list[str]
+) -> None:
+    write_json_atomic(
+        root / run / "run.json",
+        {"run": run, "shape": "f1_only", "seed": 42, "horizon": horizon, "config": {}},
+    )
     for step, em in em_by_step.items():
-        rows = [{"benchmark": b, "id": str(i), "question": q, "em": em, "f1": em, "acc": em, "prediction": "x",
-                 "searches": 1, "termination": "answer"} for b in ("nq", "musique") for i, q in enumerate(questions)]
+        rows = [
+            {
+                "benchmark": b,
+                "id": str(i),
+                "question": q,
+                "em": em,
+                "f1": em,
+                "acc": em,
+                "prediction": "x",
+                "searches": 1,
+                "termination": "answer",
+            }
+            for b in ("nq", "musique")
+            for i, q in enumerate(questions)
+        ]
         RowStore(root / run / f"global_step_{step}" / "rows.jsonl").append(rows)
-        write_json_atomic(root / run / f"global_step_{step}" / "summary.json", summarize(rows, ["nq", "musique"], step))
+        write_json_atomic(
+            root / run / f"global_step_{step}" / "summary.json", summarize(rows, ["nq", "musique"], step)
+        )
 
 
 def test_selection_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -38,7 +57,10 @@ def test_selection_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert sel["val_matched"]["val_macro"]["em"] == pytest.approx(0.3)
     assert main(["select", "--results", str(test), "--val-results", str(val)]) == 0
     out = capsys.readouterr().out
-    assert "| f1_only_s43 | f1_only | 42 | 230 | 0.050 | 200: 0.500 | 100: 0.400 | 150: 0.400 | 150: 0.400 |" in out
+    assert (
+        "| f1_only_s43 | f1_only | 42 | 230 | 0.050 | 200: 0.500 | 100: 0.400 | 150: 0.400 | 150: 0.400 |"
+        in out
+    )
     assert json.loads((test / "selection.json").read_text())["runs"]["f1_only_s43"]["own"]["step"] == 200
 
 
@@ -71,7 +93,9 @@ def test_discover_and_run_info(tmp_path: Path):
     assert found[1].path == run / "global_step_20" / "actor" / "huggingface"
     info = ckpts.run_info(run)
     assert (info["shape"], info["seed"], info["horizon"]) == ("em_only", 43, None)
-    (run.parent / "config.yaml").write_text("shape: f1_format\nseed: 7\ntrainer:\n  total_training_steps: 230\n")
+    (run.parent / "config.yaml").write_text(
+        "shape: f1_format\nseed: 7\ntrainer:\n  total_training_steps: 230\n"
+    )
     info = ckpts.run_info(run, horizon=180)
     assert (info["shape"], info["seed"], info["horizon"]) == ("f1_format", 7, 180)
     (run / "latest_checkpointed_iteration.txt").unlink()

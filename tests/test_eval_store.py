@@ -56,7 +56,11 @@ def test_summary_arithmetic():
     assert s["step"] == 7 and s["complete"] and s["n"] == 4
     nq = s["benchmarks"]["nq"]
     assert nq["n"] == 3 and math.isclose(nq["em"], 1 / 3) and math.isclose(nq["f1"], 0.5)
-    assert math.isclose(nq["acc"], 2 / 3) and math.isclose(nq["abort_rate"], 1 / 3) and nq["searches_mean"] == 1.0
+    assert (
+        math.isclose(nq["acc"], 2 / 3)
+        and math.isclose(nq["abort_rate"], 1 / 3)
+        and nq["searches_mean"] == 1.0
+    )
     assert nq["terminations"] == {"answer": 2, "turn_cap": 0, "length_cap": 1, "error": 0}
     assert math.isclose(s["macro"]["em"], (1 / 3 + 1.0) / 2)  # unweighted over benchmarks, not rows
     with pytest.raises(ValueError, match="no rows for benchmark 'popqa'"):
@@ -66,7 +70,12 @@ def test_summary_arithmetic():
 def test_fixture_suite_and_stable_limit(tmp_path: Path):
     full = load_suite("fixtures")
     assert {b: len(q) for b, q in full.benchmarks.items()} == {
-        "nq": 17, "hotpotqa": 500, "2wikimultihopqa": 500, "musique": 500, "bamboogle": 125}
+        "nq": 17,
+        "hotpotqa": 500,
+        "2wikimultihopqa": 500,
+        "musique": 500,
+        "bamboogle": 125,
+    }
     small = load_suite("fixtures", limit=3, seed=0)
     assert all(len(q) == 3 for q in small.benchmarks.values())
     assert load_suite("fixtures", limit=3, seed=0) == small
@@ -76,7 +85,9 @@ def test_fixture_suite_and_stable_limit(tmp_path: Path):
     random.Random(0).shuffle(lines)
     (tmp_path / "musique.jsonl").write_text("\n".join(lines) + "\n")
     shuffled = load_suite(tmp_path, limit=3)
-    assert sorted(q.id for q in shuffled.benchmarks["musique"]) == sorted(q.id for q in small.benchmarks["musique"])
+    assert sorted(q.id for q in shuffled.benchmarks["musique"]) == sorted(
+        q.id for q in small.benchmarks["musique"]
+    )
     assert subsample(full.benchmarks["nq"], None) == full.benchmarks["nq"]
 
 

@@ -107,7 +107,9 @@ def test_gpu_on_without_gpu_is_a_clear_error(ivf_path) -> None:
 def test_train_and_fill_clamps_nlist_for_small_inputs(caplog) -> None:
     x = clustered_vectors(500)
     with caplog.at_level(logging.WARNING):
-        index, used = train_and_fill("IVF4096,SQ8", DIM, len(x), lambda rows: x[rows], None, 128, 0, False, "t")
+        index, used = train_and_fill(
+            "IVF4096,SQ8", DIM, len(x), lambda rows: x[rows], None, 128, 0, False, "t"
+        )
     assert used == "IVF12,SQ8" and index.ntotal == 500 and "nlist" in caplog.text
 
 
@@ -160,12 +162,48 @@ def test_dense_retriever_rejects_mismatched_index() -> None:
 def test_cli_convert_and_recall(flat_path, tmp_path) -> None:
     out = tmp_path / "cli_ivf.index"
     run = [sys.executable, "-m", "search_env", "--log-level", "WARNING"]
-    subprocess.run([*run, "convert-index", "--flat", str(flat_path), "--out", str(out), "--factory", "IVF32,SQ8",
-                    "--gpu", "off"], check=True, timeout=300)
-    shown = subprocess.run([*run, "recall", "--index", str(out), "--flat", str(flat_path), "--nprobe", "32",
-                            "--queries", "100", "--gpu", "off"], check=True, timeout=300, capture_output=True, text=True)
+    subprocess.run(
+        [
+            *run,
+            "convert-index",
+            "--flat",
+            str(flat_path),
+            "--out",
+            str(out),
+            "--factory",
+            "IVF32,SQ8",
+            "--gpu",
+            "off",
+        ],
+        check=True,
+        timeout=300,
+    )
+    shown = subprocess.run(
+        [
+            *run,
+            "recall",
+            "--index",
+            str(out),
+            "--flat",
+            str(flat_path),
+            "--nprobe",
+            "32",
+            "--queries",
+            "100",
+            "--gpu",
+            "off",
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
     report = json.loads(shown.stdout)
     assert report["results"][0]["nprobe"] == 32 and report["results"][0]["recall@10"] >= 0.9
-    bad = subprocess.run([*run, "convert-index", "--flat", str(tmp_path / "missing.index"), "--out", str(out)],
-                         timeout=300, capture_output=True, text=True)
+    bad = subprocess.run(
+        [*run, "convert-index", "--flat", str(tmp_path / "missing.index"), "--out", str(out)],
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "no such index file" in bad.stderr

@@ -33,8 +33,12 @@ def _rows() -> list[dict]:
             "reward_model": {"ground_truth": {"target": ["x"]}},
             "extra_info": {"index": i, "tools_kwargs": {"search": {"create_kwargs": {"id": str(i)}}}},
         }
-        for i, (q, agent) in enumerate([("who lobbied for genentech", "search_agent"),
-                                        ("who lobbied for roche", "search_agent_unmasked")])
+        for i, (q, agent) in enumerate(
+            [
+                ("who lobbied for genentech", "search_agent"),
+                ("who lobbied for roche", "search_agent_unmasked"),
+            ]
+        )
     ]
 
 
@@ -97,7 +101,9 @@ def test_sampled_tokens_mask_1_tool_tokens_mask_0(rollout_and_turns):
 
 def test_unmasked_ablation_gives_tool_tokens_mask_1(rollout_and_turns):
     _, batch, _ = rollout_and_turns
-    unmasked_rows = [i for i in range(len(batch)) if batch.non_tensor_batch["agent_name"][i] == "search_agent_unmasked"]
+    unmasked_rows = [
+        i for i in range(len(batch)) if batch.non_tensor_batch["agent_name"][i] == "search_agent_unmasked"
+    ]
     assert len(unmasked_rows) == 2
     for i in unmasked_rows:
         n = _valid(batch, i)
@@ -109,7 +115,9 @@ def test_unmasked_ablation_gives_tool_tokens_mask_1(rollout_and_turns):
 
 def _actor_config(rollout):
     actor = OmegaConf.to_container(rollout.config.actor_rollout_ref.actor, resolve=True)
-    actor.update(ppo_micro_batch_size_per_gpu=1, use_kl_loss=True, kl_loss_type="low_var_kl", entropy_coeff=0.01)
+    actor.update(
+        ppo_micro_batch_size_per_gpu=1, use_kl_loss=True, kl_loss_type="low_var_kl", entropy_coeff=0.01
+    )
     return omega_conf_to_dataclass(OmegaConf.create(actor))
 
 

@@ -29,8 +29,9 @@ def test_messages_carry_instruction_and_question():
 def test_schema_is_one_required_string_query():
     fn = protocol.SEARCH_TOOL_SCHEMA["function"]
     assert fn["name"] == "search" and fn["parameters"]["required"] == ["query"]
-    assert fn["parameters"]["properties"] == {"query": {"type": "string", "description": fn["parameters"][
-        "properties"]["query"]["description"]}}
+    assert fn["parameters"]["properties"] == {
+        "query": {"type": "string", "description": fn["parameters"]["properties"]["query"]["description"]}
+    }
 
 
 def test_format_passages_and_cap():
@@ -60,13 +61,23 @@ def test_answer_extractor_is_reward_fns():
     from reward_fns import extract_answer
 
     assert protocol.extract_answer is extract_answer
-    assert protocol.extract_answer("<tool_response><answer>x</answer></tool_response><answer> Paris </answer>") == "Paris"
+    assert (
+        protocol.extract_answer("<tool_response><answer>x</answer></tool_response><answer> Paris </answer>")
+        == "Paris"
+    )
 
 
 def test_chat_template_declares_tool_natively(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    text = tok.apply_chat_template(protocol.build_messages("q"), tools=[protocol.SEARCH_TOOL_SCHEMA], tokenize=False,
-                                   add_generation_prompt=True, **protocol.CHAT_TEMPLATE_KWARGS)
-    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-                           + json.dumps(protocol.SEARCH_TOOL_SCHEMA))
+    text = tok.apply_chat_template(
+        protocol.build_messages("q"),
+        tools=[protocol.SEARCH_TOOL_SCHEMA],
+        tokenize=False,
+        add_generation_prompt=True,
+        **protocol.CHAT_TEMPLATE_KWARGS,
+    )
+    assert text.startswith(
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        + json.dumps(protocol.SEARCH_TOOL_SCHEMA)
+    )
     assert text.endswith("Question: q?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")

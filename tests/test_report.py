@@ -271,6 +271,14 @@ def test_training_logs_resume_and_binding(tmp_path):
     ]
     with pytest.raises(ResultsError, match="anything.jsonl.*RUN=PATH"):
         load_training_logs([str(log)], results.runs)
+    run_dir_log = tmp_path / "runs" / "f1_only_s7" / "metrics.jsonl"  # launch/run.sh layout
+    run_dir_log.parent.mkdir(parents=True)
+    run_dir_log.write_text('{"step": 2, "data": {"reward/mean": 0.3}}\n')
+    (run_dir_log.parent / "rollouts").mkdir()
+    (run_dir_log.parent / "rollouts" / "2.jsonl").write_text('{"uid": "x", "score": 1.0}\n')  # not a log
+    for spec in (str(run_dir_log), str(tmp_path / "runs")):
+        logs = load_training_logs([spec], results.runs)
+        assert logs[["run", "step", "value"]].values.tolist() == [["f1_only_s7", 2, 0.3]]
 
 
 def test_missing_run_json_names_file_and_fix(tmp_path, capsys):

@@ -26,8 +26,11 @@ def direct() -> BM25Retriever:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    proc = spawn_server(["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5"],
-                        startup_timeout_s=60, log_path=log)
+    proc = spawn_server(
+        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5"],
+        startup_timeout_s=60,
+        log_path=log,
+    )
     yield proc
     proc.stop()
     assert proc.process.returncode is not None
@@ -50,16 +53,22 @@ def test_health_reports_backend_and_corpus(server) -> None:
 
 def test_retrieve_search_r1_shape_with_and_without_scores(server, direct) -> None:
     queries = ["Evan Morris lobbyist", "who won the world cup"]
-    body = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
+    body = httpx.post(
+        f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}
+    ).json()
     expected = direct.search(queries, 3)
     assert len(body["result"]) == 2
     for items, passages in zip(body["result"], expected, strict=True):
         assert [it["document"]["id"] for it in items] == [p.id for p in passages]
         assert [it["score"] for it in items] == pytest.approx([p.score for p in passages], rel=1e-5)
-        assert all(set(it) == {"document", "score"} and set(it["document"]) == {"id", "contents"} for it in items)
+        assert all(
+            set(it) == {"document", "score"} and set(it["document"]) == {"id", "contents"} for it in items
+        )
     assert body["result"][0][0]["document"]["contents"] == Corpus(DEMO_CORPUS).contents(0)
 
-    plain = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": False}).json()
+    plain = httpx.post(
+        f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": False}
+    ).json()
     assert plain["result"] == [[it["document"] for it in items] for items in body["result"]]
     default = httpx.post(f"{server.url}/retrieve", json={"queries": queries}).json()  # server topk 5
     assert [len(r) for r in default["result"]] == [len(p) for p in direct.search(queries, 5)]
@@ -69,15 +78,19 @@ def test_flashrag_search_and_batch_search(server, direct) -> None:
     (expected,) = direct.search(["Evan Morris"], 4)
     docs = httpx.post(f"{server.url}/search", json={"query": "Evan Morris", "top_n": 4}).json()
     assert [d["id"] for d in docs] == [p.id for p in expected]
-    docs, scores = httpx.post(f"{server.url}/search",
-                              json={"query": "Evan Morris", "top_n": 4, "return_score": True}).json()
+    docs, scores = httpx.post(
+        f"{server.url}/search", json={"query": "Evan Morris", "top_n": 4, "return_score": True}
+    ).json()
     assert scores == pytest.approx([p.score for p in expected], rel=1e-5)
 
     queries = ["Evan Morris", "American football player"]
     batch = httpx.post(f"{server.url}/batch_search", json={"query": queries, "top_n": 2}).json()
-    assert [[d["id"] for d in docs] for docs in batch] == [[p.id for p in ps] for ps in direct.search(queries, 2)]
-    docs, scores = httpx.post(f"{server.url}/batch_search",
-                              json={"query": queries, "top_n": 2, "return_score": True}).json()
+    assert [[d["id"] for d in docs] for docs in batch] == [
+        [p.id for p in ps] for ps in direct.search(queries, 2)
+    ]
+    docs, scores = httpx.post(
+        f"{server.url}/batch_search", json={"query": queries, "top_n": 2, "return_score": True}
+    ).json()
     assert [len(s) for s in scores] == [len(d) for d in docs] == [2, 2]
 
 
@@ -86,8 +99,9 @@ def test_64_concurrent_clients_match_direct_search(server, direct) -> None:
     assert len(set(queries)) == 64
 
     async def ask(client: httpx.AsyncClient, query: str, topk: int) -> list:
-        response = await client.post(f"{server.url}/retrieve",
-                                     json={"queries": [query], "topk": topk, "return_scores": True})
+        response = await client.post(
+            f"{server.url}/retrieve", json={"queries": [query], "topk": topk, "return_scores": True}
+        )
         assert response.status_code == 200, response.text
         return response.json()["result"][0]
 
@@ -124,12 +138,14 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize(("payload", "status", "field"), MALFORMED, ids=[f"{m[1]}-{m[2]}-{i}" for i, m in
-                                                                         enumerate(MALFORMED)])
+@pytest.mark.parametrize(
+    ("payload", "status", "field"), MALFORMED, ids=[f"{m[1]}-{m[2]}-{i}" for i, m in enumerate(MALFORMED)]
+)
 def test_malformed_retrieve_is_rejected_and_server_stays_healthy(server, payload, status, field) -> None:
     if isinstance(payload, str):
-        response = httpx.post(f"{server.url}/retrieve", content=payload.encode(),
-                              headers={"content-type": "application/json"})
+        response = httpx.post(
+            f"{server.url}/retrieve", content=payload.encode(), headers={"content-type": "application/json"}
+        )
     else:
         response = httpx.post(f"{server.url}/retrieve", json=payload)
     assert response.status_code == status, response.text
@@ -140,8 +156,12 @@ def test_malformed_retrieve_is_rejected_and_server_stays_healthy(server, payload
 
 @pytest.mark.parametrize(
     ("path", "payload", "field"),
-    [("/search", {"query": ""}, "query"), ("/search", {"query": "x", "top_n": 0}, "top_n"),
-     ("/batch_search", {"query": "not a list"}, "query"), ("/batch_search", {"query": ["a"], "top_n": 500}, "top_n")],
+    [
+        ("/search", {"query": ""}, "query"),
+        ("/search", {"query": "x", "top_n": 0}, "top_n"),
+        ("/batch_search", {"query": "not a list"}, "query"),
+        ("/batch_search", {"query": ["a"], "top_n": 500}, "top_n"),
+    ],
 )
 def test_malformed_flashrag_requests(server, path, payload, field) -> None:
     response = httpx.post(f"{server.url}{path}", json=payload)
@@ -169,8 +189,10 @@ def test_micro_batcher_merges_concurrent_requests_into_one_call() -> None:
     results = asyncio.run(run())
     assert len(calls) == 1 and len(calls[0][0]) == 20 and calls[0][1] == 3
     for i, per_request in enumerate(results):
-        assert [[doc["id"] for doc, _ in hits] for hits in per_request] == [[f"q{i}"] * (1 + i % 3),
-                                                                            [f"r{i}"] * (1 + i % 3)]
+        assert [[doc["id"] for doc, _ in hits] for hits in per_request] == [
+            [f"q{i}"] * (1 + i % 3),
+            [f"r{i}"] * (1 + i % 3),
+        ]
 
 
 def test_micro_batcher_respects_max_batch_and_never_splits_a_request() -> None:
@@ -226,10 +248,13 @@ def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
     app = create_app(_StubRetriever())
 
     async def run() -> None:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://in-process") as client:
-            body = (await client.post("/retrieve", json={"queries": ["a", "b"], "topk": 4,
-                                                         "return_scores": True})).json()
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://in-process") as client,
+        ):
+            body = (
+                await client.post("/retrieve", json={"queries": ["a", "b"], "topk": 4, "return_scores": True})
+            ).json()
             assert [[it["document"]["id"] for it in items] for items in body["result"]] == [["2", "0"]] * 2
             failed = await client.post("/retrieve", json={"queries": ["boom"]})
             assert failed.status_code == 500 and "backend exploded" in failed.json()["error"]

@@ -24,11 +24,13 @@ def test_qwen35_tokens_and_config(tiny_model_dir):
     assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
     added = {t.content: t.special for t in tok.added_tokens_decoder.values()}
     assert {k: added[k] for k in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")} == dict.fromkeys(
-        ("<|im_start|>", "<|im_end|>", "<|endoftext|>"), True)
+        ("<|im_start|>", "<|im_end|>", "<|endoftext|>"), True
+    )
     for tag in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"):
         assert added[tag] is False and len(tok.encode(tag, add_special_tokens=False)) == 1
     assert tok.decode(tok.encode("<tool_call>\nx</tool_call><|im_end|>"), skip_special_tokens=True) == (
-        "<tool_call>\nx</tool_call>")
+        "<tool_call>\nx</tool_call>"
+    )
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert config["model_type"] == "qwen3_5"
     assert config["text_config"]["layer_types"].count("linear_attention") == 3
@@ -42,7 +44,9 @@ def test_verl_picks_qwen_continuous_token_builder(tiny_model_dir):
 
 def test_actor_and_rollout_classes_load_the_same_weights(tiny_model_dir):
     causal = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    full_cls = get_hf_auto_model_class(AutoConfig.from_pretrained(tiny_model_dir))  # what verl's FSDP actor uses
+    full_cls = get_hf_auto_model_class(
+        AutoConfig.from_pretrained(tiny_model_dir)
+    )  # what verl's FSDP actor uses
     assert full_cls is AutoModelForImageTextToText
     full = full_cls.from_pretrained(tiny_model_dir)
     ids = torch.tensor([[5, 6, 7, 8, 9]])

@@ -15,8 +15,16 @@ from search_env.tool import EMPTY_QUERY_TEXT, RETRIEVAL_FAILED_TEXT, SearchTool
 
 
 def _agent_data() -> AgentData:
-    return AgentData(messages=[], image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
-                     metrics={}, request_id="r", tools_kwargs={})
+    return AgentData(
+        messages=[],
+        image_data=None,
+        video_data=None,
+        audio_data=None,
+        mm_processor_kwargs=None,
+        metrics={},
+        request_id="r",
+        tools_kwargs={},
+    )
 
 
 def _run(tool: SearchTool, parameters: dict, agent_data: AgentData):
@@ -46,7 +54,9 @@ def test_unreachable_server_gives_error_text_and_count():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    tool = SearchTool({"type": "native", "retrieval_urls": dead, "max_retries": 1, "backoff": 0.01, "timeout": 2})
+    tool = SearchTool(
+        {"type": "native", "retrieval_urls": dead, "max_retries": 1, "backoff": 0.01, "timeout": 2}
+    )
     data = _agent_data()
     response, _, _ = _run(tool, {"query": "anything"}, data)
     assert response.text == RETRIEVAL_FAILED_TEXT
