@@ -188,6 +188,7 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     assert (ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert _private_ray_leftovers() <= before, "Ray processes or temp dirs outlived the run"
     _evaluate_demo_checkpoint(ckpt, tmp_path / "eval")
+    _report(tmp_path / "eval", run_dir / "metrics.jsonl", tmp_path / "report")
 
 
 def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
@@ -216,3 +217,34 @@ def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
         b["n"] == 1 for b in summary["benchmarks"].values()
     )
     assert "macro" in done.stdout  # the per-benchmark table
+
+
+def _report(results: Path, metrics: Path, out: Path) -> None:
+    """`python -m eval report` on the demo's evaluation and training log writes the whole report."""
+    from eval.__main__ import main as eval_main
+
+    assert (
+        eval_main(
+            [
+                "report",
+                "--results",
+                str(results),
+                "--logs",
+                f"demo_cpu={metrics}",
+                "--out",
+                str(out),
+                "--bootstrap",
+                "50",
+            ]
+        )
+        == 0
+    )
+    index = (out / "index.md").read_text()
+    for name in (
+        "table1.md",
+        "table3_em.csv",
+        "statistics.md",
+        "fig_dynamics_seed42.png",
+        "fig_health_seed42.png",
+    ):
+        assert name in index and (out / name).stat().st_size > 0, name
