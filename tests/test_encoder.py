@@ -67,7 +67,10 @@ def test_e5_matches_flashrag_reference_vectors() -> None:
     check_first16_passages(encoder, np.asarray(reference["vectors"], dtype=np.float32), min_cosine=0.999)
 
 
-def test_padding_does_not_change_a_vector(tiny_dir) -> None:
+def test_padding_does_not_change_a_vector(tiny_dir, monkeypatch) -> None:
+    import search_env.encoder
+
+    monkeypatch.setattr(search_env.encoder, "CPU_PAD_SLACK", float("inf"))  # one padded group, as on GPU
     encoder = Encoder(tiny_dir, use_gpu=False)
     short = "who was evan morris"
     alone = encoder.encode_queries([short])
@@ -136,3 +139,17 @@ def test_gpu_on_without_cuda_is_a_clear_error(tiny_dir) -> None:
         pytest.skip("CUDA is available: --gpu on is valid here")
     with pytest.raises(ValueError, match="no CUDA device"):
         Encoder(tiny_dir, use_gpu=True)
+
+
+def test_length_groups_bound_padding_and_cover_every_text():
+    from search_env.encoder import length_groups
+
+    lengths = [10, 61, 12, 28, 30, 11, 59, 13]
+    groups = length_groups(lengths, max_size=3, slack=1.25)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) <= 3 and max(lengths[i] for i in g) <= 1.25 * min(lengths[i] for i in g)
+    assert length_groups(lengths, max_size=64, slack=float("inf")) == [
+        sorted(range(8), key=lengths.__getitem__)
+    ]
+    assert length_groups([], 4, 1.25) == []
