@@ -45,22 +45,17 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
         present = [float(v) for v in values if v is not None]
         return float(np.mean(present)) if present else None
 
-    for name, key in (
-        ("reward/mean", "score"),
-        ("reward/em", "em"),
-        ("reward/f1", "f1"),
-        ("reward/acc", "acc"),
+    for name, records, key in (
+        ("reward/mean", rewards, "score"),
+        ("reward/em", rewards, "em"),
+        ("reward/f1", rewards, "f1"),
+        ("reward/acc", rewards, "acc"),
+        ("rollout/searches_mean", extra_fields, "searches"),
+        ("rollout/search_errors_mean", extra_fields, "search_errors"),
+        ("rollout/model_tokens_mean", extra_fields, "model_tokens"),
+        ("rollout/retrieved_tokens_mean", extra_fields, "retrieved_tokens"),
     ):
-        value = mean_of([r.get(key) for r in rewards])
-        if value is not None:
-            metrics[name] = value
-    for name, key in (
-        ("rollout/searches_mean", "searches"),
-        ("rollout/search_errors_mean", "search_errors"),
-        ("rollout/model_tokens_mean", "model_tokens"),
-        ("rollout/retrieved_tokens_mean", "retrieved_tokens"),
-    ):
-        value = mean_of([f.get(key) for f in extra_fields])
+        value = mean_of([r.get(key) for r in records])
         if value is not None:
             metrics[name] = value
     answered = [f.get("answered") for f in extra_fields]
