@@ -1,4 +1,8 @@
-"""Shared session fixtures: the tiny local Qwen3.5 model and a real BM25 retrieval server.
+"""Shared session set-up: deterministic hypothesis, the tiny local Qwen3.5 model and a real BM25
+retrieval server.
+
+- hypothesis runs derandomized (the same examples every run), so CI never fails on a new random
+  draw; widen a property's ``max_examples`` locally to search harder.
 
 - ``tiny_model_dir``: ``search_env.tiny.build_tiny`` output (tokenizer, chat template, random
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
@@ -19,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from hypothesis import settings
 
 from search_env import DEMO_CORPUS
 
@@ -27,6 +32,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SERVER_START_TIMEOUT_S = 60.0
+
+settings.register_profile("deterministic", derandomize=True, deadline=None)
+settings.load_profile("deterministic")
 
 # The tiny test models run 3-4x faster on one intra-op thread than on two contended CI cores.
 torch.set_num_threads(1)
