@@ -196,6 +196,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(app, host=args.host, port=args.port)
 
 
+def _index_options(args: argparse.Namespace) -> dict:
+    """The index-layout flags that build-index and convert-index share."""
+    return {
+        "factory": args.factory,
+        "train_size": args.train_size,
+        "chunk_size": args.chunk_size,
+        "seed": args.seed,
+        "use_gpu": _use_gpu(args.gpu),
+    }
+
+
 def cmd_build_index(args: argparse.Namespace) -> None:
     from search_env.corpus import Corpus
     from search_env.encoder import Encoder
@@ -207,30 +218,13 @@ def cmd_build_index(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         passage_max_length=args.passage_max_length,
     )
-    build_index(
-        Corpus(args.corpus),
-        encoder,
-        args.out,
-        factory=args.factory,
-        train_size=args.train_size,
-        chunk_size=args.chunk_size,
-        seed=args.seed,
-        use_gpu=_use_gpu(args.gpu),
-    )
+    build_index(Corpus(args.corpus), encoder, args.out, **_index_options(args))
 
 
 def cmd_convert_index(args: argparse.Namespace) -> None:
     from search_env.index import convert_index
 
-    convert_index(
-        args.flat,
-        args.out,
-        factory=args.factory,
-        train_size=args.train_size,
-        chunk_size=args.chunk_size,
-        seed=args.seed,
-        use_gpu=_use_gpu(args.gpu),
-    )
+    convert_index(args.flat, args.out, **_index_options(args))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
