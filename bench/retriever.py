@@ -33,10 +33,10 @@ import faiss
 import httpx
 import numpy as np
 
-from search_env.corpus import Corpus
-from search_env.encoder import Encoder, build_tiny_encoder
-from search_env.index import DenseRetriever, load_index, train_and_fill, write_index
-from search_env.server import spawn_server
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.encoder import Encoder, build_tiny_encoder
+from search_env.retrieval.index import DenseRetriever, load_index, train_and_fill, write_index
+from search_env.retrieval.server import spawn_server
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 QUESTION_FILES = [

@@ -3,8 +3,8 @@
 Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentLoop`` ->
 ``SearchTool`` — and differ only in the ``LLMServerClient`` that answers ``generate``:
 
-- ``hf`` (CPU, tiny models): ``search_env.local_rollout.HFLLMClient`` over
-  ``search_env.hf_generate.HFGenerator``; one request at a time, fp32.
+- ``hf`` (CPU, tiny models): ``search_env.cpu.local_rollout.HFLLMClient`` over
+  ``search_env.cpu.hf_generate.HFGenerator``; one request at a time, fp32.
 - ``vllm`` (GPU): :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLMEngine``. All rollouts
   of a batch run as concurrent coroutines, so vLLM batches their turns together, and their
   searches reach the micro-batching retrieval server together.
@@ -60,8 +60,8 @@ class HFBackend:
     """``hf``: verl's in-process agent loop with an ``HFGenerator`` behind ``HFLLMClient``."""
 
     def __init__(self, config: DictConfig, model_dir: str, seed: int = 0):
-        from search_env.hf_generate import HFGenerator
-        from search_env.local_rollout import LocalRollout
+        from search_env.cpu.hf_generate import HFGenerator
+        from search_env.cpu.local_rollout import LocalRollout
 
         generator = HFGenerator(model_dir, seed=seed)
         self._rollout = LocalRollout(config, generator)
@@ -162,7 +162,7 @@ class VLLMBackend:
         return engine_cls.from_engine_args(args)
 
     def rollout(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        from search_env.local_rollout import rows_to_batch
+        from search_env.cpu.local_rollout import rows_to_batch
 
         batch = rows_to_batch(rows, n=1)
         batch.meta_info["validate"] = True

@@ -219,7 +219,7 @@ def write_run_json(plan: RunPlan) -> None:
 
 
 def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
-    from search_env.local_rollout import write_tool_config
+    from search_env.cpu.local_rollout import write_tool_config
 
     tools = write_tool_config(plan.run_root / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
     loops = [
@@ -238,7 +238,7 @@ def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
 
 def rollout_config(plan: RunPlan, model_dir: Path) -> Any:
     """verl's composed config for greedy protocol rollouts of ``model_dir``."""
-    from search_env.local_rollout import compose_rollout_config
+    from search_env.cpu.local_rollout import compose_rollout_config
 
     tools, loops = _tool_and_loop_files(plan)
     return compose_rollout_config(

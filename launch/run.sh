@@ -9,7 +9,7 @@
 # 1. launch/preflight.py composes the recipe with verl's config, validates it and checks every
 #    prerequisite (GPUs, model, parquet, corpus/index/encoder, free port); it lists each missing
 #    item with the command that provides it, before anything starts.
-# 2. Demo recipes (launch.build_demo_assets) build a missing tiny model (python -m search_env.tiny)
+# 2. Demo recipes (launch.build_demo_assets) build a missing tiny model (python -m search_env.cpu.tiny)
 #    and parquet (python -m search_env.data convert) first.
 # 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port) and waits for
 #    GET /health, unless retriever.urls names running ones (multi-node: one URL per node).
@@ -78,7 +78,7 @@ build_assets() {
   flock 9
   if [[ -n "${BUILD_TINY_MODEL:-}" && ! -f "$BUILD_TINY_MODEL/config.json" ]]; then
     log "building the tiny model: $BUILD_TINY_MODEL"
-    "$PYTHON" -m search_env.tiny --out "$BUILD_TINY_MODEL" >>"$RUN_DIR/assets.log" 2>&1
+    "$PYTHON" -m search_env.cpu.tiny --out "$BUILD_TINY_MODEL" >>"$RUN_DIR/assets.log" 2>&1
   fi
   local split key path
   for key in TRAIN_FILES VAL_FILES; do

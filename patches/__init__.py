@@ -8,8 +8,8 @@ level, so ``tests/test_patches.py`` checks in a fresh interpreter that each one 
 Patch modules (each names the upstream file/line it adapts and has an idempotent ``install()``):
 
 - ``cpu_platform``: a ``cpu`` verl platform (device "cpu", gloo, logical Ray "GPU");
-- ``hf_rollout``: the ``hf`` rollout backend, an HF model served from a Ray actor
-  (``hf_server``: the actor; ``scripted_turns``: optional scripted tool calls for tiny models);
+- ``hf_rollout``: registers the ``hf`` rollout backend in verl: an HF model served from a Ray actor
+  (the actor and its generator live in ``search_env.cpu``);
 - ``training_metrics``: the study's rollout metrics logged every step;
 - ``file_logger_resume``: the JSONL file logger keeps its history on resume;
 - CPU mode only: ``gloo_backend`` (``"cpu:gloo,cpu:gloo"`` -> ``"gloo"``) and ``cpu_engine``

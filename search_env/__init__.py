@@ -1,5 +1,6 @@
-"""Search environment: retrieval (corpus, encoder, index, BM25, server, client), the rollout
-protocol, the verl search tool and agent loop, and dataset preparation."""
+"""Search environment: the rollout protocol, the verl search tool and agent loop, rollout
+statistics and dataset preparation. Subpackages: `retrieval` (the retrieval service) and `cpu`
+(HF generation, in-process rollouts and tiny models for CPU machines)."""
 
 from pathlib import Path
 

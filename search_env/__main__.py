@@ -153,12 +153,12 @@ def _use_gpu(flag: str) -> bool | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from search_env.corpus import Corpus
-    from search_env.server import create_app, serve
+    from search_env.retrieval.corpus import Corpus
+    from search_env.retrieval.server import create_app, serve
 
     corpus = Corpus(args.corpus)
     if args.backend == "bm25":
-        from search_env.bm25 import BM25Retriever
+        from search_env.retrieval.bm25 import BM25Retriever
 
         if args.bm25_index is not None and (args.bm25_index / "params.index.json").is_file():
             retriever = BM25Retriever.load(args.bm25_index, corpus)
@@ -172,8 +172,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 "serve --backend dense needs --index PATH and --encoder PATH "
                 "(build an index with `python -m search_env build-index`)"
             )
-        from search_env.encoder import Encoder
-        from search_env.index import DenseRetriever, load_index
+        from search_env.retrieval.encoder import Encoder
+        from search_env.retrieval.index import DenseRetriever, load_index
 
         encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), query_max_length=args.query_max_length)
         retriever = DenseRetriever(
@@ -208,9 +208,9 @@ def _index_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_build_index(args: argparse.Namespace) -> None:
-    from search_env.corpus import Corpus
-    from search_env.encoder import Encoder
-    from search_env.index import build_index
+    from search_env.retrieval.corpus import Corpus
+    from search_env.retrieval.encoder import Encoder
+    from search_env.retrieval.index import build_index
 
     encoder = Encoder(
         args.encoder,
@@ -222,13 +222,13 @@ def cmd_build_index(args: argparse.Namespace) -> None:
 
 
 def cmd_convert_index(args: argparse.Namespace) -> None:
-    from search_env.index import convert_index
+    from search_env.retrieval.index import convert_index
 
     convert_index(args.flat, args.out, **_index_options(args))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
-    from search_env.index import measure_recall
+    from search_env.retrieval.index import measure_recall
 
     try:
         nprobes = [int(x) for x in args.nprobe.split(",") if x.strip()]

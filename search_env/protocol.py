@@ -25,7 +25,7 @@ from verl.tools.schemas import OpenAIFunctionToolSchema
 from reward_fns import extract_answer
 
 if TYPE_CHECKING:
-    from search_env.corpus import Passage
+    from search_env.retrieval.corpus import Passage
 
 TOOL_NAME = "search"
 TOOL_FORMAT = "qwen3_coder"

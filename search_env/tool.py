@@ -24,7 +24,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from search_env import protocol
-from search_env.client import RetrievalClient, RetrievalError
+from search_env.retrieval.client import RetrievalClient, RetrievalError
 
 log = logging.getLogger(__name__)
 

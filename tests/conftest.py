@@ -4,7 +4,7 @@ retrieval server.
 - hypothesis runs derandomized (the same examples every run), so CI never fails on a new random
   draw; widen a property's ``max_examples`` locally to search harder.
 
-- ``tiny_model_dir``: ``search_env.tiny.build_tiny`` output (tokenizer, chat template, random
+- ``tiny_model_dir``: ``search_env.cpu.tiny.build_tiny`` output (tokenizer, chat template, random
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
 - ``retrieval_server_url``: ``python -m search_env serve --backend bm25`` over the bundled
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
@@ -42,7 +42,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from search_env.tiny import build_tiny
+    from search_env.cpu.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny_qwen35"), seed=0)
 
@@ -103,7 +103,7 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 def make_local_rollout(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, retrieval_server_url: str
 ):
-    """Factory for in-process verl rollouts (``search_env.local_rollout.LocalRollout``) on the tiny model.
+    """Factory for in-process verl rollouts (``search_env.cpu.local_rollout.LocalRollout``) on the tiny model.
 
     ``make_local_rollout(scripted_first_turn=None, max_turn_tokens=16, max_total_tokens=8192,
     response_length=1024, max_assistant_turns=3, retrieval_urls=None, max_retries=3)``: short turns
@@ -112,8 +112,8 @@ def make_local_rollout(
     """
     import yaml
 
-    from search_env.hf_generate import HFGenerator
-    from search_env.local_rollout import LocalRollout, compose_rollout_config, write_tool_config
+    from search_env.cpu.hf_generate import HFGenerator
+    from search_env.cpu.local_rollout import LocalRollout, compose_rollout_config, write_tool_config
 
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
     counter = iter(range(10**6))

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from search_env import protocol
-from search_env.local_rollout import rollout_records
+from search_env.cpu.local_rollout import rollout_records
 
 pytestmark = pytest.mark.timeout(300)
 

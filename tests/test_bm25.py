@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from search_env import DEMO_CORPUS
-from search_env.bm25 import BM25Retriever
-from search_env.corpus import Corpus
+from search_env.retrieval.bm25 import BM25Retriever
+from search_env.retrieval.corpus import Corpus
 
 
 @pytest.fixture(scope="module")

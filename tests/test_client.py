@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from search_env import DEMO_CORPUS
-from search_env.bm25 import BM25Retriever
-from search_env.client import RetrievalClient, RetrievalError, parse_retrieve_response
-from search_env.corpus import Corpus, Passage
-from search_env.server import free_port, spawn_server
+from search_env.retrieval.bm25 import BM25Retriever
+from search_env.retrieval.client import RetrievalClient, RetrievalError, parse_retrieve_response
+from search_env.retrieval.corpus import Corpus, Passage
+from search_env.retrieval.server import free_port, spawn_server
 
 SERVE_ARGS = ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)]
 

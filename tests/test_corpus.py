@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search_env import DEMO_CORPUS
-from search_env.corpus import OFFSETS_SUFFIX, Corpus, Passage, scan_line_offsets, split_contents
+from search_env.retrieval.corpus import OFFSETS_SUFFIX, Corpus, Passage, scan_line_offsets, split_contents
 
 
 @pytest.mark.parametrize(

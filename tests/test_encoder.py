@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from search_env import DEMO_CORPUS
-from search_env.corpus import Corpus
-from search_env.encoder import Encoder, build_tiny_encoder, is_e5_model, mean_pool
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.encoder import Encoder, build_tiny_encoder, is_e5_model, mean_pool
 
 REFERENCE = Path(__file__).parent / "fixtures" / "flashrag-quickstart" / "e5_passage_vectors_first16.json"
 
@@ -68,9 +68,11 @@ def test_e5_matches_flashrag_reference_vectors() -> None:
 
 
 def test_padding_does_not_change_a_vector(tiny_dir, monkeypatch) -> None:
-    import search_env.encoder
+    import search_env.retrieval.encoder
 
-    monkeypatch.setattr(search_env.encoder, "CPU_PAD_SLACK", float("inf"))  # one padded group, as on GPU
+    monkeypatch.setattr(
+        search_env.retrieval.encoder, "CPU_PAD_SLACK", float("inf")
+    )  # one padded group, as on GPU
     encoder = Encoder(tiny_dir, use_gpu=False)
     short = "who was evan morris"
     alone = encoder.encode_queries([short])
@@ -142,7 +144,7 @@ def test_gpu_on_without_cuda_is_a_clear_error(tiny_dir) -> None:
 
 
 def test_length_groups_bound_padding_and_cover_every_text():
-    from search_env.encoder import length_groups
+    from search_env.retrieval.encoder import length_groups
 
     lengths = [10, 61, 12, 28, 30, 11, 59, 13]
     groups = length_groups(lengths, max_size=3, slack=1.25)

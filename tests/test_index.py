@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from search_env import DEMO_CORPUS
-from search_env.corpus import Corpus
-from search_env.index import (
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.index import (
     DenseRetriever,
     LoadedIndex,
     clamp_factory,

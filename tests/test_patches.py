@@ -24,10 +24,9 @@ from patches import (
     cpu_platform,
     gloo_backend,
     hf_rollout,
-    hf_server,
     post_import,
-    scripted_turns,
 )
+from search_env.cpu import hf_server, scripted_turns
 
 VERL_DIR = Path(verl.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from search_env import protocol
-from search_env.corpus import Passage
+from search_env.retrieval.corpus import Passage
 
 
 def test_normalize_question():

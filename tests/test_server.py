@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from search_env import DEMO_CORPUS
-from search_env.bm25 import BM25Retriever
-from search_env.corpus import Corpus
-from search_env.retriever import Retriever
-from search_env.server import MAX_QUERIES, MicroBatcher, create_app, spawn_server
+from search_env.retrieval.backend import Retriever
+from search_env.retrieval.bm25 import BM25Retriever
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.server import MAX_QUERIES, MicroBatcher, create_app, spawn_server
 
 NQ_QUESTIONS = "tests/fixtures/flashrag-quickstart/nq_test.jsonl"
 

@@ -21,7 +21,7 @@
   ``enable_thinking=True``).
 
 Deterministic for a seed (same files, same weights), no network, ~2-4 s on one CPU core.
-CLI: ``python -m search_env.tiny --out DIR [--seed N]``.
+CLI: ``python -m search_env.cpu.tiny --out DIR [--seed N]``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from search_env.corpus import Corpus, Passage
+from search_env.retrieval.corpus import Corpus, Passage
 
 
 def hits_per_query(rows: np.ndarray, scores: np.ndarray) -> list[list[tuple[int, float]]]:

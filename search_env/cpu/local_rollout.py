@@ -33,7 +33,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 import search_env.agent_loop  # noqa: F401  (registers the search_agent loop)
 from search_env import protocol
-from search_env.hf_generate import HFGenerator
+from search_env.cpu.hf_generate import HFGenerator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT_LOOPS_YAML = REPO_ROOT / "recipes" / "agent_loops.yaml"
@@ -228,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
     import tempfile
 
-    parser = argparse.ArgumentParser(prog="python -m search_env.local_rollout", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m search_env.cpu.local_rollout", description=main.__doc__)
     parser.add_argument(
-        "--model", required=True, help="HF model folder (e.g. from python -m search_env.tiny)"
+        "--model", required=True, help="HF model folder (e.g. from python -m search_env.cpu.tiny)"
     )
     parser.add_argument("--retrieval-url", default="http://127.0.0.1:8000", help="retrieval server base URL")
     parser.add_argument("--question", required=True)

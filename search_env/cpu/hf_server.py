@@ -1,14 +1,14 @@
 """The server side of the ``hf`` rollout backend: ``HFServer``, run as a Ray actor per replica.
 
 Adapts ``vLLMHttpServer`` (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``) to a
-Hugging Face model on CPU: it holds a ``search_env.hf_generate.HFGenerator`` (fp32, one request
+Hugging Face model on CPU: it holds a ``search_env.cpu.hf_generate.HFGenerator`` (fp32, one request
 at a time) and answers verl's token-in/token-out ``generate``, always with
 ``extra_fields["global_steps"]`` (the v1 trainer builds an ``int`` array from it,
 ``verl/trainer/ppo/v1/trainer_base.py:1897``). Sleep / wake-up / KV-cache calls are no-ops.
 
 Per-turn ``max_tokens`` follows ``vLLMHttpServer.generate`` (``:602``): ``min(response_length,
 prompt_length + response_length - len(prompt))``, capped by ``max_model_len``. Options under
-``rollout.engine_kwargs.hf``: ``scripted_turn_prob`` (``patches.scripted_turns``) and
+``rollout.engine_kwargs.hf``: ``scripted_turn_prob`` (``search_env.cpu.scripted_turns``) and
 ``max_turn_tokens`` (caps every sampled turn, in tokens; a speed knob for random tiny models on
 CPU, 0 = no cap).
 """
@@ -70,8 +70,8 @@ class HFServer:
     """Serves ``generate`` for one rollout replica from an in-memory HF model (a Ray actor)."""
 
     def __init__(self, config: Any, model_path: str, replica_rank: int):
-        from patches.scripted_turns import SCRIPTED_PROB_ENV
-        from search_env.hf_generate import HFGenerator
+        from search_env.cpu.hf_generate import HFGenerator
+        from search_env.cpu.scripted_turns import SCRIPTED_PROB_ENV
 
         self.config = config
         seed = int(config.seed) + replica_rank
@@ -106,7 +106,7 @@ class HFServer:
     def _pick_scripted(self, prompt_ids: list[int]) -> str | None:
         if self.scripted_prob <= 0.0 or self._rng.random() >= self.scripted_prob:
             return None
-        from patches.scripted_turns import scripted_turn
+        from search_env.cpu.scripted_turns import scripted_turn
 
         return scripted_turn(self.generator.tokenizer.decode(prompt_ids, skip_special_tokens=False))
 

@@ -37,7 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from search_env.retriever import Retriever
+from search_env.retrieval.backend import Retriever
 
 log = logging.getLogger(__name__)
 

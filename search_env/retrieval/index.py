@@ -23,8 +23,8 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from search_env.corpus import Corpus
-from search_env.retriever import Retriever
+from search_env.retrieval.backend import Retriever
+from search_env.retrieval.corpus import Corpus
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import random
 
 import httpx
 
-from search_env.corpus import Passage, split_contents
+from search_env.retrieval.corpus import Passage, split_contents
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 

@@ -173,7 +173,7 @@ def build_tiny_encoder(
 ) -> Path:
     """Write a random-weight BERT (`hidden_size`-d output) and a WordPiece tokenizer whose vocabulary
     comes from `corpus` to `out_dir`; byte-identical for a given seed; no network. Returns `out_dir`."""
-    from search_env.corpus import Corpus
+    from search_env.retrieval.corpus import Corpus
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}")

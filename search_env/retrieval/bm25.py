@@ -17,8 +17,8 @@ import bm25s
 import numpy as np
 from bm25s.tokenization import Tokenizer
 
-from search_env.corpus import Corpus
-from search_env.retriever import Retriever
+from search_env.retrieval.backend import Retriever
+from search_env.retrieval.corpus import Corpus
 
 log = logging.getLogger(__name__)
 
