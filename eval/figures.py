@@ -235,3 +235,47 @@ def plot_search_profile(
     fig.suptitle("Search-count profile on multi-hop benchmarks (matched-horizon checkpoints, seeds pooled)")
     fig.tight_layout()
     return _save(fig, path)
+
+
+ZERO_VARIANCE = "grpo/zero_variance_group_frac"
+
+
+def plot_zero_variance(logs: pd.DataFrame, shapes: Sequence[str], smooth: int, path: Path) -> Path | None:
+    """``grpo/zero_variance_group_frac`` per reward shape, all seeds in one figure (the mechanism
+    the paper proposed: a shape whose groups more often get identical rewards gets fewer GRPO
+    gradients). Left: fraction per step, one faint line per run and the seed mean (moving average
+    of ``smooth`` steps) bold per shape; right: the mean over all logged steps per shape (bar) and
+    per seed (dots). Returns None (and writes nothing) when the metric is not logged."""
+    sub = logs[logs["metric"] == ZERO_VARIANCE]
+    if sub.empty:
+        return None
+    present = [s for s in shapes if s in set(sub["shape"])]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [2, 1]})
+    for i, shape in enumerate(present):
+        colour = shape_colour(shape, shapes)
+        rows = sub[sub["shape"] == shape]
+        for _, line in rows.groupby("run"):
+            line = line.sort_values("step")
+            axes[0].plot(line["step"], line["value"], color=colour, alpha=0.25, linewidth=0.8)
+        mean = rows.groupby("step")["value"].mean().sort_index()
+        axes[0].plot(
+            mean.index, mean.rolling(smooth, min_periods=1).mean(), color=colour, linewidth=2, label=shape
+        )
+        per_seed = rows.groupby("seed")["value"].mean()
+        axes[1].bar(i, per_seed.mean(), color=colour, alpha=0.6)
+        axes[1].scatter([i] * len(per_seed), per_seed, color="black", s=14, zorder=3)
+    axes[0].set_title(f"zero-variance groups per step ({ZERO_VARIANCE})", fontsize=10)
+    axes[0].set_xlabel("training step")
+    axes[0].set_ylabel("fraction of GRPO groups")
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend(fontsize=8)
+    axes[1].set_xticks(range(len(present)), present)
+    axes[1].set_title("mean over steps (bar: seeds' mean; dots: seeds)", fontsize=10)
+    axes[1].set_ylim(0, 1)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"GRPO groups with identical rewards, by reward shape (seed mean, {smooth}-step moving average)"
+    )
+    fig.tight_layout()
+    return _save(fig, path)

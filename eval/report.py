@@ -32,6 +32,7 @@ from eval.results import (
     load_rows,
     load_training_logs,
 )
+from eval.select import MATCHED_HORIZON, horizon_arg, resolve_matched_horizon, select
 from eval.stats import bootstrap_macro, percentile_interval, ranking_test
 from eval.tables import (
     FLOOR,
@@ -75,7 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="verl file-logger JSONL files or folders; RUN=PATH binds a file to a run",
     )
     parser.add_argument("--out", required=True, type=Path, help="report folder to write")
-    parser.add_argument("--matched-horizon", type=int, default=180, help="common step cap (paper: 180)")
+    parser.add_argument(
+        "--matched-horizon",
+        type=horizon_arg,
+        default=MATCHED_HORIZON,
+        help="common step cap (paper: 180); auto = the smallest run horizon (a scaled-down study)",
+    )
+    parser.add_argument(
+        "--val-results",
+        type=Path,
+        help="validation-suite results of the same runs: adds checkpoints chosen on validation, scored on test",
+    )
     parser.add_argument(
         "--select-on",
         choices=["all", "heldout"],
@@ -222,6 +233,137 @@ def statistics_markdown(
     return "\n".join(lines), pd.DataFrame(tests), seed_ranges[columns]
 
 
+def zero_variance_outputs(
+    logs: pd.DataFrame, shapes: Sequence[str], smooth: int, out: Path, notes: list[str]
+) -> list[tuple[str, str]]:
+    """``fig_zero_variance.png`` and ``zero_variance.{md,csv}``: the fraction of GRPO groups whose
+    rollouts all got the same reward, per shape x seed (mean over all steps and over each half of
+    the run). Returns the (file, sentence) pairs written; a note when the metric is not logged."""
+    sub = logs[logs["metric"] == figures.ZERO_VARIANCE]
+    if sub.empty:
+        notes.append(f"{figures.ZERO_VARIANCE} not in the training logs: no zero-variance figure.")
+        return []
+    records = []
+    for (shape, seed, run), g in sub.groupby(["shape", "seed", "run"]):
+        g = g.sort_values("step")
+        half = len(g) // 2
+        records.append(
+            {
+                "shape": shape,
+                "seed": int(seed),
+                "run": run,
+                "steps": len(g),
+                "mean": g["value"].mean(),
+                "first_half": g["value"].iloc[:half].mean() if half else np.nan,
+                "second_half": g["value"].iloc[half:].mean(),
+            }
+        )
+    order = {s: i for i, s in enumerate(shapes)}
+    frame = pd.DataFrame(records).sort_values(
+        ["shape", "seed"], key=lambda c: c.map(order) if c.name == "shape" else c
+    )
+    per_shape = frame.groupby("shape", sort=False)[["mean", "first_half", "second_half"]].mean().reset_index()
+    figures.plot_zero_variance(logs, shapes, smooth, out / "fig_zero_variance.png")
+    text = (
+        f"# Zero-variance GRPO groups per reward shape\n\n`{figures.ZERO_VARIANCE}`: fraction of a step's "
+        "GRPO groups in which every rollout got the same reward (no advantage, no gradient from that "
+        "prompt). Mean over the logged steps, and over the first and second half of each run.\n\n"
+        "## Per shape (mean over seeds)\n\n"
+        + frame_markdown(per_shape)
+        + "\n## Per run\n\n"
+        + frame_markdown(frame)
+    )
+    _write(out / "zero_variance.md", text)
+    _write(out / "zero_variance.csv", frame.to_csv(index=False))
+    return [
+        (
+            "fig_zero_variance.png",
+            "Zero-variance GRPO group fraction per step and its mean, per reward shape, all seeds.",
+        ),
+        (
+            "zero_variance.md",
+            "Zero-variance group fraction per shape and run (whole run, first and second half).",
+        ),
+        ("zero_variance.csv", "The same as CSV."),
+    ]
+
+
+def validation_selection(
+    results: Path, val_results: Path, matched: int, shapes: Sequence[str], seeds: Sequence[int]
+) -> tuple[str, pd.DataFrame]:
+    """Checkpoints chosen by validation macro EM (``eval.select``'s ``val_matched`` / ``val_own``),
+    reported on the test suite next to the test-chosen ones: Markdown and a tidy frame with
+    ``rule, shape, seed, run, val_step, val_em, test_em, test_step, test_pick_em`` (EM = macro over
+    the suite's benchmarks, i.e. Avg (all))."""
+    try:
+        chosen = select(results, val_results, "em", matched)
+    except ValueError as err:
+        raise ResultsError(str(err)) from err
+    records = []
+    for run, sel in chosen["runs"].items():
+        for rule, test_rule in (("val_matched", MATCHED), ("val_own", OWN)):
+            pick, test_pick = sel.get(rule), sel.get(test_rule)
+            if pick is None or test_pick is None:
+                continue
+            records.append(
+                {
+                    "rule": rule,
+                    "shape": sel["shape"],
+                    "seed": sel["seed"],
+                    "run": run,
+                    "val_step": pick["step"],
+                    "val_em": pick["val_macro"]["em"],
+                    "test_em": pick["score"],
+                    "test_step": test_pick["step"],
+                    "test_pick_em": test_pick["score"],
+                }
+            )
+    columns = ["rule", "shape", "seed", "run", "val_step", "val_em", "test_em", "test_step", "test_pick_em"]
+    frame = pd.DataFrame(records, columns=columns)
+    lines = [
+        "# Table 1 (validation-selected): average EM per reward shape x seed",
+        "",
+        f"- Checkpoint chosen by macro EM on the validation split ({val_results}), reported on the test split"
+        f" ({results}); ties -> earliest step. Matched horizon = step <= {matched}.",
+        "- A cell reads `test EM @validation-chosen step (test-chosen: EM @step)`; the gap is the optimism of"
+        " choosing the checkpoint on the test split itself.",
+        "",
+    ]
+    for rule, label in (("val_matched", f"matched horizon (step <= {matched})"), ("val_own", "own horizon")):
+        sub = frame[frame["rule"] == rule]
+        if sub.empty:
+            continue
+        rows, table = [], {}
+        for shape in shapes:
+            cells = []
+            for seed in seeds:
+                hit = sub[(sub["shape"] == shape) & (sub["seed"] == seed)]
+                if hit.empty:
+                    cells.append("–")
+                    continue
+                r = hit.iloc[0]
+                table.setdefault(int(seed), {})[shape] = r["test_em"]
+                cells.append(
+                    f"{r['test_em']:.3f} @{r['val_step']} (test-chosen: {r['test_pick_em']:.3f} @{r['test_step']})"
+                )
+            rows.append([shape, *cells, f"{sub[sub['shape'] == shape]['test_em'].mean():.3f}"])
+        lines += [f"## {label}", "", markdown_table(["reward", *[f"seed {s}" for s in seeds], "mean"], rows)]
+        test = ranking_test(table, shapes)
+        if test.p_given_shape is not None:
+            last = "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
+            verdict = (
+                f"**{test.last_everywhere[0]}** is strictly last at every seed"
+                if test.last_everywhere
+                else "no shape is strictly last at every seed"
+            )
+            lines += [
+                f"- strictly last per seed: {last}; {verdict} "
+                f"(P = {test.p_given_shape} for a pre-specified shape, {test.p_any_shape} for any).",
+                "",
+            ]
+    return "\n".join(lines), frame
+
+
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
@@ -235,7 +377,11 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     results = load_results(args.results)
     logs = load_training_logs(args.logs, results.runs)
     criterion = AVG_ALL if args.select_on == "all" else AVG_HELDOUT
-    scores, suite, m = results.scores, results.suite, args.matched_horizon
+    try:
+        m = resolve_matched_horizon(args.matched_horizon, (r.horizon for r in results.runs.values()))
+    except ValueError as err:
+        raise ResultsError(f"{args.results}: {err}") from err
+    scores, suite = results.scores, results.suite
     notes = list(results.notes)
     selections, sel_notes = select_checkpoints(scores, m, criterion)
     notes += sel_notes
@@ -365,6 +511,18 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
                 )
             )
 
+    if not logs.empty:
+        files += zero_variance_outputs(logs, shapes, args.smooth, out, notes)
+    if args.val_results is not None:
+        text, frame = validation_selection(args.results, args.val_results, m, shapes, seeds)
+        emit(
+            "table1_val.md",
+            text,
+            "Table 1 with checkpoints chosen on the independent validation split and scored on the test"
+            " split, next to the test-chosen cells (the optimism of choosing on test).",
+        )
+        emit("table1_val.csv", frame.to_csv(index=False), "The validation-selected cells as tidy CSV.")
+
     matched = selections[selections["rule"] == MATCHED]
     pooled = [
         loaded[(r, s)].rows.assign(shape=sh)
@@ -372,6 +530,12 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
         if (r, s) in loaded
     ]
     multi = [b for b in suite if is_multi_hop(b)]
+    if not multi:
+        multi = list(suite)
+        notes.append(
+            "no multi-hop benchmark of the paper's suite: the search profile pools every benchmark "
+            f"({', '.join(benchmark_label(b) for b in suite)})."
+        )
     rows = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame()
     if len(rows) and multi:
         rows = rows[rows["benchmark"].isin(multi)]

@@ -5,7 +5,8 @@ is reported separately as ``floor``), maximising the macro average of ``--metric
 default) and taking the earliest step on a tie:
 
 - ``own``: steps within the run's own horizon (``run.json`` ``horizon``; all steps if unknown);
-- ``matched``: steps <= the matched horizon (180, the study's common cap) and the own horizon;
+- ``matched``: steps <= the matched horizon (180, the study's common cap; ``auto`` = the smallest
+  run horizon, e.g. a scaled-down study's shortest cap) and the own horizon;
 - ``val_own`` / ``val_matched``: the same step sets, but the step is chosen by its macro score
   on the validation suite (``--val-results``) and then reported on the test suite — the
   independent rule the study lacked. The validation and test rows must not share a question.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,33 @@ from reward_fns import normalize_answer
 
 MATCHED_HORIZON = 180
 METRICS = ("em", "f1", "acc")
+AUTO = "auto"
+
+
+def horizon_arg(text: str) -> int | str:
+    """argparse type of ``--matched-horizon``: a positive step count or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive step count or 'auto', got {text!r}")
+    return value
+
+
+def resolve_matched_horizon(value: int | str, horizons: Iterable[int | None]) -> int:
+    """The matched horizon in steps: ``value`` itself, or for ``auto`` the smallest known run
+    horizon (``None`` = uncapped runs are ignored). Raises ValueError when ``auto`` finds no horizon."""
+    if value != AUTO:
+        return int(value)
+    known = [int(h) for h in horizons if h is not None]
+    if not known:
+        raise ValueError(
+            "--matched-horizon auto needs runs with a known horizon (run.json 'horizon'); pass a number"
+        )
+    return min(known)
 
 
 def load_results(root: Path) -> dict[str, dict[str, Any]]:
@@ -127,11 +156,15 @@ def select(
     results: Path,
     val_results: Path | None = None,
     metric: str = "em",
-    matched_horizon: int = MATCHED_HORIZON,
+    matched_horizon: int | str = MATCHED_HORIZON,
 ) -> dict[str, Any]:
-    """Selections for every run under ``results`` (validation rules only where ``val_results`` has the run)."""
+    """Selections for every run under ``results`` (validation rules only where ``val_results`` has the run).
+    ``matched_horizon`` may be ``"auto"``: the smallest run horizon (see :func:`resolve_matched_horizon`)."""
     test_runs = load_results(results)
     val_runs = load_results(val_results) if val_results is not None else {}
+    matched_horizon = resolve_matched_horizon(
+        matched_horizon, (t["info"].get("horizon") for t in test_runs.values())
+    )
     runs = {}
     for run, test in test_runs.items():
         val = val_runs.get(run)
@@ -174,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metric", default="em", choices=METRICS, help="macro metric to maximise (default em)"
     )
-    parser.add_argument("--matched-horizon", type=int, default=MATCHED_HORIZON, help="common step cap (180)")
+    parser.add_argument(
+        "--matched-horizon",
+        type=horizon_arg,
+        default=MATCHED_HORIZON,
+        help="common step cap (default 180); auto = the smallest run horizon",
+    )
     parser.add_argument("--json", type=Path, help="selection JSON path (default RESULTS/selection.json)")
     args = parser.parse_args(argv)
     try:
