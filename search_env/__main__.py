@@ -23,12 +23,25 @@ DEFAULT_FACTORY = "IVF4096,SQ8"
 DEFAULT_NPROBE = 64
 
 
+GPU_CHOICES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
+"""`--gpu` values; true/false are accepted (any case) so a YAML boolean can be passed through."""
+
+
+def _gpu_choice(text: str) -> str:
+    value = text.strip().lower()
+    if value not in GPU_CHOICES:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off (or true/false), got {text!r}")
+    return value
+
+
 def _gpu_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu",
-        choices=["auto", "on", "off"],
+        type=_gpu_choice,
         default="auto",
-        help="use CUDA for the encoder and faiss-gpu when available (auto), always (on) or never",
+        metavar="{auto,on,off}",
+        help="use CUDA for the encoder and faiss-gpu when available (auto), always (on; also true) or "
+        "never (off; also false)",
     )
 
 
@@ -92,6 +105,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a non-full batch waits for more requests (default 2 ms)",
     )
     serve.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024)
+    serve.add_argument(
+        "--cache-size",
+        type=int,
+        default=65536,
+        help="query cache: most (query, topk) answers kept, least recently used evicted first; 0 = off "
+        "(default 65536)",
+    )
+    serve.add_argument(
+        "--cache-max-mb",
+        type=_positive(float),
+        default=256.0,
+        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default 256)",
+    )
+    serve.add_argument(
+        "--index-load",
+        choices=["mmap", "read"],
+        default="mmap",
+        help="dense: memory-map the faiss index (ready in seconds, pages shared between processes; "
+        "default) or read it all into RAM first",
+    )
+    serve.add_argument(
+        "--stats-interval-s",
+        type=float,
+        default=60.0,
+        help="log queries, cache hit rate and batches every this many seconds (0 = never; default 60)",
+    )
     _gpu_flag(serve)
 
     build = sub.add_parser("build-index", help="embed a corpus and build a faiss index")
@@ -149,49 +188,62 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _use_gpu(flag: str) -> bool | None:
-    return {"auto": None, "on": True, "off": False}[flag]
+    return GPU_CHOICES[flag]
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
+def build_retriever(args: argparse.Namespace):
+    """The `Retriever` that `serve` runs for parsed `serve` arguments (also used by
+    bench/retriever.py, so its in-process bound has exactly the server's encoder and index)."""
     from search_env.retrieval.corpus import Corpus
-    from search_env.retrieval.server import create_app, serve
 
     corpus = Corpus(args.corpus)
     if args.backend == "bm25":
         from search_env.retrieval.bm25 import BM25Retriever
 
         if args.bm25_index is not None and (args.bm25_index / "params.index.json").is_file():
-            retriever = BM25Retriever.load(args.bm25_index, corpus)
-        else:
-            retriever = BM25Retriever.build(corpus, show_progress=len(corpus) > 100_000)
-            if args.bm25_index is not None:
-                retriever.save(args.bm25_index)
-    else:
-        if args.index is None or args.encoder is None:
-            raise SystemExit(
-                "serve --backend dense needs --index PATH and --encoder PATH "
-                "(build an index with `python -m search_env build-index`)"
-            )
-        from search_env.retrieval.encoder import Encoder
-        from search_env.retrieval.index import DenseRetriever, load_index
-
-        encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), query_max_length=args.query_max_length)
-        retriever = DenseRetriever(
-            corpus, encoder, load_index(args.index, nprobe=args.nprobe, use_gpu=_use_gpu(args.gpu))
+            return BM25Retriever.load(args.bm25_index, corpus)
+        retriever = BM25Retriever.build(corpus, show_progress=len(corpus) > 100_000)
+        if args.bm25_index is not None:
+            retriever.save(args.bm25_index)
+        return retriever
+    if args.index is None or args.encoder is None:
+        raise SystemExit(
+            "serve --backend dense needs --index PATH and --encoder PATH "
+            "(build an index with `python -m search_env build-index`)"
         )
+    from search_env.retrieval.encoder import Encoder
+    from search_env.retrieval.index import DenseRetriever, load_index
+
+    encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), query_max_length=args.query_max_length)
+    loaded = load_index(
+        args.index, nprobe=args.nprobe, use_gpu=_use_gpu(args.gpu), mmap=args.index_load == "mmap"
+    )
+    return DenseRetriever(corpus, encoder, loaded)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from search_env.retrieval.server import create_app, serve
+
+    if args.cache_size < 0:
+        raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
+    retriever = build_retriever(args)
     app = create_app(
         retriever,
         default_topk=args.topk,
         max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms,
         max_body_bytes=args.max_body_bytes,
+        cache_entries=args.cache_size,
+        cache_bytes=int(args.cache_max_mb * 2**20),
+        stats_interval_s=args.stats_interval_s,
     )
     logging.getLogger(__name__).info(
-        "serving %s retriever over %d passages on http://%s:%d",
+        "serving %s retriever over %d passages on http://%s:%d (query cache %s)",
         args.backend,
-        len(corpus),
+        len(retriever.corpus),
         args.host,
         args.port,
+        f"{args.cache_size} entries / {args.cache_max_mb:g} MiB" if args.cache_size else "off",
     )
     serve(app, host=args.host, port=args.port)
 

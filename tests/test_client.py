@@ -127,9 +127,12 @@ def test_retries_ride_out_a_server_restart(tmp_path) -> None:
 def test_parse_accepts_both_shapes_and_rejects_others() -> None:
     doc = {"id": "7", "contents": '"T"\nbody'}
     assert parse_retrieve_response({"result": [[{"document": doc, "score": 1.5}]]}, 1) == [
-        [Passage("7", "T", "body", 1.5)]
+        [Passage("7", "T", "body", 1.5, '"T"\nbody')]
     ]
-    assert parse_retrieve_response({"result": [[doc], []]}, 2) == [[Passage("7", "T", "body", None)], []]
+    assert parse_retrieve_response({"result": [[doc], []]}, 2) == [
+        [Passage("7", "T", "body", None, '"T"\nbody')],
+        [],
+    ]
     for bad, n in [
         ({"result": [[doc]]}, 2),
         ({"results": []}, 0),

@@ -33,7 +33,9 @@ def test_demo_corpus_rows_match_the_file() -> None:
     for i in (0, 1, 500, 999):
         assert corpus.row(i) == json.loads(lines[i])
     first = corpus.passage(0, score=0.5)
-    assert first == Passage(id="0", title="Evan Morris", text=first.text, score=0.5)
+    assert first == Passage(
+        id="0", title="Evan Morris", text=first.text, score=0.5, contents=json.loads(lines[0])["contents"]
+    )
     assert first.text.startswith("Evan Morris Evan L. Morris (January 26, 1977")
     assert not (DEMO_CORPUS.parent / (DEMO_CORPUS.name + OFFSETS_SUFFIX)).exists()  # small: not cached
 

@@ -55,11 +55,16 @@ def parse_retrieve_response(payload: object, n_queries: int) -> list[list[Passag
             doc = item.get("document", item) if isinstance(item, dict) else None
             if not isinstance(doc, dict) or "contents" not in doc or "id" not in doc:
                 raise ValueError(f"result item {item!r:.200} has no document id/contents")
-            title, text = split_contents(str(doc["contents"]))
+            contents = str(doc["contents"])
+            title, text = split_contents(contents)
             score = item.get("score") if "document" in item else None
             parsed.append(
                 Passage(
-                    id=str(doc["id"]), title=title, text=text, score=None if score is None else float(score)
+                    id=str(doc["id"]),
+                    title=title,
+                    text=text,
+                    score=None if score is None else float(score),
+                    contents=contents,
                 )
             )
         passages.append(parsed)

@@ -31,12 +31,15 @@ _SCAN_CHUNK_BYTES = 64 * 1024 * 1024
 @dataclass
 class Passage:
     """One retrieved passage. `title` has no surrounding quotes; `score` is the backend's similarity
-    (inner product for dense, BM25 score for bm25), None when the server was asked for no scores."""
+    (inner product for dense, BM25 score for bm25), None when the server was asked for no scores;
+    `contents` is the corpus row's raw `contents` string (`"Title"\ntext`, or however the row spells
+    its title line), "" when unknown."""
 
     id: str
     title: str
     text: str
     score: float | None = None
+    contents: str = ""
 
 
 def split_contents(contents: str) -> tuple[str, str]:
@@ -154,7 +157,7 @@ class Corpus:
     def passage(self, i: int, score: float | None = None) -> Passage:
         row = self.row(i)
         title, text = split_contents(row["contents"])
-        return Passage(id=row["id"], title=title, text=text, score=score)
+        return Passage(id=row["id"], title=title, text=text, score=score, contents=row["contents"])
 
     def iter_contents(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """`contents` of rows start..stop-1 in file order."""

@@ -1,15 +1,25 @@
 """Retrieval HTTP server (FastAPI): Search-R1 `/retrieve`, FlashRAG/ReSearch `/search` + `/batch_search`,
-`/health`, with concurrent requests micro-batched into one backend call.
+`/health`, with concurrent requests micro-batched into one backend call and repeated queries answered
+from an LRU cache.
 
 Micro-batching: every request's queries go to a queue; one batching task takes all queued requests
-(whole requests, up to `max_batch` queries; a single larger request forms its own batch), waits up to
-`max_wait_ms` for more when the batch is not full, and runs ONE `search_rows` (= one encode + one index
-search for the dense backend) plus the passage lookups in a dedicated worker thread, so the event loop
-keeps accepting requests meanwhile. Requests that arrive during a search form the next batch. With
-`max_batch=1` each request is searched alone (the Search-R1/FlashRAG design).
+(whole requests, up to `max_batch` queries still to search; a single larger request forms its own
+batch), waits up to `max_wait_ms` for more when the batch is not full, and runs ONE `search_rows`
+(= one encode + one index search for the dense backend) plus the passage lookups in a dedicated worker
+thread, so the event loop keeps accepting requests meanwhile. Requests that arrive during a search form
+the next batch. With `max_batch=1` each request is searched alone (the Search-R1/FlashRAG design).
+
+Query cache (`cache.QueryCache`, shared by all dialects): a request's queries are looked up by
+(query text, topk) when it arrives; a request answered entirely from the cache skips the queue. The
+others are queued with their cached answers filled in; when their batch is formed the rest are looked
+up again (a previous batch may just have answered them), identical texts in one batch are searched
+once, and every searched answer is cached. With the cache off (0 entries) every query is searched,
+duplicates included.
 
 Validation (422 JSON with an `error` string naming the field, plus FastAPI's `detail` list): queries must
-be 1..4096 non-empty strings, topk/top_n in 1..100. Bodies over `max_body_bytes` -> 413. Faiss's -1
+be 1..4096 non-empty strings, topk/top_n in 1..100. Bodies over `max_body_bytes` -> 413 JSON, sent after
+the rest of the body has been read and discarded (bounded in bytes and time, see `JsonBodyGuard`), so
+clients that write the whole body before reading (urllib, requests, httpx) receive it. Faiss's -1
 ("no hit") never becomes a passage.
 """
 
@@ -38,15 +48,18 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from search_env.retrieval.backend import Retriever
+from search_env.retrieval.cache import Hit, QueryCache
 
 log = logging.getLogger(__name__)
 
 MAX_QUERIES = 4096
 MAX_TOPK = 100
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-
-Hit = tuple[dict, float]
-"""A corpus row (`{"id", "contents"}`) and its score."""
+DEFAULT_CACHE_ENTRIES = 65536
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_DRAIN_BYTES = 64 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
+DEFAULT_STATS_INTERVAL_S = 60.0
 
 
 def _check_query_strings(queries: list[str]) -> list[str]:
@@ -95,29 +108,43 @@ class BackendFailure(RuntimeError):
 
 @dataclass
 class _Job:
+    """One request: its queries, topk, future, and per query the answer found so far (None = search)."""
+
     queries: list[str]
     topk: int
     future: asyncio.Future = field(repr=False)
+    answers: list[list[Hit] | None] = field(repr=False)
+
+    @property
+    def pending(self) -> int:
+        return sum(answer is None for answer in self.answers)
 
 
 @dataclass
 class BatchStats:
-    """Counters shown by `/health`: batches run, queries served, largest batch (queries)."""
+    """Counters shown by `/health`: batches run, queries answered (`served`), queries encoded and
+    searched (`searched`), largest batch (queries searched in one backend call)."""
 
     batches: int = 0
-    queries: int = 0
+    served: int = 0
+    searched: int = 0
     max_batch_seen: int = 0
 
 
 class MicroBatcher:
-    """Collects concurrent `submit` calls into batches for `search_fn`, run in one worker thread.
+    """Collects concurrent `submit` calls into batches for `search_fn`, run in one worker thread, and
+    answers repeated (query, topk) pairs from `cache` (see the module docstring).
 
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
     own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside).
     """
 
     def __init__(
-        self, search_fn: Callable[[list[str], int], list[list[Hit]]], max_batch: int, max_wait_ms: float
+        self,
+        search_fn: Callable[[list[str], int], list[list[Hit]]],
+        max_batch: int,
+        max_wait_ms: float,
+        cache: QueryCache | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
@@ -126,6 +153,7 @@ class MicroBatcher:
         self.search_fn = search_fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
+        self.cache = cache if cache is not None else QueryCache(0, 1)
         self.stats = BatchStats()
         self._jobs: deque[_Job] = deque()
         self._queued_queries = 0
@@ -149,21 +177,58 @@ class MicroBatcher:
     async def submit(self, queries: list[str], topk: int) -> list[list[Hit]]:
         if self._wakeup is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
-        job = _Job(queries, topk, asyncio.get_running_loop().create_future())
+        answers = [self.cache.get(query, topk) for query in queries]
+        cached = sum(answer is not None for answer in answers)
+        self.cache.stats.hits += cached
+        if cached == len(queries):
+            self.stats.served += len(queries)
+            return answers  # type: ignore[return-value]  # every entry is set
+        job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers)
         self._jobs.append(job)
-        self._queued_queries += len(queries)
+        self._queued_queries += job.pending
         self._wakeup.set()
         return await job.future
 
     def _take_batch(self) -> list[_Job]:
         batch = [self._jobs.popleft()]
-        size = len(batch[0].queries)
-        while self._jobs and size + len(self._jobs[0].queries) <= self.max_batch:
+        size = batch[0].pending
+        while self._jobs and size + self._jobs[0].pending <= self.max_batch:
             job = self._jobs.popleft()
             batch.append(job)
-            size += len(job.queries)
+            size += job.pending
         self._queued_queries -= size
         return batch
+
+    def _plan(self, batch: list[_Job]) -> tuple[list[str], int, list[list[int | None]]]:
+        """The texts to search for `batch`, the topk to search them with (the largest topk of a job
+        with a query to search; 0 when none) and, per job and query, its position in that list (None =
+        answered). Looks the unanswered queries up in the cache again; with the cache on, identical
+        texts share one position (counted as hits)."""
+        topk = 0
+        searched: list[str] = []
+        position: dict[str, int] = {}
+        plan: list[list[int | None]] = []
+        stats = self.cache.stats
+        for job in batch:
+            where: list[int | None] = []
+            for i, query in enumerate(job.queries):
+                if job.answers[i] is None and self.cache.enabled:
+                    job.answers[i] = self.cache.get(query, job.topk)
+                    if job.answers[i] is not None:
+                        stats.hits += 1
+                if job.answers[i] is not None:
+                    where.append(None)
+                    continue
+                if self.cache.enabled and query in position:
+                    stats.hits += 1
+                else:
+                    stats.misses += 1
+                    position[query] = len(searched)
+                    searched.append(query)
+                where.append(position[query])
+                topk = max(topk, job.topk)
+            plan.append(where)
+        return searched, topk, plan
 
     async def _run(self) -> None:
         assert self._wakeup is not None
@@ -180,25 +245,72 @@ class MicroBatcher:
                 self._wakeup.set()
             if not batch:
                 continue
-            queries = [q for job in batch for q in job.queries]
-            topk = max(job.topk for job in batch)
-            try:
-                hits = await loop.run_in_executor(self._executor, self.search_fn, queries, topk)
-            except Exception as err:  # every waiting request must get the error
-                log.exception("retrieval batch of %d queries failed", len(queries))
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(BackendFailure(f"{type(err).__name__}: {err}"))
-                continue
-            self.stats.batches += 1
-            self.stats.queries += len(queries)
-            self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(queries))
-            start = 0
-            for job in batch:
-                part = [h[: job.topk] for h in hits[start : start + len(job.queries)]]
-                start += len(job.queries)
+            searched, topk, plan = self._plan(batch)
+            hits: list[list[Hit]] = []
+            if searched:
+                try:
+                    hits = await loop.run_in_executor(self._executor, self.search_fn, searched, topk)
+                except Exception as err:  # every waiting request must get the error
+                    log.exception("retrieval batch of %d queries failed", len(searched))
+                    for job in batch:
+                        if not job.future.done():
+                            job.future.set_exception(BackendFailure(f"{type(err).__name__}: {err}"))
+                    continue
+                self.stats.batches += 1
+                self.stats.searched += len(searched)
+                self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
+            for job, where in zip(batch, plan, strict=True):
+                for i, pos in enumerate(where):
+                    if pos is not None:
+                        job.answers[i] = hits[pos][: job.topk]
+                        self.cache.put(job.queries[i], job.topk, job.answers[i])
+                self.stats.served += len(job.queries)
                 if not job.future.done():
-                    job.future.set_result(part)
+                    job.future.set_result(job.answers)
+
+    def describe(self) -> dict:
+        """Batching and cache facts for `GET /health`."""
+        return {
+            "max_batch": self.max_batch,
+            "max_wait_ms": self.max_wait_s * 1000.0,
+            "batches": self.stats.batches,
+            "queries_served": self.stats.served,
+            "queries_searched": self.stats.searched,
+            "largest_batch": self.stats.max_batch_seen,
+            "cache": self.cache.describe(),
+        }
+
+
+async def log_stats_every(batcher: MicroBatcher, interval_s: float) -> None:
+    """Log, every `interval_s` seconds in which queries were answered, that interval's queries, cache
+    hit rate and batches, plus the cache's size (runs until cancelled)."""
+    last = (batcher.stats.served, batcher.cache.stats.hits, batcher.cache.stats.misses, batcher.stats.batches)
+    while True:
+        await asyncio.sleep(interval_s)
+        now = (
+            batcher.stats.served,
+            batcher.cache.stats.hits,
+            batcher.cache.stats.misses,
+            batcher.stats.batches,
+        )
+        served, hits, misses, batches = (b - a for a, b in zip(last, now, strict=True))
+        last = now
+        if not served:
+            continue
+        log.info(
+            "last %.0f s: %d queries (%.1f/s), cache hits %d / misses %d (hit rate %.1f%%), %d batches "
+            "(mean %.1f queries searched), cache %d entries / %.1f MiB",
+            interval_s,
+            served,
+            served / interval_s,
+            hits,
+            misses,
+            100.0 * hits / max(1, hits + misses),
+            batches,
+            misses / max(1, batches),
+            len(batcher.cache),
+            batcher.cache.bytes / 2**20,
+        )
 
 
 def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[list[Hit]]:
@@ -227,15 +339,48 @@ def _describe_validation_error(err: RequestValidationError) -> str:
 
 
 class JsonBodyGuard:
-    """ASGI middleware for POST bodies: answer 413 JSON when a body exceeds `max_bytes` (checks
-    Content-Length first, then counts streamed chunks, buffering at most `max_bytes`), and read every
-    body as JSON whatever Content-Type the client sent (e.g. `curl -d` sends form encoding)."""
+    """ASGI middleware for POST bodies: answer 413 JSON when a body exceeds `max_bytes`, and read every
+    body as JSON whatever Content-Type the client sent (e.g. `curl -d` sends form encoding).
 
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int) -> None:
+    An oversized body (by its Content-Length, or by counting streamed chunks; at most `max_bytes` are
+    buffered) is read to its end and discarded before the 413 is sent: clients such as urllib,
+    requests and httpx write the whole body before they read the answer, and closing on them mid-body
+    would give them a connection reset instead of the 413. Draining is bounded: at most `drain_bytes`
+    in all and `drain_timeout_s` seconds; past either bound (or when Content-Length already exceeds
+    `drain_bytes`) the 413 is sent at once with `Connection: close`. A client that sent
+    `Expect: 100-continue` has not sent its body yet, so it gets the 413 at once and sends nothing.
+    """
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        max_bytes: int,
+        drain_bytes: int = DEFAULT_DRAIN_BYTES,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.drain_bytes = drain_bytes
+        self.drain_timeout_s = drain_timeout_s
 
-    async def _reject(self, send: Callable[[dict], Awaitable[None]], size: str) -> None:
+    async def _drain(self, receive: Callable[[], Awaitable[dict]], received: int) -> bool:
+        """Read and discard the rest of a body of which `received` bytes were read; True when its end
+        was reached within the byte and time bounds (False also when the client went away)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_s
+        while received <= self.drain_bytes:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return False
+            if message["type"] != "http.request":
+                return False
+            received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+        return False
+
+    async def _reject(self, send: Callable[[dict], Awaitable[None]], size: str, close: bool) -> None:
         body = json.dumps(
             {
                 "error": f"body: request body of {size} bytes exceeds the limit of "
@@ -243,16 +388,10 @@ class JsonBodyGuard:
                 "field": "body",
             }
         ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def __call__(
@@ -269,7 +408,9 @@ class JsonBodyGuard:
         }
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send, declared.decode())
+            waiting = headers.get(b"expect", b"").lower() == b"100-continue"
+            drained = not waiting and int(declared) <= self.drain_bytes and await self._drain(receive, 0)
+            await self._reject(send, declared.decode(), close=not drained)
             return
         chunks: list[bytes] = []
         size = 0
@@ -281,7 +422,9 @@ class JsonBodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._reject(send, f"more than {size}")
+                chunks.clear()
+                drained = not message.get("more_body", False) or await self._drain(receive, size)
+                await self._reject(send, f"more than {self.max_bytes}", close=not drained)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -305,19 +448,36 @@ def create_app(
     max_batch: int = 256,
     max_wait_ms: float = 2.0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cache_entries: int = DEFAULT_CACHE_ENTRIES,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    stats_interval_s: float = DEFAULT_STATS_INTERVAL_S,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
-    micro-batching); max_wait_ms: how long a non-full batch waits for more requests."""
+    micro-batching); max_wait_ms: how long a non-full batch waits for more requests; cache_entries /
+    cache_bytes: bounds of the query cache (0 entries = off); stats_interval_s: how often the
+    traffic and cache hit rate are logged (0 = never)."""
     if not 1 <= default_topk <= MAX_TOPK:
         raise ValueError(f"default topk must be in 1..{MAX_TOPK}, got {default_topk}")
-    batcher = MicroBatcher(lambda qs, k: lookup_hits(retriever, qs, k), max_batch, max_wait_ms)
+    if stats_interval_s < 0:
+        raise ValueError(f"stats interval must be >= 0 s (0 = off), got {stats_interval_s}")
+    batcher = MicroBatcher(
+        lambda qs, k: lookup_hits(retriever, qs, k),
+        max_batch,
+        max_wait_ms,
+        QueryCache(cache_entries, cache_bytes),
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await batcher.start()
+        stats_task = (
+            asyncio.create_task(log_stats_every(batcher, stats_interval_s)) if stats_interval_s else None
+        )
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             await batcher.stop()
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
@@ -336,7 +496,6 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        stats = batcher.stats
         return _json(
             {
                 "status": "healthy",
@@ -345,11 +504,7 @@ def create_app(
                 "corpus_size": len(retriever.corpus),
                 **retriever.describe(),
                 "default_topk": default_topk,
-                "max_batch": batcher.max_batch,
-                "max_wait_ms": batcher.max_wait_s * 1000.0,
-                "batches": stats.batches,
-                "queries_served": stats.queries,
-                "largest_batch": stats.max_batch_seen,
+                **batcher.describe(),
                 "uptime_s": round(time.time() - app.state.started, 3),
             }
         )
