@@ -1,109 +1,71 @@
-"""Answer extraction and the format check, on a decoded rollout response.
+"""Answer extraction and the format gate, on the text a reward function is given.
 
-The text is what verl hands a reward function: the decoded response tail after the prompt,
-so it interleaves model turns with tool turns (``<tool_response>…</tool_response>``), and may
-or may not still contain chat special tokens such as ``<|im_end|>``. Retrieved passages can
-contain any string, so every check first removes tool-response blocks.
+The text is what verl hands a reward function: the response after the prompt, decoded with
+special tokens skipped, so it interleaves the model's turns with the environment's tool turns
+(``<tool_response>`` blocks). The study scores the same text up to its role markers
+(``solution_str = "".join(content of every assistant and tool message)``,
+``training_m5_*/src/environments/search_r1_env.py``); both rules below are invariant to those
+markers, and, like the study's, they read the tool responses too.
 """
 
 from __future__ import annotations
 
 import re
 
-_OPEN, _CLOSE = "<tool_response>", "</tool_response>"
-# An answer block is the innermost <answer>…</answer>: "<answer>a<answer>b</answer>" holds "b".
-_ANSWER = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_SEARCH_CALL = re.compile(
-    r"\s*<function=search>\s*<parameter=query>(.*?)</parameter>\s*</function>\s*", re.DOTALL
+_FUNCTION_BLOCK = re.compile(
+    r"<function=[A-Za-z_][A-Za-z0-9_]*>(?:\s*<parameter=[A-Za-z_][A-Za-z0-9_]*>.*?</parameter>\s*)+</function>",
+    re.DOTALL,
 )
-_THINK_TAG = re.compile(r"</?think>")
-_TRAILING_SPECIALS = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>)*\Z")
-
-
-def strip_tool_responses(text: str) -> str:
-    """Remove every ``<tool_response>`` block; an unclosed one is removed to the end of text."""
-    if _OPEN not in text:
-        return text
-    kept, pos = [], 0
-    while (start := text.find(_OPEN, pos)) != -1:
-        kept.append(text[pos:start])
-        end = text.find(_CLOSE, start)
-        if end == -1:
-            return "".join(kept)
-        pos = end + len(_CLOSE)
-    kept.append(text[pos:])
-    return "".join(kept)
-
-
-def _last_answer(body: str) -> str | None:
-    matches = _ANSWER.findall(body)
-    return matches[-1].strip() if matches else None
 
 
 def extract_answer(text: str) -> str | None:
-    """Content of the LAST ``<answer>…</answer>`` outside tool responses, stripped; None if absent."""
-    return _last_answer(strip_tool_responses(text))
+    """Content of the LAST ``<answer>…</answer>`` match in ``text``, stripped; None if there is none.
 
-
-def _tool_calls_ok(text: str) -> bool:
-    """Every ``<tool_call>`` is closed and holds exactly one search call with a non-empty query."""
-    if text.count("<tool_call>") != text.count("</tool_call>"):
-        return False
-    blocks = _TOOL_CALL_BLOCK.findall(text)
-    if len(blocks) != text.count("<tool_call>"):
-        return False
-    for body in blocks:
-        call = _SEARCH_CALL.fullmatch(body)
-        if call is None or not call.group(1).strip():
-            return False
-    return True
-
-
-def _think_balanced(text: str) -> bool:
-    """``<think>`` tags pair up in order.
-
-    A first ``</think>`` with no opener is accepted: with thinking enabled, Qwen3.5's
-    generation prompt already ends in ``<think>\\n``, so the response starts inside the block.
+    Matches are non-overlapping, leftmost first, shortest body (the study's ``extract_solution``:
+    ``re.finditer(r"<answer>(.*?)</answer>")[-1]``).
     """
-    depth = 0
-    for i, tag in enumerate(_THINK_TAG.findall(text)):
-        if tag == "<think>":
-            depth += 1
-            if depth > 1:
-                return False
-        elif depth == 1:
-            depth = 0
-        elif i != 0:
-            return False
-    return depth == 0
+    matches = _ANSWER.findall(text)
+    return matches[-1].strip() if matches else None
+
+
+def format_violation(text: str) -> str | None:
+    """The first rule of the study's ``is_valid_format`` that ``text`` breaks; None when it is well formed.
+
+    ``training_m5_5/src/rewards/search_r1.py::is_valid_format``, in its order:
+
+    1. at least one ``</think>``, and no more ``<think>`` than ``</think>`` (with thinking on, the
+       generation prompt holds each turn's opening ``<think>``, so the response need not);
+    2. as many ``<tool_call>`` as ``</tool_call>``;
+    3. every ``<tool_call>…</tool_call>`` body is non-empty and contains
+       ``<function=NAME>`` + at least one ``<parameter=NAME>…</parameter>`` + ``</function>``
+       (NAME an identifier: letters, digits, ``_``; any function name; empty values allowed);
+    4. as many ``<answer>`` as ``</answer>``, and at least one ``</answer>``;
+    5. the text, right-stripped, ends with ``</answer>``.
+    """
+    think_open, think_close = text.count("<think>"), text.count("</think>")
+    if think_close == 0:
+        return "no </think>"
+    if think_open > think_close:
+        return f"more <think> ({think_open}) than </think> ({think_close})"
+    call_open, call_close = text.count("<tool_call>"), text.count("</tool_call>")
+    if call_open != call_close:
+        return f"<tool_call> opens {call_open} != closes {call_close}"
+    for i, block in enumerate(_TOOL_CALL_BLOCK.finditer(text)):
+        body = block.group(1).strip()
+        if not body or _FUNCTION_BLOCK.search(body) is None:
+            return f"tool call {i} holds no <function=NAME><parameter=NAME>…</parameter></function>"
+    answer_open, answer_close = text.count("<answer>"), text.count("</answer>")
+    if answer_open != answer_close:
+        return f"<answer> opens {answer_open} != closes {answer_close}"
+    if answer_close == 0:
+        return "no <answer> block"
+    if not text.rstrip().endswith("</answer>"):
+        return "does not end with </answer>"
+    return None
 
 
 def is_well_formed(text: str) -> bool:
-    """The format gate of ``f1_format`` (SPEC §5).
-
-    True iff, outside tool responses: every ``<tool_call>`` is closed and holds
-    ``<function=search>`` with a non-empty ``<parameter=query>``; ``<think>`` tags are
-    balanced; there is exactly one ``<answer>…</answer>`` block with no tool call after it;
-    and the text ends right after ``</answer>`` (whitespace and ``<|im_end|>``/``<|endoftext|>``
-    aside).
-    """
-    return _well_formed_body(strip_tool_responses(text))
-
-
-def parse_response(text: str) -> tuple[str | None, bool]:
-    """``(extract_answer(text), is_well_formed(text))``, stripping tool responses once."""
-    body = strip_tool_responses(text)
-    return _last_answer(body), _well_formed_body(body)
-
-
-def _well_formed_body(body: str) -> bool:
-    if body.count("<answer>") != 1 or body.count("</answer>") != 1:
-        return False
-    answer = _ANSWER.search(body)
-    if answer is None:
-        return False
-    tail = body[answer.end() :]
-    if _TRAILING_SPECIALS.fullmatch(tail) is None:
-        return False
-    return _tool_calls_ok(body) and _think_balanced(body)
+    """The format gate of ``f1_format``: :func:`format_violation` finds nothing."""
+    return format_violation(text) is None

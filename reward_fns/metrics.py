@@ -1,7 +1,18 @@
-"""Answer metrics: SQuAD normalisation, exact match, token F1 and cover match (ACC).
+"""Answer metrics: SQuAD normalisation, exact match, the two token F1s of the study, cover match.
 
-All functions take a prediction string and one or more gold strings and return a float in
-[0, 1]; the score is the maximum over golds. An empty gold list scores 0.
+The study scores training rewards and evaluation metrics with different F1 functions, and this
+module keeps both (docs/protocol.md):
+
+- :func:`train_f1` = ``f1_check`` of ``training_m5_{1,5}/src/rewards/search_r1.py`` (the reward):
+  no yes/no rule; a prediction and a gold that both normalise to nothing score 1.0.
+- :func:`token_f1` = FlashRAG's ``F1_Score`` (``evaluation_qwen35/flashrag/evaluator/metrics.py``,
+  the evaluation metric): a normalised yes/no/noanswer on either side that differs from the other
+  scores 0; empty strings score 0.
+
+:func:`exact_match` is both ``em_check`` (training) and FlashRAG's ``ExactMatch`` (they agree), and
+:func:`cover_match` is FlashRAG's ``Sub_ExactMatch`` (ACC). Every function takes one prediction and
+one gold string or several, returns a float in [0, 1] (the maximum over golds; 0 for no golds)
+and, like the study's, does not skip golds that normalise to the empty string.
 """
 
 from __future__ import annotations
@@ -27,56 +38,50 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
-def _as_list(golds: str | Iterable[str]) -> Sequence[str]:
-    return [golds] if isinstance(golds, str) else list(golds)
+def _golds(golds: str | Iterable[str]) -> Sequence[str]:
+    return [normalize_answer(golds)] if isinstance(golds, str) else [normalize_answer(g) for g in golds]
 
 
-def _f1_normalised(pred: str, gold: str) -> float:
-    """Token F1 of two already-normalised strings, with the HotpotQA yes/no/noanswer rule."""
-    if (pred in _SPECIAL_ANSWERS or gold in _SPECIAL_ANSWERS) and pred != gold:
-        return 0.0
-    pred_tokens, gold_tokens = pred.split(), gold.split()
+def _overlap_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    """Harmonic mean of token precision and recall; 0 without a common token."""
     common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if common == 0:
         return 0.0
-    precision = common / len(pred_tokens)
-    recall = common / len(gold_tokens)
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
     return 2 * precision * recall / (precision + recall)
-
-
-def all_metrics(prediction: str, golds: str | Iterable[str]) -> tuple[float, float, float]:
-    """(EM, F1, ACC), each the max over golds, normalising every string once.
-
-    A gold that normalises to the empty string (e.g. "the", "?") is skipped: it cannot be
-    matched meaningfully and would otherwise make EM = 1 with F1 = 0. An empty gold list, or an
-    empty prediction, scores (0, 0, 0).
-    """
-    pred = normalize_answer(prediction)
-    em = f1 = acc = 0.0
-    if not pred:
-        return em, f1, acc
-    for gold in _as_list(golds):
-        g = normalize_answer(gold)
-        if not g:
-            continue
-        if pred == g:
-            return 1.0, 1.0, 1.0
-        if g in pred:
-            acc = 1.0
-        f1 = max(f1, _f1_normalised(pred, g))
-    return em, f1, acc
 
 
 def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
     """1.0 when the normalised prediction equals any normalised gold, else 0.0."""
-    return all_metrics(prediction, golds)[0]
-
-
-def token_f1(prediction: str, golds: str | Iterable[str]) -> float:
-    """Token-level F1, max over golds (HotpotQA rule: yes/no/noanswer mismatch scores 0)."""
-    return all_metrics(prediction, golds)[1]
+    pred = normalize_answer(prediction)
+    return 1.0 if any(pred == g for g in _golds(golds)) else 0.0
 
 
 def cover_match(prediction: str, golds: str | Iterable[str]) -> float:
     """ACC: 1.0 when any normalised gold is a substring of the normalised prediction."""
-    return all_metrics(prediction, golds)[2]
+    pred = normalize_answer(prediction)
+    return 1.0 if any(g in pred for g in _golds(golds)) else 0.0
+
+
+def token_f1(prediction: str, golds: str | Iterable[str]) -> float:
+    """Evaluation F1 (FlashRAG): max over golds, with the yes/no/noanswer rule."""
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for gold in _golds(golds):
+        if (pred in _SPECIAL_ANSWERS or gold in _SPECIAL_ANSWERS) and pred != gold:
+            continue
+        best = max(best, _overlap_f1(pred.split(), gold.split()))
+    return best
+
+
+def train_f1(prediction: str, golds: str | Iterable[str]) -> float:
+    """Training F1 (the study's ``f1_check``): max over golds, no yes/no rule; both empty = 1.0."""
+    pred_tokens = normalize_answer(prediction).split()
+    best = 0.0
+    for gold in _golds(golds):
+        gold_tokens = gold.split()
+        if not pred_tokens and not gold_tokens:
+            return 1.0
+        if pred_tokens and gold_tokens:
+            best = max(best, _overlap_f1(pred_tokens, gold_tokens))
+    return best

@@ -1,45 +1,92 @@
-"""``SearchAgentLoop``: verl's ``ToolAgentLoop`` with the study's rollout limits and records.
+"""``SearchAgentLoop``: verl's ``ToolAgentLoop`` producing the study's token sequence.
 
 Registered as agent ``search_agent`` (parquet column ``agent_name``; also declared in
-recipes/agent_loops.yaml for ``rollout.agent.agent_loop_config_path``). YAML/constructor options:
+recipes/agent_loops.yaml for ``rollout.agent.agent_loop_config_path``). What it changes in verl's
+loop, to match the study's rollout (``training_m5_*/src/environments/search_r1_env.py`` and
+NeMo-RL's ``run_multi_turn_rollout``; docs/protocol.md):
 
-- ``mask_retrieved`` (default true): true keeps verl's masking (tool-turn tokens get
-  ``response_mask`` 0: no policy loss, KL or entropy on retrieved text); false gives every
-  response token mask 1 (padding stays 0), the Search-R1 "no retrieved-token mask" ablation.
+- every turn is sampled with the study's stop rules (``protocol.stop_sampling_params``): it
+  stops right after ``</tool_call>``, ``</search>`` or ``</answer>``, the stop text kept;
+- calls are read with ``protocol.parse_query`` (first closed ``<tool_call>`` with a
+  ``<parameter=query>``, name unchecked), and a turn holding an ``<answer>`` calls nothing;
+- after a call, the tool turn is the study's hand-built text ``protocol.tool_turn_text``
+  (``<|im_end|>\\n<|im_start|>user\\n<tool_response>…<|im_end|>\\n<|im_start|>assistant\\n``, no
+  ``<think>`` re-opened), tokenised on its own and appended with loss mask 0 — not verl's
+  chat-template render, which would add ``<think>\\n`` and drop the ``<|im_end|>`` the stopped turn
+  never sampled;
+- a tool turn that does not fit the token budget is cut to what fits and ends the rollout
+  (the study's ``truncation_mask``; verl would drop it).
+
+YAML/constructor options:
+
+- ``mask_retrieved`` (default true): true gives environment tokens ``response_mask`` 0 (no policy
+  loss, KL or entropy on retrieved text); false gives every response token mask 1 (padding stays
+  0), the Search-R1 "no retrieved-token mask" ablation.
 - ``max_turn_tokens`` (default ``protocol.MAX_TURN_TOKENS`` = 1,024): new tokens per assistant turn.
 - ``max_total_tokens`` (default ``protocol.MAX_TOTAL_TOKENS`` = 8,192): the whole sequence,
   prompt + model turns + tool turns. ``rollout.response_length`` still bounds the response part.
+- ``stop_strings`` (default ``protocol.STOP_STRINGS``).
+- ``invalid_action`` (default ``end``): what follows a turn that stopped at ``</tool_call>`` but
+  holds no readable query: ``end`` the rollout (training env) or ``retry``: append
+  ``protocol.INVALID_ACTION_TEXT`` (mask 0) and sample again (the study's evaluation loop).
 The number of assistant turns comes from ``rollout.multi_turn.max_assistant_turns`` (recipes: 10).
 
 Each turn is sent with ``max_tokens = min(max_turn_tokens, room left in the total budget, room
-left in rollout.response_length)``. A tool response that would not leave room for one more token
-is dropped and the rollout ends (verl does the same for ``response_length``).
+left in rollout.response_length)``.
 
 Per rollout, ``AgentLoopOutput.extra_fields`` gets (verl passes them to the reward function's
 ``extra_info`` and to the trainer's non-tensor batch):
 
-- ``termination``: ``length_cap`` (the last assistant turn ended without an end-of-turn token, i.e.
-  a token limit cut it — ours, the rollout engine's or ``response_length`` — or a tool response
-  was dropped for lack of room), ``turn_cap`` (the last allowed assistant turn still
-  called a tool), ``error`` (the last turn opened a ``<tool_call>`` that the parser could not
-  read), else ``answer`` (the last assistant turn called no tool; see ``answered``);
+- ``termination``: ``length_cap`` (the last assistant turn ended without a stop or end-of-turn
+  token, i.e. a token limit cut it, or a tool turn was cut to the budget), ``turn_cap`` (the last
+  allowed assistant turn still called the tool), ``error`` (the last turn stopped at a
+  ``</tool_call>`` with no readable query), else ``answer`` (the last assistant turn called no
+  tool; see ``answered``);
 - ``searches``, ``search_errors``: set by ``SearchTool``;
 - ``model_tokens``: sampled tokens in the response; ``retrieved_tokens``: all other response
-  tokens (tool turns with their chat-template framing); they add up to the response length;
+  tokens (tool turns, invalid-action notes); they add up to the response length;
 - ``answered``: the response holds an ``<answer>…</answer>`` outside tool responses.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 
+from reward_fns import extract_answer
 from search_env import protocol
 
 log = logging.getLogger(__name__)
+
+
+class StudyQueryParser(ToolParser):
+    """verl ``ToolParser`` reading one assistant turn by the study's rule.
+
+    A turn holding an ``<answer>…</answer>`` calls nothing (the study's environment checks the
+    answer first); otherwise ``protocol.parse_query`` gives at most one ``search`` call.
+    """
+
+    async def extract_tool_calls(
+        self, responses_ids: list[int], tools: Any = None
+    ) -> tuple[str, list[FunctionCall]]:
+        text = self.tokenizer.decode(responses_ids)
+        return text, study_calls(text)
+
+
+def study_calls(text: str) -> list[FunctionCall]:
+    """The calls the study's environment would run for one turn's ``text`` (zero or one search)."""
+    if extract_answer(text) is not None:
+        return []
+    query = protocol.parse_query(text)
+    if query is None:
+        return []
+    return [FunctionCall(name=protocol.TOOL_NAME, arguments=json.dumps({"query": query}, ensure_ascii=False))]
 
 
 @register("search_agent")
@@ -52,6 +99,8 @@ class SearchAgentLoop(ToolAgentLoop):
         mask_retrieved: bool = True,
         max_turn_tokens: int = protocol.MAX_TURN_TOKENS,
         max_total_tokens: int = protocol.MAX_TOTAL_TOKENS,
+        stop_strings: Sequence[str] = protocol.STOP_STRINGS,
+        invalid_action: str = "end",
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
@@ -64,67 +113,100 @@ class SearchAgentLoop(ToolAgentLoop):
                 f"search_agent options max_turn_tokens ({max_turn_tokens}) and max_total_tokens "
                 f"({max_total_tokens}) must be >= 1"
             )
+        if invalid_action not in ("end", "retry"):
+            raise ValueError(
+                f"search_agent option invalid_action must be 'end' or 'retry', got {invalid_action!r}"
+            )
+        if isinstance(stop_strings, str) or not all(isinstance(s, str) and s for s in stop_strings):
+            raise ValueError(
+                f"search_agent option stop_strings must be a list of strings, got {stop_strings!r}"
+            )
         self.mask_retrieved = mask_retrieved
         self.max_turn_tokens = int(max_turn_tokens)
         self.max_total_tokens = int(max_total_tokens)
+        self.invalid_action = invalid_action
+        self.stop_strings = tuple(stop_strings)
+        self.stop_params = protocol.stop_sampling_params(self.tokenizer, self.stop_strings)
+        self.tool_parser = StudyQueryParser(self.tokenizer)
         # EOS ends a turn naturally; Qwen3.5 also stops on <|endoftext|>, its pad token.
-        ends = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
-        self.stop_token_ids = {int(i) for i in ends if i is not None}
+        ends = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.stop_params["stop_token_ids"])
+        self.end_token_ids = {int(i) for i in ends if i is not None}
         self.termination: str | None = None
 
-    def _turn_budget(self, agent_data: AgentData) -> int:
-        """New tokens the next assistant turn may use."""
+    def _room(self, agent_data: AgentData) -> int:
+        """Tokens the sequence may still grow by (total budget and ``response_length``)."""
         return min(
-            self.max_turn_tokens,
             self.max_total_tokens - len(agent_data.prompt_ids),
             self.response_length - len(agent_data.response_mask),
         )
 
+    def _turn_params(self, sampling_params: dict[str, Any], budget: int) -> dict[str, Any]:
+        stop_ids = set(sampling_params.get("stop_token_ids") or []) | set(self.stop_params["stop_token_ids"])
+        return {
+            **sampling_params,
+            **self.stop_params,
+            "stop_token_ids": sorted(stop_ids),
+            "max_tokens": budget,
+        }
+
     async def _handle_generating_state(
         self, agent_data: AgentData, sampling_params: dict[str, Any], ignore_termination: bool = False
     ) -> AgentState:
-        budget = self._turn_budget(agent_data)
+        budget = min(self.max_turn_tokens, self._room(agent_data))
         if budget < 1:
             self.termination = "length_cap"
             return AgentState.TERMINATED
-        stop_ids = self.stop_token_ids | set(sampling_params.get("stop_token_ids") or [])
         state = await super()._handle_generating_state(
-            agent_data, {**sampling_params, "max_tokens": budget}, ignore_termination
+            agent_data, self._turn_params(sampling_params, budget), ignore_termination
         )
-        if state == AgentState.TERMINATED:
-            turn = agent_data.response_ids
-            cut = not turn or turn[-1] not in stop_ids  # no end-of-turn token: a token limit stopped it
-            self.termination = "length_cap" if cut else self._natural_stop(turn)
+        if state != AgentState.TERMINATED:
+            return state
+        turn = agent_data.response_ids
+        text = self.tokenizer.decode(turn)
+        stopped = bool(turn) and (
+            turn[-1] in self.end_token_ids or protocol.find_stop(text, self.stop_strings)
+        )
+        if not stopped or self._room(agent_data) < 1:
+            self.termination = "length_cap"
+            return state
+        if extract_answer(text) is not None:
+            self.termination = "answer"
+        elif protocol.parse_query(text) is not None:
+            self.termination = "turn_cap"
+        elif "</tool_call>" in text:
+            at_cap = bool(self.max_assistant_turns) and agent_data.assistant_turns >= self.max_assistant_turns
+            if self.invalid_action == "retry" and not at_cap:
+                ids = self.tokenizer.encode(protocol.INVALID_ACTION_TEXT, add_special_tokens=False)
+                return self._append_env_tokens(agent_data, ids)
+            self.termination = "error"
+        else:
+            self.termination = "answer"
         return state
 
-    def _natural_stop(self, turn_ids: list[int]) -> str:
-        """Why a turn that ended on EOS ended the rollout: turn cap, unreadable call, or an answer."""
-        text = self.tokenizer.decode(turn_ids)
-        calls = protocol.parse_tool_calls(text)
-        if calls:
-            return "turn_cap"
-        return "error" if "<tool_call>" in text else "answer"
-
-    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
-        before = (
-            list(agent_data.prompt_ids),
-            list(agent_data.response_mask),
-            list(agent_data.response_logprobs),
-            len(agent_data.messages),
-            agent_data.user_turns,
-        )
-        state = await super()._handle_processing_tools_state(agent_data)
-        if state == AgentState.TERMINATED:  # verl dropped a tool response reaching response_length
-            self.termination = "length_cap"
-            del agent_data.messages[before[3] :]
-            return state
-        if self._turn_budget(agent_data) < 1:  # no room for a single new token: drop it, as verl does
-            (agent_data.prompt_ids, agent_data.response_mask, agent_data.response_logprobs) = before[:3]
-            del agent_data.messages[before[3] :]
-            agent_data.user_turns = before[4]
+    def _append_env_tokens(self, agent_data: AgentData, ids: list[int]) -> AgentState:
+        """Append environment tokens (mask 0); cut them to the room left and end if they reach it."""
+        room = self._room(agent_data)
+        full = len(ids) >= room  # the study's rule: obs + sequence >= max_seq_len -> keep what fits, end
+        ids = ids[: max(room, 0)]
+        agent_data.prompt_ids = agent_data.prompt_ids + ids
+        agent_data.response_mask = agent_data.response_mask + [0] * len(ids)
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = agent_data.response_logprobs + [0.0] * len(ids)
+        if full:
             self.termination = "length_cap"
             return AgentState.TERMINATED
-        return state
+        return AgentState.GENERATING
+
+    async def _handle_processing_tools_state(self, agent_data: AgentData) -> AgentState:
+        call = agent_data.tool_calls[0]
+        response, reward, _ = await self._call_tool(call, agent_data.tools_kwargs, agent_data)
+        if reward is not None:
+            agent_data.tool_rewards.append(reward)
+        text = response.text or ""
+        agent_data.messages.append({"role": "tool", "content": text})
+        agent_data.user_turns += 1
+        ids = self.tokenizer.encode(protocol.tool_turn_text(text), add_special_tokens=False)
+        return self._append_env_tokens(agent_data, ids)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
@@ -136,7 +218,7 @@ class SearchAgentLoop(ToolAgentLoop):
             search_errors=int(output.extra_fields.get("search_errors", 0)),
             model_tokens=model_tokens,
             retrieved_tokens=len(output.response_ids) - model_tokens,
-            answered=protocol.extract_answer(text) is not None,
+            answered=extract_answer(text) is not None,
         )
         if not self.mask_retrieved:
             output.response_mask = [1] * len(output.response_ids)

@@ -21,7 +21,8 @@ normalised text (``reward_fns.normalize_answer``) is in the test suite or the tr
 
 Parquet row (what verl's ``RLHFDataset`` and ``SearchAgentLoop`` read)::
 
-    prompt        protocol.build_messages(question)   (chat messages; tools come from tools.yaml)
+    prompt        protocol.build_messages(question)   (the study's user prompt, question as given;
+                                                       tools come from tools.yaml)
     data_source   benchmark name, e.g. "musique"
     agent_name    "search_agent"
     reward_model  {"style": "rule", "ground_truth": {"target": [gold answers]}}
@@ -143,10 +144,17 @@ def check_count(name: str, expected: int, got: int, limit: int | None) -> bool:
     return True
 
 
-def to_verl_row(row: QARow, data_source: str, split: str, index: int) -> dict[str, Any]:
-    """The parquet row verl reads (see the module docstring)."""
+def to_verl_row(
+    row: QARow, data_source: str, split: str, index: int, question_mark: bool = False
+) -> dict[str, Any]:
+    """The parquet row verl reads (see the module docstring).
+
+    ``question_mark`` follows ``protocol.RolloutPreset.question_mark``: False (training, the
+    study's processor) inserts the question as given; True (the study's evaluation loop) strips it
+    and ends it with ``?``.
+    """
     return {
-        "prompt": protocol.build_messages(row.question),
+        "prompt": protocol.build_messages(row.question, question_mark),
         "data_source": data_source,
         "agent_name": AGENT_NAME,
         "reward_model": {"style": "rule", "ground_truth": {"target": list(row.golds)}},

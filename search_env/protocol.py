@@ -1,26 +1,29 @@
 """The rollout protocol (SPEC §4): the one module training and evaluation both import.
 
-It holds the prompt text, the ``search`` tool schema, the tool-call parser (verl's
-``qwen3_coder`` parser, which reads Qwen3.5's native XML calls), the passage formatter, the
-rollout limits and the answer extractor.
+It reproduces the study's own code (GitHub ``sandheepp/reason_over_search`` @16ed974:
+``training_m5_{1,5,6}/``, ``evaluation_qwen35/``; docs/protocol.md tracks every item): the prompt
+text, the ``search`` tool schema, the stop rules, the tool-call query parser, the passage
+formatter and the text of the environment's tool turn, and the two rollout presets (training,
+and the study's evaluation loop); ``extract_answer`` is re-exported from :mod:`reward_fns`.
 
-Rollout shape (Qwen3.5 native; the tool is declared through the chat template's ``tools=``)::
+One rollout, token for token (thinking on; ``E`` = environment tokens, loss mask 0)::
 
-    <|im_start|>user\\n{instruction} Question: {question}<|im_end|>
-    <|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n<tool_call>\\n<function=search>\\n
-    <parameter=query>\\n{query}\\n</parameter>\\n</function>\\n</tool_call><|im_end|>
-    <|im_start|>user\\n<tool_response>\\nDoc 1 (Title: T) text\\n...\\n</tool_response><|im_end|>
-    <|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n<answer> ... </answer><|im_end|>
+    <|im_start|>system\\n# Tools ... search schema ... <|im_end|>\\n          (prompt: chat template)
+    <|im_start|>user\\nUse the `search` tool ... Question: {q}\\n<|im_end|>\\n
+    <|im_start|>assistant\\n<think>\\n                                        (end of the prompt)
+    {reasoning}</think>\\n\\n<tool_call>\\n<function=search>\\n<parameter=query>\\n{query}\\n
+    </parameter>\\n</function>\\n</tool_call>                                 (sampled; stops here)
+    E: <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n"Title"\\ntext\\n</tool_response>\\n
+    E: <tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n   (no <think>)
+    {reasoning}</think>\\n\\n<answer> ... </answer>                           (sampled; stops here)
 """
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from verl.experimental.agent_loop.tool_parser import FunctionCall, Qwen3XMLToolParser, ToolParser
-from verl.tools.schemas import OpenAIFunctionToolSchema
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from reward_fns import extract_answer
 
@@ -29,155 +32,317 @@ if TYPE_CHECKING:
 
 TOOL_NAME = "search"
 TOOL_FORMAT = "qwen3_coder"
-"""verl ``rollout.multi_turn.format``: Qwen3.5 emits Qwen3-Coder XML tool calls (not hermes JSON)."""
+"""verl ``rollout.multi_turn.format``. verl needs a registered parser to build its tool agent loop;
+``SearchAgentLoop`` reads calls with :func:`parse_query` (the study's rule) instead."""
 MAX_ASSISTANT_TURNS = 10
-"""At most this many assistant turns per rollout (paper)."""
+"""At most this many assistant turns per rollout (study: ``grpo.max_rollout_turns`` 10)."""
 MAX_TOTAL_TOKENS = 8192
-"""Whole sequence (prompt + model turns + tool turns), in tokens (paper / study code)."""
+"""Whole sequence (prompt + model turns + tool turns), in tokens (``max_total_sequence_length``)."""
 MAX_TURN_TOKENS = 1024
-"""New tokens per assistant turn (study code)."""
+"""New tokens per assistant turn (``policy.generation.max_new_tokens``)."""
 TOPK = 5
-"""Passages per search (paper)."""
-PASSAGE_CHAR_CAP = 1000
-"""Characters of passage text kept per passage (wiki-18 passages are 100 words, < 1,000 chars)."""
-TITLE_CHAR_CAP = 100
-"""Characters of title kept per passage."""
-TOOL_RESPONSE_CHAR_CAP = 6000
-"""Upper bound on ``format_passages`` output for ``TOPK`` passages, in characters.
+"""Passages per search (``env.search_r1.top_n``)."""
+CHUNK_CHAR_CAP = 1024
+"""Characters kept per passage (``env.search_r1.max_obs_chars`` in every training_m5_* config)."""
+TRUNCATION_MARKER = "\n…[truncated]"
+"""Appended to a cut passage; counted inside the cap (``parsers._truncate_body``)."""
+BLOCK_JOIN = "\n</tool_response>\n<tool_response>\n"
+TOOL_RESPONSE_CHAR_CAP = TOPK * CHUNK_CHAR_CAP + (TOPK - 1) * len(BLOCK_JOIN)
+"""Upper bound, in characters, on one search's tool text (:func:`tool_response_text`).
 
 Set verl's ``rollout.multi_turn.max_tool_response_length`` (characters; verl's default is 256)
 to at least this so verl never truncates a tool response (recipes/tools.yaml documents it)."""
-CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False}
-"""Qwen3.5-0.8B runs non-thinking by default; rollouts and evaluation set it explicitly."""
+CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": True}
+"""The study renders with ``enable_thinking=True`` (``src/processors/search_r1.py``): the first
+generation prompt ends ``<|im_start|>assistant\\n<think>\\n``. Override to turn thinking off:
+``data.apply_chat_template_kwargs.enable_thinking=false`` (docs/protocol.md says what changes)."""
+
+PROMPT_TEMPLATE = (
+    "Use the `search` tool to look up facts as needed. When you have the answer, write it inside "
+    "<answer> and </answer>. For example, <answer> Beijing </answer>.\nQuestion: {}\n"
+)
+"""``training_m5_1/src/prompts/m5_qwen35_user.txt`` verbatim; filled with ``str.format(question)``."""
 
 SEARCH_TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": TOOL_NAME,
-        "description": "Search Wikipedia. Returns the top passages for the query, each as "
-        "'Doc i (Title: T) text'.",
+        "description": (
+            "Search Wikipedia for passages relevant to the query. Returns the top-K most relevant "
+            "chunks. Call this whenever the question requires factual knowledge you do not already have."
+        ),
         "parameters": {
             "type": "object",
-            "properties": {
-                "query": {
-                    "type": "string",
-                    "description": "What to look up, e.g. a name or a short question.",
-                }
-            },
+            "properties": {"query": {"type": "string", "description": "The search query. Be specific."}},
             "required": ["query"],
         },
     },
 }
+"""``QWEN35_SEARCH_TOOL`` (``evaluation_qwen35/flashrag/search_r1/templates.py``), key order kept:
+the chat template renders it with ``tojson``."""
 
-INSTRUCTION = (
-    "Answer the question. You can search Wikipedia with the search tool as often as you need; "
-    "each search returns the top passages. When you know the answer, reply with only the answer "
-    "inside <answer> and </answer>, for example <answer> Beijing </answer>."
+STOP_STRINGS: tuple[str, ...] = ("</tool_call>", "</search>", "</answer>")
+"""Generation stops right after any of these; the stop text stays in the sampled tokens.
+
+The study's config lists ``policy.generation.stop_strings: ["</tool_call>", "</search>",
+"</answer>"]`` and its vLLM worker takes the union with the environment's per-turn
+``next_stop_strings`` (``["</tool_call>", "</answer>"]``), so every turn stops on all three."""
+EVAL_STOP_STRINGS: tuple[str, ...] = ("</tool_call>", "</answer>")
+"""The study's evaluation loop stops on these (and on ``<|im_end|>``/``<|endoftext|>``, our EOS)."""
+
+INVALID_ACTION_TEXT = (
+    "\nMy previous action is invalid. If I want to search, I should call the `search` tool. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
 )
+"""What the study's evaluation loop appends after a ``</tool_call>`` it cannot read (``active_pipeline.py``)."""
+
+RETRIEVER_FAILED_TEXT = "Retriever failed: {}"
+"""The study's tool text for a failed search (``parsers.retriever_failed_message``)."""
+NO_DOCUMENTS_TEXT = "Retriever returned no documents for query: {}"
+"""The study's tool text when the retriever returns nothing (``search_r1_env.step``)."""
+
+ChunkUnit = Literal["chars", "tokens"]
+InvalidAction = Literal["end", "retry"]
+
+
+@dataclass(frozen=True)
+class RolloutPreset:
+    """Rollout limits and rules that differ between the study's training and evaluation loops.
+
+    ``max_assistant_turns``/``max_turn_tokens``/``max_total_tokens`` in turns/tokens;
+    ``chunk_cap`` per passage in ``chunk_cap_unit`` (``tokens`` needs the policy's tokenizer);
+    ``invalid_action``: ``end`` stops the rollout at an unreadable call (training env),
+    ``retry`` appends :data:`INVALID_ACTION_TEXT` and lets the model go on (evaluation loop);
+    ``question_mark``: the question is stripped and ends with ``?`` (evaluation loop) instead of
+    inserted as given (training processor).
+    """
+
+    name: str
+    max_assistant_turns: int
+    max_turn_tokens: int
+    max_total_tokens: int
+    chunk_cap: int
+    chunk_cap_unit: ChunkUnit
+    stop_strings: tuple[str, ...]
+    invalid_action: InvalidAction
+    question_mark: bool
+    source: str
+
+
+TRAIN_PRESET = RolloutPreset(
+    name="train",
+    max_assistant_turns=MAX_ASSISTANT_TURNS,
+    max_turn_tokens=MAX_TURN_TOKENS,
+    max_total_tokens=MAX_TOTAL_TOKENS,
+    chunk_cap=CHUNK_CHAR_CAP,
+    chunk_cap_unit="chars",
+    stop_strings=STOP_STRINGS,
+    invalid_action="end",
+    question_mark=False,
+    source="training_m5_* configs, environments/search_r1_env.py",
+)
+STUDY_EVAL_PRESET = RolloutPreset(
+    name="study_eval",
+    max_assistant_turns=5,
+    max_turn_tokens=MAX_TOTAL_TOKENS,
+    max_total_tokens=MAX_TOTAL_TOKENS,
+    chunk_cap=120,
+    chunk_cap_unit="tokens",
+    stop_strings=EVAL_STOP_STRINGS,
+    invalid_action="retry",
+    question_mark=True,
+    source="evaluation_qwen35/flashrag/pipeline/active_pipeline.py (qwen35 modes)",
+)
+PRESETS: dict[str, RolloutPreset] = {p.name: p for p in (TRAIN_PRESET, STUDY_EVAL_PRESET)}
+
+_QUERY = re.compile(r"<tool_call>.*?<parameter=query>\s*(.*?)\s*</parameter>.*?</tool_call>", re.DOTALL)
+_BLOCK = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 __all__ = [
+    "BLOCK_JOIN",
     "CHAT_TEMPLATE_KWARGS",
-    "INSTRUCTION",
+    "CHUNK_CHAR_CAP",
+    "EVAL_STOP_STRINGS",
+    "INVALID_ACTION_TEXT",
     "MAX_ASSISTANT_TURNS",
     "MAX_TOTAL_TOKENS",
     "MAX_TURN_TOKENS",
-    "PASSAGE_CHAR_CAP",
+    "NO_DOCUMENTS_TEXT",
+    "PRESETS",
+    "PROMPT_TEMPLATE",
+    "RETRIEVER_FAILED_TEXT",
     "SEARCH_TOOL_SCHEMA",
-    "TITLE_CHAR_CAP",
+    "STOP_STRINGS",
+    "STUDY_EVAL_PRESET",
     "TOOL_FORMAT",
     "TOOL_NAME",
     "TOOL_RESPONSE_CHAR_CAP",
     "TOPK",
+    "TRAIN_PRESET",
+    "TRUNCATION_MARKER",
+    "RolloutPreset",
     "build_messages",
+    "cap_chunk",
     "extract_answer",
-    "format_passages",
-    "get_tool_parser",
-    "normalize_question",
-    "parse_tool_calls",
+    "find_stop",
+    "format_question",
+    "parse_query",
+    "passage_contents",
+    "render_answer",
     "render_search_call",
-    "search_queries",
+    "scripted_turn_ids",
+    "stop_sampling_params",
+    "tool_response_contents",
+    "tool_response_text",
+    "tool_turn_text",
 ]
 
 
-def normalize_question(question: str) -> str:
-    """Strip whitespace and end the question with ``?`` (Search-R1). Raises on an empty question."""
+def format_question(question: str, question_mark: bool = False) -> str:
+    """The question as the prompt shows it.
+
+    ``question_mark=False`` (training): as given, untouched (the study's processor inserts the
+    dataset's ``messages[0].content`` raw). ``True`` (the study's evaluation loop): stripped, and
+    ``?`` appended unless it already ends with one. A question that is empty after stripping raises
+    ValueError; a non-string raises TypeError.
+    """
     if not isinstance(question, str):
         raise TypeError(f"question must be a string, got {type(question).__name__}")
     q = question.strip()
     if not q:
         raise ValueError("question is empty: every dataset row needs a non-empty 'question'")
+    if not question_mark:
+        return question
     return q if q.endswith("?") else q + "?"
 
 
-def build_messages(question: str) -> list[dict[str, str]]:
-    """Chat messages for one question: a single user turn (the tool comes in via ``tools=``)."""
-    return [{"role": "user", "content": f"{INSTRUCTION} Question: {normalize_question(question)}"}]
+def build_messages(question: str, question_mark: bool = False) -> list[dict[str, str]]:
+    """Chat messages for one question: one user turn, no system message (the tool comes via ``tools=``)."""
+    return [{"role": "user", "content": PROMPT_TEMPLATE.format(format_question(question, question_mark))}]
 
 
 def render_search_call(query: str) -> str:
-    """The exact text Qwen3.5's template renders (and the model emits) for one search call."""
+    """The text Qwen3.5's template renders (and the model emits) for one search call."""
     return f"<tool_call>\n<function={TOOL_NAME}>\n<parameter=query>\n{query}\n</parameter>\n</function>\n</tool_call>"
 
 
-def _clip(text: str, cap: int) -> str:
-    return text if len(text) <= cap else text[: cap - 3].rstrip() + "..."
+def render_answer(answer: str) -> str:
+    """An answer in the shape the prompt's example shows: ``<answer> X </answer>``."""
+    return f"<answer> {answer} </answer>"
 
 
-def format_passages(passages: Sequence[Passage], topk: int = TOPK) -> str:
-    """One line per passage, ``Doc i (Title: T) text`` (i from 1), at most ``topk`` passages.
+def parse_query(text: str) -> str | None:
+    """The search query of one assistant turn, by the study's rule; None when there is none.
 
-    Titles are clipped to ``TITLE_CHAR_CAP`` and texts to ``PASSAGE_CHAR_CAP`` characters
-    (``...`` marks a clip), so ``TOPK`` passages always fit ``TOOL_RESPONSE_CHAR_CAP``.
-    No passages -> ``"No passages found."``.
+    The first ``<tool_call>…<parameter=query>Q</parameter>…</tool_call>`` (the call must be
+    closed), Q stripped of surrounding whitespace; the function name is not checked; an empty Q is
+    no query (``evaluation_qwen35/flashrag/search_r1/parser.py::extract_tool_call_query``, which
+    the training environment re-exports).
     """
-    lines = [
-        f"Doc {i} (Title: {_clip(p.title.strip(), TITLE_CHAR_CAP)}) {_clip(p.text.strip(), PASSAGE_CHAR_CAP)}"
-        for i, p in enumerate(list(passages)[:topk], start=1)
-    ]
-    return "\n".join(lines) if lines else "No passages found."
+    match = _QUERY.search(text)
+    if match is None:
+        return None
+    query = match.group(1).strip()
+    return query or None
 
 
-_TOOL_SCHEMAS = [OpenAIFunctionToolSchema.model_validate(SEARCH_TOOL_SCHEMA)]
+def find_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> int | None:
+    """Index just past the earliest occurrence of any stop string in ``text``; None if none occurs."""
+    ends = [i + len(s) for s in stops if (i := text.find(s)) != -1]
+    return min(ends) if ends else None
 
 
-def get_tool_parser(tokenizer: Any) -> ToolParser:
-    """verl's ``qwen3_coder`` parser bound to ``tokenizer`` (what verl's agent loop uses)."""
-    return ToolParser.get_tool_parser(TOOL_FORMAT, tokenizer)
+def _single_token_ids(tokenizer: Any, stops: Sequence[str]) -> list[int]:
+    ids = (tokenizer.encode(s, add_special_tokens=False) for s in stops)
+    return sorted({int(i[0]) for i in ids if len(i) == 1})
 
 
-class _TextTokenizer:
-    """Lets verl's id-based parser read text: ``decode`` is the identity."""
+def stop_sampling_params(tokenizer: Any, stops: Sequence[str] = STOP_STRINGS) -> dict[str, Any]:
+    """Sampling-parameter keys that make a backend stop right after any of ``stops``, keeping it.
 
-    @staticmethod
-    def decode(text: str) -> str:
-        return text
-
-
-_TEXT_PARSER = Qwen3XMLToolParser(_TextTokenizer())
-
-
-def parse_tool_calls(text: str) -> list[FunctionCall]:
-    """Tool calls in one assistant turn's text, parsed exactly as verl's ``qwen3_coder`` parser does.
-
-    Each ``FunctionCall`` has ``name`` and ``arguments`` (a JSON string). Text without a
-    ``<tool_call>`` tag has no calls. Synchronous twin of ``get_tool_parser(tok).extract_tool_calls``.
+    ``stop`` + ``include_stop_str_in_output`` (vLLM semantics: the detokenised output is checked
+    after every token), plus ``stop_token_ids`` for each stop string that is a single token in
+    ``tokenizer`` (Qwen3.5's ``</tool_call>``): a token-id stop fires even where a backend
+    detokenises with ``skip_special_tokens``. Both keep the stopping token in the output ids.
     """
-    if _TEXT_PARSER.tool_call_start_token not in text:
-        return []
-    calls = (
-        _TEXT_PARSER._parse_xml_function_call(s, _TOOL_SCHEMAS)
-        for s in _TEXT_PARSER._get_function_calls(text)
+    return {
+        "stop": list(stops),
+        "include_stop_str_in_output": True,
+        "stop_token_ids": _single_token_ids(tokenizer, stops),
+    }
+
+
+def scripted_turn_ids(tokenizer: Any, text: str, stops: Sequence[str] = STOP_STRINGS) -> list[int]:
+    """Token ids a generator that honours ``stops`` would emit for ``text``.
+
+    ``text`` up to and including its first stop string; a text without one ends with EOS.
+    """
+    end = find_stop(text, stops)
+    if end is not None:
+        return tokenizer.encode(text[:end], add_special_tokens=False)
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def passage_contents(passage: Passage) -> str:
+    """The wiki-18 ``contents`` of a passage: ``passage.contents`` when the client kept it, else
+    rebuilt as ``"Title"\\ntext`` (exact for the wiki-18 rows whose title line is quoted)."""
+    raw = getattr(passage, "contents", "")
+    return raw if raw else f'"{passage.title}"\n{passage.text}'
+
+
+def cap_chunk(
+    contents: str, cap: int = CHUNK_CHAR_CAP, unit: ChunkUnit = "chars", tokenizer: Any = None
+) -> str:
+    """One passage cut to ``cap`` characters or tokens, ending with :data:`TRUNCATION_MARKER` if cut.
+
+    ``chars`` (training, ``parsers._truncate_body``): longer than ``cap`` characters -> the first
+    ``cap - len(marker)`` characters + marker (exactly ``cap`` characters). ``tokens`` (evaluation,
+    ``active_pipeline.py``): more than ``cap`` tokens -> the first ``cap - len(marker tokens)``
+    tokens decoded (special tokens skipped) + marker. ``cap < 1`` raises ValueError.
+    """
+    if cap < 1:
+        raise ValueError(f"chunk cap must be >= 1, got {cap}")
+    if unit == "chars":
+        if len(contents) <= cap:
+            return contents
+        return contents[: max(0, cap - len(TRUNCATION_MARKER))] + TRUNCATION_MARKER
+    if unit != "tokens":
+        raise ValueError(f"chunk cap unit must be 'chars' or 'tokens', got {unit!r}")
+    if tokenizer is None:
+        raise ValueError("a chunk cap in tokens needs the policy's tokenizer")
+    ids = tokenizer.encode(contents, add_special_tokens=False)
+    if len(ids) <= cap:
+        return contents
+    keep = max(0, cap - len(tokenizer.encode(TRUNCATION_MARKER, add_special_tokens=False)))
+    return tokenizer.decode(ids[:keep], skip_special_tokens=True) + TRUNCATION_MARKER
+
+
+def tool_response_text(chunks: Sequence[str]) -> str:
+    """The content of ONE tool message holding one ``<tool_response>`` block per chunk.
+
+    Qwen3.5's chat template wraps a tool message as ``<tool_response>\\n{content}\\n</tool_response>``;
+    joining the chunks with :data:`BLOCK_JOIN` therefore renders exactly the study's blocks
+    (``parsers.format_docs_qwen_native``), both through :func:`tool_turn_text` and through the
+    template of a stock verl ``ToolAgentLoop``. ``chunks`` must be non-empty.
+    """
+    if not chunks:
+        raise ValueError("a tool response needs at least one chunk")
+    return BLOCK_JOIN.join(chunks)
+
+
+def tool_turn_text(response_text: str) -> str:
+    """The environment's tokens after a stopped tool call, as text (the study's hand-built turn).
+
+    Closes the assistant turn (generation stopped at ``</tool_call>``, no ``<|im_end|>`` sampled),
+    opens a user turn with the blocks, and re-opens the assistant turn without ``<think>``.
+    """
+    return (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+        f"{response_text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
-    return [c for c in calls if c is not None]
 
 
-def search_queries(text: str) -> list[str]:
-    """The non-empty ``query`` arguments of the ``search`` calls in ``text``, in order."""
-    queries = []
-    for call in parse_tool_calls(text):
-        if call.name != TOOL_NAME:
-            continue
-        query = json.loads(call.arguments).get("query")
-        if isinstance(query, str) and query.strip():
-            queries.append(query.strip())
-    return queries
+def tool_response_contents(text: str) -> list[str]:
+    """The chunk of every ``<tool_response>`` block in ``text`` (e.g. a decoded prompt), in order."""
+    return _BLOCK.findall(text)

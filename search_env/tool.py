@@ -5,14 +5,19 @@ Declared in a tool YAML (``rollout.multi_turn.tool_config_path``, see recipes/to
     tools:
       - class_name: search_env.tool.SearchTool
         config: {type: native, retrieval_urls: ["http://127.0.0.1:8000"], topk: 5,
-                 timeout: 30, max_retries: 3}
+                 chunk_cap: 1024, chunk_cap_unit: chars, timeout: 30, max_retries: 3}
+
+The text returned is ``protocol.tool_response_text``: one ``<tool_response>`` block per passage
+with its raw wiki-18 ``contents``, each cut by ``protocol.cap_chunk`` (the study's
+``format_docs_qwen_native``). A failed search returns the study's ``Retriever failed: ...`` and an
+empty result ``Retriever returned no documents for query: ...``, both as one block.
 
 verl creates ONE instance per agent-loop worker and shares it between all concurrent
 trajectories, running ``create -> execute -> release`` on every call; so the tool keeps no
 per-trajectory state. Per-rollout counters go to ``agent_data.extra_fields``:
 ``searches`` (search calls executed) and ``search_errors`` (calls that returned an error text
-instead of passages: a failed retrieval or a missing/empty query). A failure never raises:
-the model sees a short error text and the rollout goes on.
+instead of passages: a failed retrieval, no passage, or a missing/empty query). A failure never
+raises: the model sees a short error text and the rollout goes on.
 """
 
 from __future__ import annotations
@@ -28,10 +33,8 @@ from search_env.retrieval.client import RetrievalClient, RetrievalError
 
 log = logging.getLogger(__name__)
 
-RETRIEVAL_FAILED_TEXT = (
-    "Search failed: the search service did not answer. Try again, or answer with what you know."
-)
 EMPTY_QUERY_TEXT = "Search failed: the search call needs a non-empty 'query' string."
+"""Only a stock verl loop sends an empty query: ``SearchAgentLoop`` reads none (``protocol.parse_query``)."""
 
 
 def _count(agent_data: Any, key: str) -> None:
@@ -41,11 +44,13 @@ def _count(agent_data: Any, key: str) -> None:
 
 
 class SearchTool(BaseTool):
-    """Wikipedia search through the retrieval server; returns ``protocol.format_passages`` text.
+    """Wikipedia search through the retrieval server; returns ``protocol.tool_response_text`` text.
 
     Config keys: ``type: native`` (verl), ``retrieval_urls`` (list of server base URLs, or one
-    string; required), ``topk`` (default ``protocol.TOPK``), ``timeout`` (seconds per HTTP try,
-    default 30), ``max_retries`` (extra tries, default 3), ``backoff`` (seconds, default 0.5).
+    string; required), ``topk`` (default ``protocol.TOPK``), ``chunk_cap`` (per passage, default
+    ``protocol.CHUNK_CHAR_CAP``) in ``chunk_cap_unit`` (``chars``, default, or ``tokens``; tokens
+    need ``tokenizer``: the policy's model folder), ``timeout`` (seconds per HTTP try, default 30),
+    ``max_retries`` (extra tries, default 3), ``backoff`` (seconds, default 0.5).
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
@@ -60,12 +65,32 @@ class SearchTool(BaseTool):
         self.topk = int(config.get("topk", protocol.TOPK))
         if self.topk < 1:
             raise ValueError(f"SearchTool config: 'topk' must be >= 1, got {self.topk}")
+        self.chunk_cap = int(config.get("chunk_cap", protocol.CHUNK_CHAR_CAP))
+        self.chunk_cap_unit = str(config.get("chunk_cap_unit", "chars"))
+        if self.chunk_cap < 1 or self.chunk_cap_unit not in ("chars", "tokens"):
+            raise ValueError(
+                "SearchTool config: 'chunk_cap' must be >= 1 and 'chunk_cap_unit' 'chars' or 'tokens', "
+                f"got {self.chunk_cap} {self.chunk_cap_unit!r}"
+            )
+        self.tokenizer = None
+        if self.chunk_cap_unit == "tokens":
+            if not config.get("tokenizer"):
+                raise ValueError(
+                    "SearchTool config: chunk_cap_unit 'tokens' needs 'tokenizer' (the policy's model folder)"
+                )
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(config["tokenizer"]))
         self.client = RetrievalClient(
             list(urls) if not isinstance(urls, str) else urls,
             timeout=float(config.get("timeout", 30.0)),
             max_retries=int(config.get("max_retries", 3)),
             backoff=float(config.get("backoff", 0.5)),
         )
+
+    def _text(self, chunks: list[str]) -> str:
+        capped = [protocol.cap_chunk(c, self.chunk_cap, self.chunk_cap_unit, self.tokenizer) for c in chunks]
+        return protocol.tool_response_text(capped)
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
@@ -82,9 +107,13 @@ class SearchTool(BaseTool):
         except RetrievalError as err:
             log.warning("search for %r failed: %s", query, err)
             _count(agent_data, "search_errors")
-            return ToolResponse(text=RETRIEVAL_FAILED_TEXT), 0.0, {"error": "retrieval"}
-        return (
-            ToolResponse(text=protocol.format_passages(passages, topk=self.topk)),
-            0.0,
-            {"hits": len(passages)},
-        )
+            return (
+                ToolResponse(text=self._text([protocol.RETRIEVER_FAILED_TEXT.format(err)])),
+                0.0,
+                {"error": "retrieval"},
+            )
+        if not passages:
+            _count(agent_data, "search_errors")
+            return ToolResponse(text=self._text([protocol.NO_DOCUMENTS_TEXT.format(query)])), 0.0, {"hits": 0}
+        chunks = [protocol.passage_contents(p) for p in passages[: self.topk]]
+        return ToolResponse(text=self._text(chunks)), 0.0, {"hits": len(passages)}

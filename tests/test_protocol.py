@@ -1,83 +1,236 @@
-"""The one protocol module: prompt, schema, parser (verl qwen3_coder), passage formatter."""
+"""The one protocol module against the study's own code (sandheepp/reason_over_search @16ed974).
+
+The ``STUDY_*`` literals below are the study's values copied from its files (facts, not code):
+they are what the protocol must equal, so each test can fail if ours drifts.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
+from verl.tools.schemas import OpenAIFunctionToolSchema
+from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
 from search_env import protocol
 from search_env.retrieval.corpus import Passage
 
+# training_m5_1/src/prompts/m5_qwen35_user.txt
+STUDY_PROMPT = (
+    "Use the `search` tool to look up facts as needed. When you have the answer, write it inside <answer> "
+    "and </answer>. For example, <answer> Beijing </answer>.\nQuestion: {}\n"
+)
+# evaluation_qwen35/flashrag/search_r1/templates.py::QWEN35_SEARCH_TOOL
+STUDY_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search Wikipedia for passages relevant to the query. Returns the top-K most relevant "
+        "chunks. Call this whenever the question requires factual knowledge you do not already have.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "The search query. Be specific."}},
+            "required": ["query"],
+        },
+    },
+}
+# Qwen3.5's chat template: the text after the <tools> list (Apache-2.0, Qwen).
+QWEN35_TOOL_INSTRUCTIONS = (
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
+    "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow "
+    "the specified format: an inner <function=...></function> block must be nested within "
+    "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional "
+    "reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If "
+    "there is no function call available, answer the question like normal with your current knowledge and "
+    "do not tell the user about function calls\n</IMPORTANT>"
+)
 
-def test_normalize_question():
-    assert protocol.normalize_question("  who wrote hamlet ") == "who wrote hamlet?"
-    assert protocol.normalize_question("Who wrote Hamlet?") == "Who wrote Hamlet?"
+
+def study_first_prompt(question: str) -> str:
+    """What the study's processor renders: one user turn, tools=[QWEN35_SEARCH_TOOL], enable_thinking=True."""
+    return (
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        + json.dumps(STUDY_TOOL, ensure_ascii=False)
+        + "\n</tools>"
+        + QWEN35_TOOL_INSTRUCTIONS
+        + "<|im_end|>\n<|im_start|>user\n"
+        + STUDY_PROMPT.format(question).strip()  # the template trims message content
+        + "<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
+
+
+def study_truncate(body: str, cap: int) -> str:
+    """training_m5_5/src/environments/parsers.py::_truncate_body."""
+    marker = "\n…[truncated]"
+    return body if len(body) <= cap else body[: max(0, cap - len(marker))] + marker
+
+
+def study_tool_turn(docs: list[str], cap: int = 1024) -> str:
+    """training_m5_5/src/environments/parsers.py::format_docs_qwen_native."""
+    body = "\n".join(f"<tool_response>\n{study_truncate(d, cap)}\n</tool_response>" for d in docs)
+    return f"<|im_end|>\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_prompt_text_schema_and_thinking_are_the_study_values():
+    assert protocol.PROMPT_TEMPLATE == STUDY_PROMPT
+    assert protocol.SEARCH_TOOL_SCHEMA == STUDY_TOOL
+    assert json.dumps(protocol.SEARCH_TOOL_SCHEMA) == json.dumps(STUDY_TOOL)  # key order: rendered by tojson
+    assert protocol.CHAT_TEMPLATE_KWARGS == {"enable_thinking": True}
+    assert protocol.STOP_STRINGS == ("</tool_call>", "</search>", "</answer>")
+    assert protocol.CHUNK_CHAR_CAP == 1024 and protocol.TOPK == 5
+
+
+@pytest.mark.parametrize("question", ["who wrote hamlet", "Who wrote Hamlet?", "  spaced question  "])
+def test_first_prompt_equals_the_study_rendering_byte_for_byte(tok, question):
+    """verl's own prompt builder (the agent loop's first tokens) == the study's rendered string."""
+    schema = OpenAIFunctionToolSchema.model_validate(protocol.SEARCH_TOOL_SCHEMA)
+    tools = [schema.model_dump(exclude_unset=True, exclude_none=True)]  # what ToolAgentLoop passes
+    builder = create_continuous_token_builder(
+        tok, hf_model_type="qwen3_5", chat_template_kwargs=protocol.CHAT_TEMPLATE_KWARGS
+    )
+    ids = builder.build_initial_tokens(protocol.build_messages(question), tools=tools)
+    expected = study_first_prompt(question)
+    assert tok.decode(ids) == expected
+    assert ids == tok(expected, add_special_tokens=False)["input_ids"]  # the study tokenises the string
+
+
+def test_question_rules():
+    assert protocol.format_question("  who wrote hamlet ") == "  who wrote hamlet "  # training: as given
+    assert protocol.format_question("  who wrote hamlet ", question_mark=True) == "who wrote hamlet?"
+    assert protocol.format_question("Who?", question_mark=True) == "Who?"
     with pytest.raises(ValueError, match="question"):
-        protocol.normalize_question("  ")
+        protocol.format_question("  ")
+    with pytest.raises(TypeError):
+        protocol.format_question(None)  # type: ignore[arg-type]
+    (message,) = protocol.build_messages("who wrote hamlet", question_mark=True)
+    assert message == {"role": "user", "content": STUDY_PROMPT.format("who wrote hamlet?")}
 
 
-def test_messages_carry_instruction_and_question():
-    (message,) = protocol.build_messages("who wrote hamlet")
-    assert message["role"] == "user"
-    assert message["content"].endswith("Question: who wrote hamlet?")
-    assert "<answer>" in message["content"] and "</answer>" in message["content"]
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        (protocol.render_search_call("capital of France"), "capital of France"),
+        (
+            "think</think>\n\n<tool_call>\n<function=lookup>\n<parameter=query>\n  q1 \n</parameter>\n</function>\n</tool_call>",
+            "q1",
+        ),
+        (
+            "<tool_call><function=search><parameter=query>a</parameter></function></tool_call>"
+            "<tool_call><function=search><parameter=query>b</parameter></function></tool_call>",
+            "a",
+        ),
+        (
+            "<tool_call>\n<function=search>\n<parameter=query>\nq\n</parameter>\n</function>\n",
+            None,
+        ),  # unclosed
+        (
+            "<tool_call>\n<function=search>\n<parameter=query>\n \n</parameter>\n</function>\n</tool_call>",
+            None,
+        ),
+        ("<tool_call>\n<function=search>\n<parameter=q>\nx\n</parameter>\n</function>\n</tool_call>", None),
+        ("<answer> Paris </answer>", None),
+    ],
+)
+def test_parse_query_is_the_study_rule(text, query):
+    assert protocol.parse_query(text) == query
 
 
-def test_schema_is_one_required_string_query():
-    fn = protocol.SEARCH_TOOL_SCHEMA["function"]
-    assert fn["name"] == "search" and fn["parameters"]["required"] == ["query"]
-    assert fn["parameters"]["properties"] == {
-        "query": {"type": "string", "description": fn["parameters"]["properties"]["query"]["description"]}
-    }
+def test_stop_rules(tok):
+    assert protocol.find_stop("a</answer>b</tool_call>") == len("a</answer>")
+    assert protocol.find_stop("no stop here") is None
+    params = protocol.stop_sampling_params(tok)
+    assert params["stop"] == list(protocol.STOP_STRINGS) and params["include_stop_str_in_output"] is True
+    # </tool_call> is one token (as in Qwen3.5); </answer> and </search> are not
+    assert params["stop_token_ids"] == [tok.convert_tokens_to_ids("</tool_call>")]
+    call = "x</think>\n\n" + protocol.render_search_call("q")
+    assert protocol.scripted_turn_ids(tok, call + "<tool_response>invented") == tok.encode(call)
+    assert protocol.scripted_turn_ids(tok, "plain") == tok.encode("plain") + [tok.eos_token_id]
 
 
-def test_format_passages_and_cap():
-    passages = [Passage(id=str(i), title=f"T{i}", text=f"text {i}") for i in range(7)]
-    assert protocol.format_passages(passages[:2]) == "Doc 1 (Title: T0) text 0\nDoc 2 (Title: T1) text 1"
-    assert protocol.format_passages(passages).count("\n") == protocol.TOPK - 1
-    assert protocol.format_passages([]) == "No passages found."
-    huge = [Passage(id="x", title="t" * 500, text="w" * 5000) for _ in range(protocol.TOPK)]
-    text = protocol.format_passages(huge)
-    assert len(text) <= protocol.TOOL_RESPONSE_CHAR_CAP
-    assert text.startswith("Doc 1 (Title: " + "t" * 97 + "...) " + "w" * 997 + "...")
+def test_chunk_caps(tok):
+    exact = "x" * 1024
+    assert protocol.cap_chunk(exact) == exact
+    cut = protocol.cap_chunk(exact + "y")
+    assert len(cut) == 1024 and cut == study_truncate(exact + "y", 1024)
+    long = " ".join(f"word{i}" for i in range(400))
+    capped = protocol.cap_chunk(long, 120, "tokens", tok)
+    marker_ids = tok.encode(protocol.TRUNCATION_MARKER, add_special_tokens=False)
+    head = tok.decode(
+        tok.encode(long, add_special_tokens=False)[: 120 - len(marker_ids)], skip_special_tokens=True
+    )
+    assert capped == head + protocol.TRUNCATION_MARKER  # active_pipeline.py's token cap
+    assert protocol.cap_chunk("short", 120, "tokens", tok) == "short"
+    with pytest.raises(ValueError, match="tokenizer"):
+        protocol.cap_chunk(long, 120, "tokens")
+    with pytest.raises(ValueError, match=">= 1"):
+        protocol.cap_chunk("x", 0)
 
 
-def test_parser_matches_verl_parser_on_model_tokens(tiny_model_dir):
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    text = "Let me look.\n\n" + protocol.render_search_call("capital of France") + "<|im_end|>"
-    calls = protocol.parse_tool_calls(text)
-    content, verl_calls = asyncio.run(protocol.get_tool_parser(tok).extract_tool_calls(tok.encode(text)))
-    assert content == "Let me look.\n\n"
-    assert calls == verl_calls and [c.name for c in calls] == ["search"]
-    assert json.loads(calls[0].arguments) == {"query": "capital of France"}
-    assert protocol.search_queries(text) == ["capital of France"]
-    assert protocol.search_queries("<answer> Paris </answer>") == []
+@given(docs=st.lists(st.text(min_size=1, max_size=1500), min_size=1, max_size=5))
+def test_tool_turn_equals_format_docs_qwen_native(docs):
+    chunks = [protocol.cap_chunk(d) for d in docs]
+    text = protocol.tool_turn_text(protocol.tool_response_text(chunks))
+    assert text == study_tool_turn(docs)
+    assert len(protocol.tool_response_text(chunks)) <= protocol.TOOL_RESPONSE_CHAR_CAP
 
 
-def test_answer_extractor_is_reward_fns():
+def test_one_tool_message_renders_one_block_per_passage(tok):
+    """The tool text, as ONE template tool message, renders like one tool message per passage."""
+    docs = ['"Paris"\nParis is the capital of France.', '"France"\nFrance is a country.']
+    prefix = protocol.build_messages("q") + [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "search", "arguments": {"query": "x"}}}],
+        }
+    ]
+    one = tok.apply_chat_template(
+        prefix + [{"role": "tool", "content": protocol.tool_response_text(docs)}], tokenize=False
+    )
+    many = tok.apply_chat_template(prefix + [{"role": "tool", "content": d} for d in docs], tokenize=False)
+    assert one == many
+    assert protocol.tool_response_contents(one) == docs
+
+
+def test_passage_contents_prefers_the_raw_row():
+    assert (
+        protocol.passage_contents(Passage(id="1", title="Paris", text="Paris is big."))
+        == '"Paris"\nParis is big.'
+    )
+
+
+def test_presets():
+    train, study = protocol.PRESETS["train"], protocol.PRESETS["study_eval"]
+    assert (train.max_assistant_turns, train.max_turn_tokens, train.max_total_tokens) == (10, 1024, 8192)
+    assert (train.chunk_cap, train.chunk_cap_unit, train.invalid_action, train.question_mark) == (
+        1024,
+        "chars",
+        "end",
+        False,
+    )
+    assert (study.max_assistant_turns, study.max_turn_tokens, study.max_total_tokens) == (5, 8192, 8192)
+    assert (study.chunk_cap, study.chunk_cap_unit, study.invalid_action, study.question_mark) == (
+        120,
+        "tokens",
+        "retry",
+        True,
+    )
+    assert study.stop_strings == ("</tool_call>", "</answer>")
+
+
+def test_answer_helpers():
     from reward_fns import extract_answer
 
     assert protocol.extract_answer is extract_answer
-    assert (
-        protocol.extract_answer("<tool_response><answer>x</answer></tool_response><answer> Paris </answer>")
-        == "Paris"
-    )
-
-
-def test_chat_template_declares_tool_natively(tiny_model_dir):
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    text = tok.apply_chat_template(
-        protocol.build_messages("q"),
-        tools=[protocol.SEARCH_TOOL_SCHEMA],
-        tokenize=False,
-        add_generation_prompt=True,
-        **protocol.CHAT_TEMPLATE_KWARGS,
-    )
-    assert text.startswith(
-        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-        + json.dumps(protocol.SEARCH_TOOL_SCHEMA)
-    )
-    assert text.endswith("Question: q?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert protocol.render_answer("Paris") == "<answer> Paris </answer>"
+    assert extract_answer(protocol.render_answer("Paris")) == "Paris"
