@@ -207,3 +207,61 @@ def test_cli_convert_and_recall(flat_path, tmp_path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "no such index file" in bad.stderr
+
+
+def _shared_mappings_of(path) -> list[str]:
+    """Permission strings of this process's mappings of `path` (Linux /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        return [line.split()[1] for line in maps if line.rstrip().endswith(str(path))]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps (Linux only)")
+@pytest.mark.parametrize("factory", ["IVF64,SQ8", "IVF64,Flat", "Flat", "HNSW16"])
+def test_load_index_memory_maps_the_file_and_searches_the_same(tmp_path, factory) -> None:
+    x = clustered_vectors(5000)
+    index = faiss.index_factory(DIM, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    path = tmp_path / "probe.index"
+    faiss.write_index(index, str(path))
+    del index
+    read = load_index(path, nprobe=8, use_gpu=False, mmap=False)
+    assert not read.mapped and _shared_mappings_of(path) == []  # read into memory: no mapping left
+    mapped = load_index(path, nprobe=8, use_gpu=False)  # the default
+    assert mapped.mapped and mapped.describe()["index_mapped"] is True
+    assert _shared_mappings_of(path) == ["r--s"]  # one read-only shared mapping: one page-cache copy
+    queries = x[:50] + 0.01
+    for a, b in zip(mapped.index.search(queries, 10), read.index.search(queries, 10), strict=True):
+        np.testing.assert_array_equal(a, b)
+    del mapped
+    assert _shared_mappings_of(path) == []  # unmapped with the index
+
+
+def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> None:
+    """`serve --backend dense` end to end (tiny local BERT, IVF index over the demo corpus): the
+    server memory-maps the index by default (/health says so) and returns the passages of an
+    in-process retriever over the same index read into memory."""
+    import httpx
+
+    from search_env.retrieval.encoder import Encoder, build_tiny_encoder
+    from search_env.retrieval.index import build_index
+    from search_env.retrieval.server import spawn_server
+
+    encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
+    encoder = Encoder(encoder_dir, use_gpu=False)
+    index_path = tmp_path / "demo_IVF16_SQ8.index"
+    build_index(Corpus(DEMO_CORPUS), encoder, index_path, "IVF16,SQ8", use_gpu=False)
+    serve = ["--backend", "dense", "--corpus", str(DEMO_CORPUS), "--index", str(index_path)]
+    serve += ["--encoder", str(encoder_dir), "--nprobe", "4", "--gpu", "off"]
+    queries = ["Evan Morris lobbyist", "who won the world cup", "American football"]
+    with spawn_server(serve, log_path=tmp_path / "server.log") as server:
+        body = {"queries": queries, "topk": 5, "return_scores": True}
+        served = httpx.post(f"{server.url}/retrieve", json=body, timeout=60).json()["result"]
+        health = httpx.get(f"{server.url}/health").json()
+    direct = DenseRetriever(
+        Corpus(DEMO_CORPUS), encoder, load_index(index_path, 4, use_gpu=False, mmap=False)
+    )
+    expected = direct.search(queries, 5)
+    assert [[it["document"]["id"] for it in r] for r in served] == [[p.id for p in ps] for ps in expected]
+    assert all(len(r) == 5 for r in served)
+    assert health["index_mapped"] is True and health["index_type"] == "IVF16,SQ8" and health["nprobe"] == 4

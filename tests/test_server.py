@@ -262,3 +262,176 @@ def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
             assert after.json()["result"] == [[Corpus(DEMO_CORPUS).row(2)]]
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------- query cache
+
+
+@pytest.fixture(scope="module")
+def uncached_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "uncached.log"
+    proc = spawn_server(
+        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5", "--cache-size", "0"],
+        startup_timeout_s=60,
+        log_path=log,
+    )
+    yield proc
+    proc.stop()
+
+
+def _grpo_like_requests() -> list[tuple[str, dict]]:
+    """64 requests over the three endpoints: 16 distinct queries sent 4 times each (as a GRPO group
+    repeats its first search), with topk varying per query."""
+    queries = _queries()[:16]
+    requests = []
+    for repeat in range(4):
+        for i, query in enumerate(queries):
+            k = 1 + i % 5
+            kind = (i + repeat) % 3
+            if kind == 0:
+                requests.append(("/retrieve", {"queries": [query], "topk": k, "return_scores": True}))
+            elif kind == 1:
+                requests.append(("/search", {"query": query, "top_n": k, "return_score": True}))
+            else:
+                requests.append(("/batch_search", {"query": [query, queries[-1 - i]], "top_n": k}))
+    return requests
+
+
+def _ask_concurrently(url: str, requests: list[tuple[str, dict]]) -> list:
+    async def ask(client: httpx.AsyncClient, path: str, body: dict) -> object:
+        response = await client.post(f"{url}{path}", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def run() -> list:
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(ask(client, path, body) for path, body in requests))
+
+    return asyncio.run(run())
+
+
+def test_cache_gives_identical_answers_under_64_concurrent_clients(server, uncached_server, direct) -> None:
+    requests = _grpo_like_requests()
+    assert len(requests) == 64
+    before = httpx.get(f"{server.url}/health").json()["cache"]
+    cached = [_ask_concurrently(server.url, requests) for _ in range(2)]  # 2nd round: all from the cache
+    after = httpx.get(f"{server.url}/health").json()["cache"]
+    uncached = _ask_concurrently(uncached_server.url, requests)
+    assert cached[0] == cached[1] == uncached
+    for (path, body), answer in zip(requests, uncached, strict=True):  # and both equal direct search
+        if path == "/retrieve":
+            (expected,) = direct.search(body["queries"], body["topk"])
+            assert [it["document"]["id"] for it in answer["result"][0]] == [p.id for p in expected]
+        elif path == "/search":
+            (expected,) = direct.search([body["query"]], body["top_n"])
+            assert [d["id"] for d in answer[0]] == [p.id for p in expected]
+    n_queries = sum(
+        len(b["queries"]) if p == "/retrieve" else len(b["query"]) if p == "/batch_search" else 1
+        for p, b in requests
+    )
+    asked = (after["hits"] - before["hits"]) + (after["misses"] - before["misses"])
+    assert asked == 2 * n_queries
+    assert after["hits"] - before["hits"] >= n_queries  # the whole second round, at least
+    assert after["size"] >= 16 and after["bytes"] <= after["max_bytes"] and after["enabled"]
+    off = httpx.get(f"{uncached_server.url}/health").json()
+    assert off["cache"]["enabled"] is False and off["cache"]["hits"] == 0 and off["cache"]["size"] == 0
+    assert off["queries_searched"] == off["queries_served"] >= n_queries
+
+
+# ---------------------------------------------------------------- oversized bodies
+
+BIG_BODY = b'{"queries": ["' + b"x" * (30 * 1000 * 1000) + b'"]}'  # 30 MB > the default 8 MiB limit
+
+
+def _assert_413_json(status: int, body: bytes) -> None:
+    assert status == 413
+    error = json.loads(body)["error"]
+    assert error.startswith("body: request body of") and "exceeds the limit of 8388608 bytes" in error
+
+
+def test_30mb_body_from_urllib_gets_the_413_json(server) -> None:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{server.url}/retrieve", data=BIG_BODY, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    _assert_413_json(caught.value.code, caught.value.read())
+    assert httpx.get(f"{server.url}/health").json()["status"] == "healthy"
+
+
+def test_30mb_body_from_httpx_gets_the_413_json_and_the_connection_is_reused(server) -> None:
+    def chunks():  # no Content-Length: chunked transfer, counted while it streams
+        for i in range(0, len(BIG_BODY), 1 << 20):
+            yield BIG_BODY[i : i + (1 << 20)]
+
+    with httpx.Client(timeout=60) as client:
+        response = client.post(f"{server.url}/retrieve", content=BIG_BODY)
+        _assert_413_json(response.status_code, response.content)
+        assert response.headers.get("connection") != "close"  # fully read: keep-alive still works
+        streamed = client.post(f"{server.url}/retrieve", content=chunks())
+        _assert_413_json(streamed.status_code, streamed.content)
+        ok = client.post(f"{server.url}/retrieve", json={"queries": ["Evan Morris"], "topk": 1})
+        assert ok.status_code == 200 and len(ok.json()["result"][0]) == 1
+    assert httpx.get(f"{server.url}/health").json()["status"] == "healthy"
+
+
+def _guard_call(guard_kwargs: dict, messages, headers: list[tuple[bytes, bytes]]) -> tuple[list[dict], int]:
+    """Run JsonBodyGuard over an ASGI POST whose body comes from the async iterator `messages`;
+    returns what it sent and how many receive() calls it made."""
+    from search_env.retrieval.server import JsonBodyGuard
+
+    async def app(scope, receive, send):  # pragma: no cover - an oversized body never reaches the app
+        raise AssertionError("the app must not see an oversized body")
+
+    sent: list[dict] = []
+    calls = 0
+
+    async def receive() -> dict:
+        nonlocal calls
+        calls += 1
+        return await messages.__anext__()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/retrieve", "headers": headers}
+    asyncio.run(JsonBodyGuard(app, **guard_kwargs)(scope, receive, send))
+    return sent, calls
+
+
+def test_draining_an_oversized_body_stops_at_its_byte_bound() -> None:
+    async def endless():
+        while True:
+            yield {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+
+    sent, calls = _guard_call({"max_bytes": 10_000, "drain_bytes": 50_000}, endless(), [])
+    assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+    assert 50 <= calls <= 52  # read up to the 50 kB bound, then gave up
+    assert json.loads(sent[1]["body"])["field"] == "body"
+
+    declared = [(b"content-length", b"60000")]  # larger than the drain bound: answered at once
+    sent, calls = _guard_call({"max_bytes": 10_000, "drain_bytes": 50_000}, endless(), declared)
+    assert calls == 0 and sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+
+    expect = [(b"content-length", b"20000"), (b"expect", b"100-continue")]  # body not sent yet
+    sent, calls = _guard_call({"max_bytes": 10_000, "drain_bytes": 50_000}, endless(), expect)
+    assert calls == 0 and sent[0]["status"] == 413
+
+
+def test_draining_an_oversized_body_stops_at_its_time_bound() -> None:
+    async def stalled():
+        yield {"type": "http.request", "body": b"x" * 2000, "more_body": True}
+        await asyncio.sleep(3600)  # the client stops sending
+
+    sent, _ = _guard_call({"max_bytes": 1000, "drain_timeout_s": 0.2}, stalled(), [])
+    assert sent[0]["status"] == 413 and (b"connection", b"close") in sent[0]["headers"]
+
+    async def complete():
+        for last in (False, False, True):
+            yield {"type": "http.request", "body": b"x" * 800, "more_body": not last}
+
+    sent, calls = _guard_call({"max_bytes": 1000}, complete(), [(b"content-length", b"2400")])
+    assert calls == 3 and sent[0]["status"] == 413 and (b"connection", b"close") not in sent[0]["headers"]

@@ -292,18 +292,12 @@ MMAP_FLAGS = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY
 storage and HNSW graphs point into one read-only shared mapping of the file (`r--s`), so loading
 reads only the small headers and tables (centroids, list sizes), pages come in on first use, and
 every process serving the same file shares one page-cache copy. (`IO_FLAG_MMAP` maps only IVF lists,
-as OnDiskInvertedLists.)"""
+as OnDiskInvertedLists.) Index types without zero-copy support in faiss are read as usual."""
 
 
-def read_index(path: str | Path, mmap: bool = True) -> tuple[faiss.Index, bool]:
-    """Read a faiss index file, memory-mapped when `mmap` and faiss supports it for the index type
-    (else read into memory, with a warning). Returns the index and whether it is mapped."""
-    if mmap:
-        try:
-            return faiss.read_index(str(path), MMAP_FLAGS), True
-        except RuntimeError as err:
-            log.warning("cannot memory-map %s (%s); reading it into memory", path, err)
-    return faiss.read_index(str(path)), False
+def read_index(path: str | Path, mmap: bool = True) -> faiss.Index:
+    """Read a faiss index file, memory-mapped (`MMAP_FLAGS`) when `mmap`, else into memory."""
+    return faiss.read_index(str(path), MMAP_FLAGS if mmap else 0)
 
 
 def load_index(
@@ -315,9 +309,9 @@ def load_index(
     if not Path(path).is_file():
         raise FileNotFoundError(f"--index: no such faiss index file {path}")
     started = time.perf_counter()
-    index, mapped = read_index(path, mmap)
+    index = read_index(path, mmap)
     on_gpu = _want_gpu(use_gpu)
-    loaded = LoadedIndex(index, ivf_nlist(index), None, on_gpu, read_meta(path), mapped and not on_gpu)
+    loaded = LoadedIndex(index, ivf_nlist(index), None, on_gpu, read_meta(path), mmap and not on_gpu)
     if on_gpu:
         loaded.index = _to_gpu(index)
     loaded.set_nprobe(nprobe)

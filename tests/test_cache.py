@@ -1,0 +1,149 @@
+"""Query cache: LRU order, both bounds (entries and bytes), the byte estimate against tracemalloc, and
+the micro-batcher answering repeats from the cache or from one search per batch."""
+
+import asyncio
+import gc
+import tracemalloc
+
+import pytest
+
+from search_env import DEMO_CORPUS
+from search_env.retrieval.cache import QueryCache, entry_bytes
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.server import MicroBatcher
+
+
+def _hits(corpus: Corpus, first: int, k: int) -> list:
+    return [(corpus.row((first + j) % len(corpus)), float(k - j)) for j in range(k)]
+
+
+def test_lru_evicts_least_recently_used_first() -> None:
+    cache = QueryCache(max_entries=3, max_bytes=10**9)
+    for q in ("a", "b", "c"):
+        cache.put(q, 5, [({"id": q, "contents": q}, 1.0)])
+    assert cache.get("a", 5) is not None  # "a" is now the most recent; "b" the least
+    cache.put("d", 5, [])
+    assert [cache.get(q, 5) is not None for q in ("a", "b", "c", "d")] == [True, False, True, True]
+    assert len(cache) == 3 and cache.stats.evictions == 1
+    assert cache.get("a", 4) is None  # topk is part of the key
+
+
+def test_replacing_an_entry_keeps_the_byte_count_exact() -> None:
+    cache = QueryCache(max_entries=10, max_bytes=10**9)
+    small, large = [({"id": "1", "contents": "x"}, 1.0)], [({"id": "1", "contents": "x" * 5000}, 1.0)]
+    cache.put("q", 1, small)
+    cache.put("q", 1, large)
+    assert len(cache) == 1 and cache.bytes == entry_bytes("q", large)
+    cache.put("q", 1, small)
+    assert cache.bytes == entry_bytes("q", small)
+
+
+def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
+    corpus = Corpus(DEMO_CORPUS)
+    bound = 200_000
+    cache = QueryCache(max_entries=10**6, max_bytes=bound)
+    for i in range(500):
+        cache.put(f"query {i}", 5, _hits(corpus, 5 * i, 5))
+        assert cache.bytes <= bound
+    assert 0 < len(cache) < 500 and cache.stats.evictions == 500 - len(cache)
+    assert cache.get("query 499", 5) is not None and cache.get("query 0", 5) is None
+    huge = [({"id": "h", "contents": "y" * (bound + 1)}, 1.0)]
+    cache.put("huge", 1, huge)
+    assert cache.get("huge", 1) is None and cache.bytes <= bound
+
+
+def test_estimated_bytes_cover_the_real_allocation() -> None:
+    """tracemalloc: the memory the cached answers really hold is at most the estimate (and not far
+    below it, or the bound would waste most of its budget)."""
+    corpus = Corpus(DEMO_CORPUS)
+    cache = QueryCache(max_entries=10**6, max_bytes=10**9)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2000):
+            cache.put(f"who wrote book number {i}?", 1 + i % 10, _hits(corpus, 7 * i, 1 + i % 10))
+        gc.collect()
+        real = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert real <= cache.bytes <= 1.6 * real
+
+
+def test_disabled_cache_keeps_nothing() -> None:
+    cache = QueryCache(max_entries=0, max_bytes=1)
+    cache.put("q", 5, [])
+    assert not cache.enabled and len(cache) == 0 and cache.get("q", 5) is None
+    with pytest.raises(ValueError, match="cache size"):
+        QueryCache(max_entries=-1, max_bytes=1)
+
+
+def _recording_search(calls: list):
+    def search(queries: list[str], topk: int) -> list:
+        calls.append((list(queries), topk))
+        return [[({"id": f"{q}/{j}", "contents": q}, float(-j)) for j in range(topk)] for q in queries]
+
+    return search
+
+
+def _run(batcher: MicroBatcher, coroutine_fn):
+    async def main():
+        await batcher.start()
+        try:
+            return await coroutine_fn()
+        finally:
+            await batcher.stop()
+
+    return asyncio.run(main())
+
+
+def test_identical_queries_in_one_batch_are_searched_once() -> None:
+    calls: list = []
+    batcher = MicroBatcher(_recording_search(calls), 256, 20, QueryCache(100, 10**7))
+
+    async def group():  # a GRPO group: 5 rollouts send the same first search at once
+        first = await asyncio.gather(*(batcher.submit(["capital of France"], 3) for _ in range(5)))
+        again = await batcher.submit(["capital of France"], 3)  # answered at once from the cache
+        return first, again
+
+    first, again = _run(batcher, group)
+    assert calls == [(["capital of France"], 3)]
+    assert all(answer == first[0] for answer in first) and again == first[0]
+    assert [doc["id"] for doc, _ in first[0][0]] == [
+        "capital of France/0",
+        "capital of France/1",
+        "capital of France/2",
+    ]
+    stats = batcher.cache.stats
+    assert (stats.hits, stats.misses) == (5, 1) and batcher.stats.served == 6 and batcher.stats.searched == 1
+
+
+def test_partial_hits_search_only_the_misses_with_the_right_topk() -> None:
+    calls: list = []
+    batcher = MicroBatcher(_recording_search(calls), 256, 20, QueryCache(100, 10**7))
+
+    async def mixed():
+        await batcher.submit(["known"], 2)
+        calls.clear()
+        return await asyncio.gather(
+            batcher.submit(["known", "new"], 2),  # one hit, one miss
+            batcher.submit(["new"], 4),  # same text, larger topk, same batch: one search at topk 4
+        )
+
+    both, new4 = _run(batcher, mixed)
+    assert calls == [(["new"], 4)]
+    assert [len(hits) for hits in both] == [2, 2] and len(new4[0]) == 4
+    assert new4[0][:2] == both[1]
+    assert batcher.cache.get("new", 2) == both[1] and batcher.cache.get("new", 4) == new4[0]
+
+
+def test_without_cache_every_query_is_searched() -> None:
+    calls: list = []
+    batcher = MicroBatcher(_recording_search(calls), 256, 20, QueryCache(0, 1))
+
+    async def group():
+        return await asyncio.gather(*(batcher.submit(["same"], 2) for _ in range(5)))
+
+    answers = _run(batcher, group)
+    assert calls == [(["same"] * 5, 2)] and all(a == answers[0] for a in answers)
+    assert batcher.cache.stats.hits == 0 and batcher.cache.stats.misses == 5
