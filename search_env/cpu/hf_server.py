@@ -1,16 +1,18 @@
 """The server side of the ``hf`` rollout backend: ``HFServer``, run as a Ray actor per replica.
 
 Adapts ``vLLMHttpServer`` (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``) to a
-Hugging Face model on CPU: it holds a ``search_env.cpu.hf_generate.HFGenerator`` (fp32, one request
-at a time) and answers verl's token-in/token-out ``generate``, always with
-``extra_fields["global_steps"]`` (the v1 trainer builds an ``int`` array from it,
-``verl/trainer/ppo/v1/trainer_base.py:1897``). Sleep / wake-up / KV-cache calls are no-ops.
+Hugging Face model on CPU: it holds a ``search_env.cpu.hf_generate.HFGenerator`` (fp32) and
+answers verl's token-in/token-out ``generate``, always with ``extra_fields["global_steps"]``
+(the v1 trainer builds an ``int`` array from it, ``verl/trainer/ppo/v1/trainer_base.py:1897``).
+The actor is async: the agent loops' concurrent requests all reach the generator's queue and
+share its decoding steps (continuous batching). Sleep / wake-up / KV-cache calls are no-ops.
 
 Per-turn ``max_tokens`` follows ``vLLMHttpServer.generate`` (``:602``): ``min(response_length,
 prompt_length + response_length - len(prompt))``, capped by ``max_model_len``. Options under
-``rollout.engine_kwargs.hf``: ``scripted_turn_prob`` (``search_env.cpu.scripted_turns``) and
+``rollout.engine_kwargs.hf``: ``scripted_turn_prob`` (``search_env.cpu.scripted_turns``),
 ``max_turn_tokens`` (caps every sampled turn, in tokens; a speed knob for random tiny models on
-CPU, 0 = no cap).
+CPU, 0 = no cap), and the generator's ``max_batch_size`` (default 64) and ``prefix_cache_mb``
+(default 256).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 import torch
 
 BACKEND_NAME = "hf"
+GENERATOR_OPTIONS = ("max_batch_size", "prefix_cache_mb")
+"""``engine_kwargs.hf`` keys passed to ``HFGenerator``."""
 
 
 def max_new_tokens(config: Any, prompt_len: int, sampling_params: dict[str, Any]) -> int:
@@ -75,8 +79,11 @@ class HFServer:
 
         self.config = config
         seed = int(config.seed) + replica_rank
-        self.generator = HFGenerator(model_path, max_new_tokens=int(config.response_length), seed=seed)
         options = dict((config.engine_kwargs or {}).get(BACKEND_NAME) or {})
+        batching = {key: options[key] for key in GENERATOR_OPTIONS if options.get(key) is not None}
+        self.generator = HFGenerator(
+            model_path, max_new_tokens=int(config.response_length), seed=seed, **batching
+        )
         self.scripted_prob = float(os.environ.get(SCRIPTED_PROB_ENV, options.get("scripted_turn_prob", 0.0)))
         if not 0.0 <= self.scripted_prob <= 1.0:
             raise ValueError(f"scripted_turn_prob must be in [0, 1], got {self.scripted_prob}")
@@ -99,7 +106,7 @@ class HFServer:
         else:
             if self.max_turn_tokens:
                 params["max_tokens"] = min(params["max_tokens"], self.max_turn_tokens)
-            output = await asyncio.to_thread(self.generator.generate, list(prompt_ids), params)
+            output = await self.generator.agenerate(list(prompt_ids), params)
         output.extra_fields["global_steps"] = self.global_steps
         return output
 
@@ -117,11 +124,8 @@ class HFServer:
         tokenizer = self.generator.tokenizer
         token_ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
         token_ids = token_ids[:budget]
-        with torch.no_grad():
-            ids = torch.tensor([prompt_ids + token_ids], dtype=torch.long)
-            logits = self.generator.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
-            log_probs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(token_ids)[:, None])[:, 0]
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs.tolist(), stop_reason="completed")
+        log_probs = self.generator.score(prompt_ids, token_ids)
+        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed")
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         state_dict = to_rollout_names(state_dict, set(self.generator.model.state_dict()))

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -41,7 +40,10 @@ VERL_CONFIG_DIR = Path(__import__("verl").__file__).parent / "trainer" / "config
 
 
 class HFLLMClient(LLMServerClient):
-    """verl LLM client whose ``generate`` runs an ``HFGenerator`` in a worker thread.
+    """verl LLM client whose ``generate`` queues the request on an ``HFGenerator``.
+
+    The agent loops of a batch run as concurrent coroutines, so their turns share the
+    generator's decoding steps (continuous batching), as they would on a vLLM server.
 
     ``scripted_first_turn`` (tests and demo only): when set, the first assistant turn of every
     trajectory (keyed by verl's per-trajectory ``request_id``) is this text followed by EOS
@@ -58,15 +60,14 @@ class HFLLMClient(LLMServerClient):
         tok = self.generator.tokenizer
         ids = tok.encode(self.scripted_first_turn, add_special_tokens=False) + [tok.eos_token_id]
         ids = ids[: max(1, max_tokens)]
-        full = torch.tensor([list(prompt_ids) + ids])
-        with torch.no_grad():
-            logits = self.generator.model(input_ids=full).logits[0, len(prompt_ids) - 1 : -1].float()
-        log_probs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
         extra = (
             {"global_steps": self.generator.global_steps} if self.generator.global_steps is not None else {}
         )
         return TokenOutput(
-            token_ids=ids, log_probs=log_probs.tolist(), stop_reason="completed", extra_fields=extra
+            token_ids=ids,
+            log_probs=self.generator.score(prompt_ids, ids),
+            stop_reason="completed",
+            extra_fields=extra,
         )
 
     async def generate(
@@ -77,7 +78,7 @@ class HFLLMClient(LLMServerClient):
             self._scripted_requests.add(request_id)
             output = await asyncio.to_thread(self._scripted, list(prompt_ids), max_tokens)
         else:
-            output = await asyncio.to_thread(self.generator.generate, list(prompt_ids), sampling_params)
+            output = await self.generator.agenerate(list(prompt_ids), sampling_params)
         steps = output.extra_fields.get("global_steps")
         output.extra_fields.setdefault("min_global_steps", steps)
         output.extra_fields.setdefault("max_global_steps", steps)
