@@ -26,7 +26,7 @@ from patches import (
     hf_rollout,
     post_import,
 )
-from search_env.cpu import hf_server, scripted_turns
+from search_env.cpu import hf_server
 
 VERL_DIR = Path(verl.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,9 +276,7 @@ def test_to_rollout_names_maps_conditional_generation_to_causal_lm():
 
 @pytest.fixture(scope="module")
 def hf_actor(tiny_model_dir):
-    cfg = _rollout_config(
-        prompt_length=512, response_length=128, engine_kwargs={"hf": {"scripted_turn_prob": 1.0}}
-    )
+    cfg = _rollout_config(prompt_length=512, response_length=128, engine_kwargs={"hf": {"max_batch_size": 8}})
     return hf_server.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
 
 
@@ -295,80 +293,76 @@ def _prompt_ids(server, messages):
     )
 
 
-def test_hf_server_scripts_a_search_then_an_answer_with_real_log_probs(hf_actor):
-    from search_env.protocol import build_messages, render_search_call, search_queries
+def test_hf_server_batches_concurrent_requests_with_real_log_probs(hf_actor):
+    """Concurrent ``generate`` calls (as verl's agent loops make them) share decoding steps, and
+    each answer's log-probs are the model's own for its tokens."""
+    from search_env.protocol import build_messages
 
-    messages = build_messages("who got the first nobel prize in physics")
-    ids = _prompt_ids(hf_actor, messages)
-    out = asyncio.run(hf_actor.generate("r1", prompt_ids=ids, sampling_params={"temperature": 1.0}))
+    questions = ["who got the first nobel prize in physics", "where is the eiffel tower", "what is 2+2"]
+    prompts = [_prompt_ids(hf_actor, build_messages(q)) for q in questions]
     tok = hf_actor.generator.tokenizer
-    text = tok.decode(out.token_ids, skip_special_tokens=False)
-    assert text == render_search_call("who got the first nobel prize in physics?") + tok.eos_token
-    assert search_queries(text) == ["who got the first nobel prize in physics?"]
-    assert out.extra_fields["global_steps"] == 0
-    with torch.no_grad():
-        logits = hf_actor.generator.model(input_ids=torch.tensor([ids + out.token_ids])).logits[0].float()
-    expected = torch.log_softmax(logits[len(ids) - 1 : -1], -1).gather(
-        1, torch.tensor(out.token_ids)[:, None]
-    )[:, 0]
-    assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+    params = {  # the agent loop's keys (verl AgentLoopWorker + SearchAgentLoop)
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "logprobs": True,
+        "stop_token_ids": [tok.eos_token_id, tok.pad_token_id],
+        "stop": ["</answer>"],
+        "include_stop_str_in_output": True,
+        "max_tokens": 12,
+    }
 
-    messages += [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"type": "function", "function": {"name": "search", "arguments": {"query": "nobel physics"}}}
-            ],
-        },
-        {"role": "tool", "content": "Doc 1 (Title: Wilhelm Röntgen) Röntgen won ...\nDoc 2 (Title: Other) x"},
-    ]
-    out = asyncio.run(hf_actor.generate("r1", prompt_ids=_prompt_ids(hf_actor, messages), sampling_params={}))
-    assert tok.decode(out.token_ids, skip_special_tokens=True) == "<answer>Wilhelm Röntgen</answer>"
+    async def turns():
+        calls = [
+            hf_actor.generate(f"r{i}", prompt_ids=ids, sampling_params=params)
+            for i, ids in enumerate(prompts)
+        ]
+        return await asyncio.gather(*calls)
+
+    before = hf_actor.generator.stats()
+    outs = asyncio.run(turns())
+    after = hf_actor.generator.stats()
+    steps = after["decode_steps"] - before["decode_steps"]
+    rows = after["decoded_rows"] - before["decoded_rows"]
+    assert rows > steps  # some steps decoded more than one request
+    for ids, out in zip(prompts, outs, strict=True):
+        assert 1 <= len(out.token_ids) <= 12 and out.stop_reason == "completed"
+        assert out.extra_fields["global_steps"] == 0
+        expected = hf_actor.generator.score(ids, out.token_ids)
+        assert torch.allclose(torch.tensor(out.log_probs), torch.tensor(expected), atol=1e-4)
 
 
 def test_hf_server_samples_within_budget_and_loads_trainer_weights(hf_actor, tiny_model_dir):
     from transformers import AutoModelForImageTextToText
 
-    hf_actor.scripted_prob = 0.0
-    try:
-        out = asyncio.run(hf_actor.generate("r2", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}))
-        assert 1 <= len(out.token_ids) <= 5 and all(math.isfinite(x) and x <= 0 for x in out.log_probs)
-        trainer_model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)  # the class verl trains
-        state = {k: v + 0.5 for k, v in trainer_model.state_dict().items()}
-        loaded = asyncio.run(hf_actor.load_weights(state, global_steps=3))
-        own = hf_actor.generator.model.state_dict()
-        assert loaded == len(own)  # every text tensor arrived; the vision tower was dropped
-        key = "model.language_model.norm.weight"
-        assert torch.equal(own["model.norm.weight"], state[key])
-        out = asyncio.run(hf_actor.generate("r3", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2}))
-        assert out.extra_fields["global_steps"] == 3
-        with pytest.raises(KeyError, match="not in the rollout model"):
-            asyncio.run(hf_actor.load_weights({"unknown.weight": torch.zeros(1)}))
-    finally:
-        hf_actor.scripted_prob = 1.0
+    out = asyncio.run(hf_actor.generate("r2", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}))
+    assert 1 <= len(out.token_ids) <= 5 and all(math.isfinite(x) and x <= 0 for x in out.log_probs)
+    trainer_model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)  # the class verl trains
+    state = {k: v + 0.5 for k, v in trainer_model.state_dict().items()}
+    loaded = asyncio.run(hf_actor.load_weights(state, global_steps=3))
+    own = hf_actor.generator.model.state_dict()
+    assert loaded == len(own)  # every text tensor arrived; the vision tower was dropped
+    key = "model.language_model.norm.weight"
+    assert torch.equal(own["model.norm.weight"], state[key])
+    assert len(hf_actor.generator.prefix_cache) == 0  # states of the old weights are gone
+    out = asyncio.run(hf_actor.generate("r3", prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 2}))
+    assert out.extra_fields["global_steps"] == 3
+    with pytest.raises(KeyError, match="not in the rollout model"):
+        asyncio.run(hf_actor.load_weights({"unknown.weight": torch.zeros(1)}))
 
 
-def test_hf_server_rejects_bad_options(tiny_model_dir):
-    cfg = _rollout_config(engine_kwargs={"hf": {"scripted_turn_prob": 2}})
-    with pytest.raises(ValueError, match="scripted_turn_prob"):
-        hf_server.HFServer(cfg, str(tiny_model_dir), replica_rank=0)
-
-
-# ---- scripted_turns -------------------------------------------------------------------------
-
-
-def test_question_query_and_scripted_turns():
-    user = "<|im_start|>user\nAnswer the question. Question: who wrote  Hamlet?<|im_end|>\n"
-    first = user + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    assert scripted_turns.question_query(first) == "who wrote Hamlet?"
-    assert scripted_turns.scripted_turn(first).startswith("<tool_call>\n<function=search>")
-    after_tool = (
-        first + "<tool_call>...</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
-        "Doc 1 (Title: Hamlet) a play\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert scripted_turns.scripted_turn(after_tool) == "<answer>Hamlet</answer>"
-    no_title = after_tool.replace("Doc 1 (Title: Hamlet) a play", "Search failed")
-    assert scripted_turns.scripted_turn(no_title) is None
-    assert scripted_turns.question_query("<|im_start|>user\nline one\nwho?\n<|im_end|>") == "who?"
-    assert scripted_turns.scripted_turn("<|im_start|>assistant\n") is None
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"scripted_turn_prob": 0.5}, "scripted_turn_prob was removed"),
+        ({"max_batch": 4}, r"unknown keys \['max_batch'\]"),
+        ({"max_turn_tokens": -1}, "max_turn_tokens must be >= 0"),
+        ({"max_batch_size": 0}, "max_batch_size must be >= 1"),
+    ],
+)
+def test_hf_server_rejects_bad_options(tiny_model_dir, options, match):
+    with pytest.raises(ValueError, match=match):
+        hf_server.HFServer(
+            _rollout_config(engine_kwargs={"hf": options}), str(tiny_model_dir), replica_rank=0
+        )

@@ -103,6 +103,8 @@ class HFGenerator:
         eos_ids = list(eos) if isinstance(eos, list) else [eos]
         eos_ids.append(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted({int(i) for i in eos_ids if i is not None})
+        added = self.tokenizer.added_tokens_decoder
+        self._special_ids = frozenset(int(i) for i, tok in added.items() if tok.special)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * MIB))
         self._step_lock = threading.Lock()  # one model call at a time; weight loads wait for it
         self._cv = threading.Condition()
@@ -317,10 +319,20 @@ class HFGenerator:
         spec, tokens = request.spec, request.tokens
         if tokens[-1] in spec.stop_token_ids or len(tokens) >= spec.max_tokens:
             return True
-        if spec.stop:
-            tail = self.tokenizer.decode(tokens[-spec.stop_window :], skip_special_tokens=False)
-            return any(s in tail for s in spec.stop)
+        if spec.stop and tokens[-1] not in self._special_ids:
+            return any(s in self._stop_tail(tokens, spec.stop_window) for s in spec.stop)
         return False
+
+    def _stop_tail(self, tokens: list[int], window: int) -> str:
+        """Text of the last ``window`` non-special tokens, special tokens skipped (as vLLM's
+        detokenizer with its default ``skip_special_tokens=True`` matches stop strings)."""
+        tail: list[int] = []
+        for token in reversed(tokens):
+            if token not in self._special_ids:
+                tail.append(token)
+                if len(tail) == window:
+                    break
+        return self.tokenizer.decode(tail[::-1], skip_special_tokens=True)
 
     def _finish(self, request: _Request) -> None:
         extra = {"global_steps": self.global_steps} if self.global_steps is not None else {}

@@ -9,17 +9,15 @@ share its decoding steps (continuous batching). Sleep / wake-up / KV-cache calls
 
 Per-turn ``max_tokens`` follows ``vLLMHttpServer.generate`` (``:602``): ``min(response_length,
 prompt_length + response_length - len(prompt))``, capped by ``max_model_len``. Options under
-``rollout.engine_kwargs.hf``: ``scripted_turn_prob`` (``search_env.cpu.scripted_turns``),
-``max_turn_tokens`` (caps every sampled turn, in tokens; a speed knob for random tiny models on
-CPU, 0 = no cap), and the generator's ``max_batch_size`` (default 64) and ``prefix_cache_mb``
-(default 256).
+``rollout.engine_kwargs.hf``: ``max_turn_tokens`` (caps every sampled turn, in tokens; a speed
+knob for tiny models on CPU, 0 = no cap) and the generator's ``max_batch_size`` (requests decoding
+together, default 64) and ``prefix_cache_mb`` (states kept for reuse across turns and GRPO
+siblings, default 256; 0 = off). Any other key is an error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 from typing import Any
 
 import torch
@@ -27,6 +25,24 @@ import torch
 BACKEND_NAME = "hf"
 GENERATOR_OPTIONS = ("max_batch_size", "prefix_cache_mb")
 """``engine_kwargs.hf`` keys passed to ``HFGenerator``."""
+SERVER_OPTIONS = ("max_turn_tokens", *GENERATOR_OPTIONS)
+"""Every key ``engine_kwargs.hf`` may hold."""
+
+
+def read_options(engine_kwargs: Any) -> dict[str, Any]:
+    """``engine_kwargs.hf`` as a dict; raises ValueError naming any key the backend does not read."""
+    options = dict((engine_kwargs or {}).get(BACKEND_NAME) or {})
+    if "scripted_turn_prob" in options:
+        raise ValueError(
+            "rollout.engine_kwargs.hf.scripted_turn_prob was removed (scripted turns are retired, "
+            "issue 15): delete it from the recipe; the demo policy is warm-started instead"
+        )
+    unknown = sorted(set(options) - set(SERVER_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"rollout.engine_kwargs.hf has unknown keys {unknown}; known: {list(SERVER_OPTIONS)}"
+        )
+    return options
 
 
 def max_new_tokens(config: Any, prompt_len: int, sampling_params: dict[str, Any]) -> int:
@@ -75,22 +91,17 @@ class HFServer:
 
     def __init__(self, config: Any, model_path: str, replica_rank: int):
         from search_env.cpu.hf_generate import HFGenerator
-        from search_env.cpu.scripted_turns import SCRIPTED_PROB_ENV
 
         self.config = config
-        seed = int(config.seed) + replica_rank
-        options = dict((config.engine_kwargs or {}).get(BACKEND_NAME) or {})
-        batching = {key: options[key] for key in GENERATOR_OPTIONS if options.get(key) is not None}
-        self.generator = HFGenerator(
-            model_path, max_new_tokens=int(config.response_length), seed=seed, **batching
-        )
-        self.scripted_prob = float(os.environ.get(SCRIPTED_PROB_ENV, options.get("scripted_turn_prob", 0.0)))
-        if not 0.0 <= self.scripted_prob <= 1.0:
-            raise ValueError(f"scripted_turn_prob must be in [0, 1], got {self.scripted_prob}")
+        options = read_options(config.engine_kwargs)
         self.max_turn_tokens = int(options.get("max_turn_tokens") or 0)
         if self.max_turn_tokens < 0:
             raise ValueError(f"max_turn_tokens must be >= 0 (0 = no cap), got {self.max_turn_tokens}")
-        self._rng = random.Random(seed)
+        batching = {key: options[key] for key in GENERATOR_OPTIONS if options.get(key) is not None}
+        seed = int(config.seed) + replica_rank
+        self.generator = HFGenerator(
+            model_path, max_new_tokens=int(config.response_length), seed=seed, **batching
+        )
         self.global_steps = 0
 
     async def generate(
@@ -98,34 +109,11 @@ class HFServer:
     ):
         params = dict(sampling_params)
         params["max_tokens"] = max_new_tokens(self.config, len(prompt_ids), params)
-        scripted = self._pick_scripted(prompt_ids)
-        if scripted is not None:
-            output = await asyncio.to_thread(
-                self._forced_turn, list(prompt_ids), scripted, params["max_tokens"]
-            )
-        else:
-            if self.max_turn_tokens:
-                params["max_tokens"] = min(params["max_tokens"], self.max_turn_tokens)
-            output = await self.generator.agenerate(list(prompt_ids), params)
+        if self.max_turn_tokens:
+            params["max_tokens"] = min(params["max_tokens"], self.max_turn_tokens)
+        output = await self.generator.agenerate(list(prompt_ids), params)
         output.extra_fields["global_steps"] = self.global_steps
         return output
-
-    def _pick_scripted(self, prompt_ids: list[int]) -> str | None:
-        if self.scripted_prob <= 0.0 or self._rng.random() >= self.scripted_prob:
-            return None
-        from search_env.cpu.scripted_turns import scripted_turn
-
-        return scripted_turn(self.generator.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-
-    def _forced_turn(self, prompt_ids: list[int], text: str, budget: int):
-        """The scripted text + EOS as a ``TokenOutput``, with the policy's log-probs of its tokens."""
-        from verl.workers.rollout.replica import TokenOutput
-
-        tokenizer = self.generator.tokenizer
-        token_ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-        token_ids = token_ids[:budget]
-        log_probs = self.generator.score(prompt_ids, token_ids)
-        return TokenOutput(token_ids=token_ids, log_probs=log_probs, stop_reason="completed")
 
     async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         state_dict = to_rollout_names(state_dict, set(self.generator.model.state_dict()))

@@ -54,7 +54,8 @@ class SamplingSpec:
     - ``stop_token_ids``: ending tokens (EOS unless ``ignore_eos``, plus the request's own);
       the ending token is the last output token.
     - ``stop``: stop strings, matched on the text of the new tokens decoded with special tokens
-      kept; generation ends at the token that completes one, and that token stays in the output.
+      skipped (vLLM's default); generation ends at the token that completes one, and that token
+      stays in the output.
     - ``seed``: the request's own random seed (vLLM's per-request ``seed``); None = derived by the
       generator.
     """
@@ -73,10 +74,11 @@ class SamplingSpec:
 
     @property
     def stop_window(self) -> int:
-        """Trailing tokens whose text can hold a stop string: its UTF-8 length + 1 (0 = no stop strings).
+        """Trailing non-special tokens whose text can hold a stop string: its UTF-8 length + 1
+        (0 = no stop strings).
 
-        A token carries at least one byte of the text, so a stop string of b bytes ends inside
-        the last b + 1 tokens (the extra one covers a token that begins mid-string).
+        A non-special token carries at least one byte of the text, so a stop string of b bytes
+        ends inside the last b + 1 of them (the extra one covers a token that begins mid-string).
         """
         return max((len(s.encode("utf-8")) + 1 for s in self.stop), default=0)
 
