@@ -1,6 +1,6 @@
 """The one protocol module against the study's own code (sandheepp/reason_over_search @16ed974).
 
-The ``STUDY_*`` literals below are the study's values copied from its files (facts, not code):
+``tests/study_reference.py`` holds the study's values copied from its files (facts, not code):
 they are what the protocol must equal, so each test can fail if ours drifts.
 """
 
@@ -11,69 +11,13 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from study_reference import STUDY_PROMPT, STUDY_TOOL, study_first_prompt, study_tool_turn, study_truncate
 from transformers import AutoTokenizer
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
 from search_env import protocol
 from search_env.retrieval.corpus import Passage
-
-# training_m5_1/src/prompts/m5_qwen35_user.txt
-STUDY_PROMPT = (
-    "Use the `search` tool to look up facts as needed. When you have the answer, write it inside <answer> "
-    "and </answer>. For example, <answer> Beijing </answer>.\nQuestion: {}\n"
-)
-# evaluation_qwen35/flashrag/search_r1/templates.py::QWEN35_SEARCH_TOOL
-STUDY_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "search",
-        "description": "Search Wikipedia for passages relevant to the query. Returns the top-K most relevant "
-        "chunks. Call this whenever the question requires factual knowledge you do not already have.",
-        "parameters": {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "The search query. Be specific."}},
-            "required": ["query"],
-        },
-    },
-}
-# Qwen3.5's chat template: the text after the <tools> list (Apache-2.0, Qwen).
-QWEN35_TOOL_INSTRUCTIONS = (
-    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
-    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
-    "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow "
-    "the specified format: an inner <function=...></function> block must be nested within "
-    "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional "
-    "reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If "
-    "there is no function call available, answer the question like normal with your current knowledge and "
-    "do not tell the user about function calls\n</IMPORTANT>"
-)
-
-
-def study_first_prompt(question: str) -> str:
-    """What the study's processor renders: one user turn, tools=[QWEN35_SEARCH_TOOL], enable_thinking=True."""
-    return (
-        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-        + json.dumps(STUDY_TOOL, ensure_ascii=False)
-        + "\n</tools>"
-        + QWEN35_TOOL_INSTRUCTIONS
-        + "<|im_end|>\n<|im_start|>user\n"
-        + STUDY_PROMPT.format(question).strip()  # the template trims message content
-        + "<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    )
-
-
-def study_truncate(body: str, cap: int) -> str:
-    """training_m5_5/src/environments/parsers.py::_truncate_body."""
-    marker = "\n…[truncated]"
-    return body if len(body) <= cap else body[: max(0, cap - len(marker))] + marker
-
-
-def study_tool_turn(docs: list[str], cap: int = 1024) -> str:
-    """training_m5_5/src/environments/parsers.py::format_docs_qwen_native."""
-    body = "\n".join(f"<tool_response>\n{study_truncate(d, cap)}\n</tool_response>" for d in docs)
-    return f"<|im_end|>\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Answer extraction, the format gate, the three shapes and verl's loader on our entry points."""
+"""Answer extraction, the study's format gate (one golden pass/fail pair per rule), the three shapes
+and verl's loader on our entry points."""
 
 import re
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reward_fns import extract_answer, is_well_formed
+from reward_fns import extract_answer, format_violation, is_well_formed
 from reward_fns.compute_score import compute_score, em_only, f1_format, f1_only, gold_answers
 
 CASES = Path(__file__).parent / "fixtures" / "search-r1-example" / "case.txt"
@@ -40,12 +41,57 @@ def test_real_trajectories_extract_last_answer():
 
 def test_real_trajectories_format_gate():
     first, second = (_response(_to_qwen35(t)) for t in _trajectories())
-    assert is_well_formed(first)  # balanced think, closed search calls, ends with the answer
-    assert not is_well_formed(second)  # a stray </think> before the answer
+    assert is_well_formed(first)
+    # a stray extra </think> is allowed by the study's rule (opens <= closes: the template opens turns)
+    assert second.count("</think>") > second.count("<think>") and is_well_formed(second)
     gold = ["SA node", "sinoatrial node"]
     scored = f1_format(solution_str=second, ground_truth=gold)
-    assert scored["score"] == 0.0 and scored["f1"] > 0  # the gate zeroes a partially right answer
-    assert f1_only(solution_str=second, ground_truth=gold)["score"] == scored["f1"]
+    assert scored["score"] == scored["f1"] == f1_only(solution_str=second, ground_truth=gold)["score"] > 0
+
+
+OK = (
+    "plan</think>\n\n"
+    + CALL.format(q="q")
+    + "\nuser\n<tool_response>\nP\n</tool_response>\nassistant\nso</think>\n\n<answer> x </answer>"
+)
+
+
+@pytest.mark.parametrize(
+    ("rule", "passing", "failing"),
+    [
+        ("1 needs a </think>", "a</think><answer>x</answer>", "<answer>x</answer>"),
+        (
+            "1 opens <= closes",
+            "<think>a</think>b</think><answer>x</answer>",
+            "<think><think>a</think><answer>x</answer>",
+        ),
+        ("2 calls balanced", OK, OK.replace("</tool_call>", "", 1)),
+        (
+            "3 call body shape",
+            "t</think><tool_call><function=example_function_name><parameter=x></parameter></function></tool_call><answer>a</answer>",
+            "t</think><tool_call>search for x</tool_call><answer>a</answer>",
+        ),
+        (
+            "3 empty body / non-identifier name",
+            "t</think><tool_call> <function=f_1><parameter=q_2>v</parameter></function> </tool_call><answer>a</answer>",
+            "t</think><tool_call><function=my-tool><parameter=q>v</parameter></function></tool_call><answer>a</answer>",
+        ),
+        ("4 answers balanced", "t</think><answer>a</answer>", "t</think><answer>a</answer><answer>"),
+        ("4 at least one answer", "t</think><answer></answer>", "t</think>no answer at all"),
+        ("5 ends with </answer>", "t</think><answer>a</answer> \n\n", "t</think><answer>a</answer> extra"),
+    ],
+)
+def test_gate_rules_golden(rule, passing, failing):
+    assert format_violation(passing) is None, rule
+    assert format_violation(failing) is not None, rule
+    assert f1_format(solution_str=failing, ground_truth="a")["score"] == 0.0
+
+
+def test_gate_reads_tool_responses_as_the_study_does():
+    # the study scores the joined assistant + tool text: tags inside retrieved passages count too
+    leaked = OK.replace("\nP\n", "\nP <think> Q\n")
+    assert OK.count("<think>") == 0 and format_violation(leaked) is None  # 1 open <= 2 closes
+    assert format_violation(OK.replace("\nP\n", "\n<answer>\n")) is not None
 
 
 @pytest.mark.parametrize(
@@ -53,52 +99,39 @@ def test_real_trajectories_format_gate():
     [
         ("<answer> Paris </answer>", "Paris"),
         ("<answer>a</answer> then <answer>b</answer>", "b"),
-        ("<tool_response>\n<answer>leaked</answer>\n</tool_response>", None),
-        ("<answer>mine</answer><tool_response><answer>leaked</answer></tool_response>", "mine"),
-        ("<tool_response> unclosed <answer>x</answer>", None),
+        ("<answer>mine</answer><tool_response><answer>passage</answer></tool_response>", "passage"),
+        ("<answer>a<answer>b</answer>", "a<answer>b"),  # leftmost, shortest match (re.finditer)
         ("no tags at all", None),
         ("<answer>unclosed", None),
-        ("<answer></answer>", ""),
+        ("<answer>\n multi\nline \n</answer>", "multi\nline"),
     ],
 )
-def test_extract_answer(text, answer):
+def test_extract_answer_is_the_study_rule(text, answer):
     assert extract_answer(text) == answer
 
 
-GOOD = (
-    "I should search.\n\n" + CALL.format(q="who wrote Hamlet") + "<|im_end|>\nuser\n<tool_response>\n"
-    "Doc 1 (Title: Hamlet) Hamlet is a tragedy by William Shakespeare. <answer>fake</answer>\n"
-    "</tool_response>\nassistant\n<think>\nIt is Shakespeare.\n</think>\n\n<answer>William Shakespeare</answer>"
-)
-
-
-@pytest.mark.parametrize(
-    ("text", "ok"),
-    [
-        (GOOD, True),
-        (GOOD + "<|im_end|>\n", True),
-        (GOOD + " trailing words", False),
-        (GOOD + CALL.format(q="again"), False),  # tool call after the answer
-        (GOOD.replace("</think>", ""), False),  # unbalanced think
-        ("</think>\n\n<answer>x</answer>", True),  # thinking prompt opened the block
-        (GOOD.replace("<parameter=query>\nwho wrote Hamlet\n", "<parameter=query>\n  \n"), False),
-        (GOOD.replace("<function=search>", "<function=lookup>"), False),
-        (GOOD.replace("</tool_call>", "", 1), False),  # unclosed call
-        ("<answer>a</answer>\n<answer>b</answer>", False),  # two answer blocks
-        ("just text", False),
-    ],
-)
-def test_is_well_formed(text, ok):
-    assert is_well_formed(text) is ok
-
-
 def test_f1_format_floor_replaces_zero_only():
-    good_wrong = "<answer>Marlowe</answer>"
+    good_wrong = "x</think><answer>Marlowe</answer>"
     assert f1_format(solution_str=good_wrong, ground_truth="William Shakespeare")["score"] == 0.1
-    partial = f1_format(solution_str="<answer>Shakespeare</answer>", ground_truth="William Shakespeare")
+    partial = f1_format(
+        solution_str="x</think><answer>Shakespeare</answer>", ground_truth="William Shakespeare"
+    )
     assert partial["score"] == pytest.approx(2 / 3)  # F1 > 0: no bonus added
+    assert (
+        f1_format(solution_str="<answer>Marlowe</answer>", ground_truth="Marlowe")["score"] == 0.0
+    )  # no </think>
     assert f1_format(solution_str="Marlowe", ground_truth="Marlowe")["score"] == 0.0  # no answer block
-    assert em_only(solution_str="<answer>the Marlowe</answer>", ground_truth="Marlowe")["score"] == 1.0
+    assert (
+        em_only(solution_str="<answer>the Marlowe</answer>", ground_truth="Marlowe")["score"] == 1.0
+    )  # no gate
+
+
+def test_training_f1_has_no_yes_no_rule():
+    # training_m5_1's f1_check: "yes it is" vs "yes" overlaps; FlashRAG's evaluation F1 would give 0
+    assert f1_only(solution_str="<answer>yes it is</answer>", ground_truth="yes")["score"] == pytest.approx(
+        0.5
+    )
+    assert f1_only(solution_str="<answer> the </answer>", ground_truth="a")["score"] == 1.0  # both empty
 
 
 @pytest.mark.parametrize(
@@ -170,7 +203,6 @@ def test_properties_never_raise_and_bounded(text, golds):
         assert all(0.0 <= v <= 1.0 for v in out.values())
     r = results["f1_only"]
     assert r["em"] <= r["acc"]
-    assert r["em"] <= r["f1"]
     if r["em"] == 1.0:
         assert r["f1"] == 1.0
     fmt = results["f1_format"]["score"]
@@ -178,16 +210,27 @@ def test_properties_never_raise_and_bounded(text, golds):
     assert fmt == 0.0 or r["well_formed"] == 1.0
     if r["answered"] == 0.0:
         assert r["em"] == r["f1"] == r["acc"] == 0.0
+    if r["well_formed"]:
+        assert r["answered"] == 1.0 and text.rstrip().endswith("</answer>")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXT)
+def test_property_gate_ignores_role_markers_and_trailing_space(text):
+    """The study scores text with role markers; verl decodes without them: the gate cannot tell."""
+    marked = text.replace("<tool_response>", "<|im_end|>\n<|im_start|>user\n<tool_response>")
+    assert is_well_formed(marked) == is_well_formed(text) == is_well_formed(text + " \n")
+    if is_well_formed(text):
+        assert not is_well_formed(text + "x") and not is_well_formed(text + "<answer>")
 
 
 @settings(max_examples=200, deadline=None)
-@given(answer=st.text(max_size=20).filter(lambda s: "<" not in s), noise=TEXT)
+@given(answer=st.text(max_size=20).filter(lambda s: "<answer>" not in s and "</answer>" not in s), noise=TEXT)
 def test_property_last_answer_wins(answer, noise):
     text = f"{noise}<answer>{answer}</answer>"
-    if "<tool_response>" in noise and "</tool_response>" not in noise.split("<tool_response>")[-1]:
-        assert extract_answer(text) == extract_answer(noise)  # an unclosed tool response swallows the rest
-    else:
-        assert extract_answer(text) == answer.strip()
+    if noise.count("<answer>") > noise.count("</answer>"):
+        return  # an open <answer> in the noise pairs with our closing tag (leftmost match)
+    assert extract_answer(text) == answer.strip()
 
 
 def test_entry_points_load_through_verl():
@@ -214,13 +257,7 @@ def test_entry_points_load_through_verl():
         }
     )
     fn = get_custom_reward_fn(cfg)
-    assert fn(data_source="nq", solution_str="<answer>Lyon</answer>", ground_truth="Paris")["score"] == 0.1
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=TEXT)
-def test_strip_tool_responses_matches_regex_definition(text):
-    from reward_fns import strip_tool_responses
-
-    expected = re.sub(r"<tool_response>.*?(?:</tool_response>|\Z)", "", text, flags=re.DOTALL)
-    assert strip_tool_responses(text) == expected
+    assert (
+        fn(data_source="nq", solution_str="t</think><answer>Lyon</answer>", ground_truth="Paris")["score"]
+        == 0.1
+    )
