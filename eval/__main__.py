@@ -2,6 +2,7 @@
 
 python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limit N]
                    [--backend auto|hf|vllm] [--retriever-url URL ...] [--base-model auto|none|PATH]
+                   [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
 """
@@ -66,7 +67,20 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="training seed of the run, if its config does not say")
     p.add_argument("--horizon", type=int, help="step cap of the run (default: config, else last checkpoint)")
     p.add_argument(
-        "--batch-size", type=_positive_int, help="rows per rollout call and fsync (hf 8, vllm 512)"
+        "--max-in-flight",
+        type=_positive_int,
+        help="rollouts kept running at once, a steady pool (default: hf 8, vllm 512)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.85,
+        help="vllm: fraction of GPU memory for weights + KV cache, in (0, 1] (default 0.85)",
+    )
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="vllm: enable prefix caching (off by default, as in training; recorded in run.json)",
     )
     p.add_argument(
         "--max-turns", type=_positive_int, help="assistant turns per rollout (default: run config/10)"
@@ -156,18 +170,21 @@ def prepare(args: argparse.Namespace):
         limits=limits,
         backend=backend,
         retriever_urls=list(args.retriever_urls),
-        batch_size=args.batch_size or runner.DEFAULT_BATCH[backend],
-        eval_settings=runner.eval_settings(suite, args.limit, args.subsample_seed, limits, backend),
+        max_in_flight=args.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
+        eval_settings=runner.eval_settings(
+            suite, args.limit, args.subsample_seed, limits, backend, prefix_caching=args.prefix_caching
+        ),
     )
 
 
 def cmd_run(argv: list[str]) -> int:
     from eval import runner
-    from eval.backends import make_backend
+    from eval.backends import EngineSettings, make_backend
 
     args = build_run_parser().parse_args(argv)
     try:
         plan = prepare(args)
+        engine = EngineSettings(args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -178,7 +195,9 @@ def cmd_run(argv: list[str]) -> int:
         flush=True,
     )
     try:
-        summaries = runner.run(plan, lambda config, model_dir: make_backend(plan.backend, config, model_dir))
+        summaries = runner.run(
+            plan, lambda config, model_dir: make_backend(plan.backend, config, model_dir, settings=engine)
+        )
     except (RuntimeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

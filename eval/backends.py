@@ -4,23 +4,28 @@ Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentL
 ``SearchTool`` — and differ only in the ``LLMServerClient`` that answers ``generate``:
 
 - ``hf`` (CPU, tiny models): ``search_env.cpu.local_rollout.HFLLMClient`` over
-  ``search_env.cpu.hf_generate.HFGenerator``; one request at a time, fp32.
-- ``vllm`` (GPU): :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLMEngine``. All rollouts
-  of a batch run as concurrent coroutines, so vLLM batches their turns together, and their
-  searches reach the micro-batching retrieval server together.
+  ``search_env.cpu.hf_generate.HFGenerator`` (fp32; concurrent requests share its decoding steps).
+- ``vllm`` (GPU): :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLM`` engine, built
+  text-only (``language_model_only``), without prefix caching unless asked (see
+  :class:`EngineSettings`), never asked for log-probs.
 
-``rollout(rows)`` takes verl parquet rows (``search_env.data.to_verl_row``) and returns, per
-row, the response decoded as verl's reward manager decodes it (``skip_special_tokens=True``)
-and the agent loop's records (termination, searches, search_errors, model_tokens,
-retrieved_tokens).
+A backend rolls out ONE row per call (:meth:`AgentLoopBackend.rollout_one`, a coroutine on the
+backend's own event loop, :meth:`AgentLoopBackend.run`); the runner keeps a steady pool of such
+calls in flight (``eval.runner.rollout_pool``), so a slow 10-turn rollout never holds up the
+others, and their searches reach the micro-batching retrieval server together.
+
+A record is the response decoded as verl's reward manager decodes it
+(``skip_special_tokens=True``) plus the agent loop's records (termination, searches,
+search_errors, model_tokens, retrieved_tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol, TypeVar
 
 from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
@@ -28,15 +33,39 @@ from verl.workers.rollout.replica import TokenOutput
 
 RECORD_KEYS = ("termination", "searches", "search_errors", "model_tokens", "retrieved_tokens")
 BACKENDS = ("hf", "vllm")
+T = TypeVar("T")
 
 VLLM_MISSING = (
-    "the vllm backend needs vLLM, which is not installed here. On a GPU node run "
-    "`pip install -e .[gpu]` (verl's vllm extra), or use `--backend hf` for small models on CPU."
+    "the vllm backend needs vLLM, which is not installed here. On a GPU node install the GPU set "
+    "(`pip install -e .[gpu]`, README 'GPU node'), or use `--backend hf` for small models on CPU."
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """vLLM engine options of ``python -m eval run`` (ignored by ``hf``).
+
+    ``gpu_memory_utilization``: fraction of the GPU's memory vLLM may take (weights + KV cache),
+    in (0, 1]. ``prefix_caching``: vLLM's automatic prefix caching; off by default because
+    training runs without it (``rollout.enable_prefix_caching: false``) and vLLM 0.24 marks it
+    experimental for the hybrid (Gated DeltaNet + attention) Qwen3.5 layers, so greedy parity
+    with training is only assured without it. ``max_num_seqs``: sequences vLLM decodes at once
+    (None = vLLM's default).
+    """
+
+    gpu_memory_utilization: float = 0.85
+    prefix_caching: bool = False
+    max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
 class Backend(Protocol):
-    def rollout(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]: ...
+    def run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
@@ -56,23 +85,40 @@ def batch_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
     return out
 
 
-class HFBackend:
+class AgentLoopBackend:
+    """One verl ``AgentLoopWorker`` and the event loop its coroutines (and engine) live on."""
+
+    def __init__(self, worker: Any, loop: asyncio.AbstractEventLoop):
+        self._worker = worker
+        self._loop = loop
+        self.tokenizer = worker.tokenizer
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` to completion on this backend's event loop."""
+        return self._loop.run_until_complete(coro)
+
+    async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """One greedy (``validate``) rollout of one verl row; its record."""
+        from search_env.cpu.local_rollout import rows_to_batch
+
+        batch = rows_to_batch([row], n=1)
+        batch.meta_info["validate"] = True
+        out = await self._worker.generate_sequences(batch)
+        return batch_records(out, self.tokenizer)[0]
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+class HFBackend(AgentLoopBackend):
     """``hf``: verl's in-process agent loop with an ``HFGenerator`` behind ``HFLLMClient``."""
 
     def __init__(self, config: DictConfig, model_dir: str, seed: int = 0):
         from search_env.cpu.hf_generate import HFGenerator
         from search_env.cpu.local_rollout import LocalRollout
 
-        generator = HFGenerator(model_dir, seed=seed)
-        self._rollout = LocalRollout(config, generator)
-        self.tokenizer = self._rollout.tokenizer
-
-    def rollout(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        batch = self._rollout.generate(rows, n=1, validate=True)
-        return batch_records(batch, self.tokenizer)
-
-    def close(self) -> None:
-        self._rollout = None  # type: ignore[assignment]
+        rollout = LocalRollout(config, HFGenerator(model_dir, seed=seed))
+        super().__init__(rollout.worker, asyncio.new_event_loop())
 
 
 class VLLMEngineClient(LLMServerClient):
@@ -80,13 +126,28 @@ class VLLMEngineClient(LLMServerClient):
 
     Mirrors verl's own vLLM server (``vllm_async_server.generate``): the agent loop's
     ``sampling_params`` (``temperature`` 0 = greedy, ``top_p``, ``top_k``, ``max_tokens``,
-    ``stop_token_ids``, ``logprobs``) become ``vllm.SamplingParams``; finish reasons ``stop`` and
-    ``length`` both report ``completed`` (the agent loop tells them apart by the token budget).
+    ``stop_token_ids``) become ``vllm.SamplingParams``; finish reasons ``stop`` and ``length``
+    both report ``completed`` (the agent loop tells them apart by the token budget). A
+    ``logprobs`` request is dropped: evaluation reads none, and vLLM would compute them per token.
     """
 
     def __init__(self, config: DictConfig, engine: Any):
         super().__init__(config, load_balancer_handle=None)
         self.engine = engine
+
+    @staticmethod
+    def sampling_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
+        """``vllm.SamplingParams`` keyword arguments for the agent loop's ``sampling_params``."""
+        params = dict(sampling_params)
+        return {
+            "max_tokens": max(1, int(params["max_tokens"])),
+            "temperature": float(params.get("temperature", 0.0) or 0.0),
+            "top_p": float(params.get("top_p", 1.0) or 1.0),
+            "top_k": int(params.get("top_k") or -1),
+            "repetition_penalty": float(params.get("repetition_penalty", 1.0)),
+            "stop_token_ids": list(params.get("stop_token_ids") or []),
+            "logprobs": None,
+        }
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
@@ -94,45 +155,58 @@ class VLLMEngineClient(LLMServerClient):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = dict(sampling_params)
-        want_logprobs = bool(params.pop("logprobs", False))
-        params = SamplingParams(
-            max_tokens=max(1, int(params.pop("max_tokens"))),
-            temperature=float(params.get("temperature", 0.0) or 0.0),
-            top_p=float(params.get("top_p", 1.0) or 1.0),
-            top_k=int(params.get("top_k") or -1),
-            repetition_penalty=float(params.get("repetition_penalty", 1.0)),
-            stop_token_ids=list(params.get("stop_token_ids") or []),
-            logprobs=0 if want_logprobs else None,
-        )
         final = None
         async for out in self.engine.generate(
             prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
-            sampling_params=params,
+            sampling_params=SamplingParams(**self.sampling_kwargs(sampling_params)),
             request_id=uuid.uuid4().hex,
         ):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError(f"vLLM returned no output for request {request_id}")
         completion = final.outputs[0]
-        token_ids = list(completion.token_ids)
-        log_probs = None
-        if params.logprobs is not None and completion.logprobs is not None:
-            log_probs = [lp[token_ids[i]].logprob for i, lp in enumerate(completion.logprobs)]
         reason = completion.finish_reason
         return TokenOutput(
-            token_ids=token_ids,
-            log_probs=log_probs,
+            token_ids=list(completion.token_ids),
+            log_probs=None,
             stop_reason="completed" if reason in ("stop", "length", None) else reason,
             extra_fields={"min_global_steps": None, "max_global_steps": None},
         )
 
 
-class VLLMBackend:
-    """``vllm``: verl's agent loop with all rollouts of a batch advancing together in one vLLM engine."""
+def vllm_engine_kwargs(
+    config: DictConfig, model_dir: str, seed: int, settings: EngineSettings, accepted: set[str]
+) -> dict[str, Any]:
+    """``AsyncEngineArgs`` keyword arguments; ``accepted`` = the field names of that dataclass.
+
+    Raises RuntimeError when the installed vLLM lacks ``language_model_only`` (added in the 0.2x
+    series; verl 0.9.1 pins 0.24.0): without it vLLM would build and profile the vision tower.
+    """
+    if "language_model_only" not in accepted:
+        raise RuntimeError(
+            "this vLLM has no `language_model_only` engine argument (vLLM 0.24.0, verl 0.9.1's pin, has "
+            "it); install the GPU set of README 'GPU node'"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "seed": seed,
+        "dtype": "bfloat16",
+        "max_model_len": int(rollout.prompt_length) + int(rollout.response_length),
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enable_prefix_caching": settings.prefix_caching,
+        "language_model_only": True,
+    }
+    if settings.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = settings.max_num_seqs
+    return kwargs
+
+
+class VLLMBackend(AgentLoopBackend):
+    """``vllm``: verl's agent loop with every in-flight rollout advancing in one vLLM engine."""
 
     def __init__(
-        self, config: DictConfig, model_dir: str, seed: int = 0, gpu_memory_utilization: float = 0.85
+        self, config: DictConfig, model_dir: str, seed: int = 0, settings: EngineSettings | None = None
     ):
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
@@ -143,43 +217,31 @@ class VLLMBackend:
 
         import search_env.agent_loop  # noqa: F401  (registers the search_agent loop)
 
-        rollout = config.actor_rollout_ref.rollout
-        self._loop = asyncio.new_event_loop()
+        accepted = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         args = AsyncEngineArgs(
-            model=model_dir,
-            seed=seed,
-            dtype="bfloat16",
-            max_model_len=int(rollout.prompt_length) + int(rollout.response_length),
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=True,
+            **vllm_engine_kwargs(config, model_dir, seed, settings or EngineSettings(), accepted)
         )
-        self._engine = self._loop.run_until_complete(self._start(AsyncLLM, args))
-        self._worker = AgentLoopWorker(config, llm_client=VLLMEngineClient(config, self._engine))
-        self.tokenizer = self._worker.tokenizer
+        loop = asyncio.new_event_loop()
+        self._engine = loop.run_until_complete(self._start(AsyncLLM, args))
+        super().__init__(AgentLoopWorker(config, llm_client=VLLMEngineClient(config, self._engine)), loop)
 
     @staticmethod
     async def _start(engine_cls: Any, args: Any) -> Any:
         return engine_cls.from_engine_args(args)
 
-    def rollout(self, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        from search_env.cpu.local_rollout import rows_to_batch
-
-        batch = rows_to_batch(rows, n=1)
-        batch.meta_info["validate"] = True
-        out = self._loop.run_until_complete(self._worker.generate_sequences(batch))
-        return batch_records(out, self.tokenizer)
-
     def close(self) -> None:
         shutdown = getattr(self._engine, "shutdown", None)
         if callable(shutdown):
             shutdown()
-        self._loop.close()
+        super().close()
 
 
-def make_backend(name: str, config: DictConfig, model_dir: str, seed: int = 0) -> Backend:
+def make_backend(
+    name: str, config: DictConfig, model_dir: str, seed: int = 0, settings: EngineSettings | None = None
+) -> Backend:
     """The backend called ``name`` (``hf`` or ``vllm``) for the model in ``model_dir``."""
     if name == "hf":
         return HFBackend(config, model_dir, seed=seed)
     if name == "vllm":
-        return VLLMBackend(config, model_dir, seed=seed)
+        return VLLMBackend(config, model_dir, seed=seed, settings=settings)
     raise ValueError(f"--backend {name!r} is unknown; use one of {BACKENDS}")

@@ -9,9 +9,21 @@ by ``reward_fns.compute_score`` exactly as the training reward sees it.
 Output (:mod:`eval.store` makes it crash-safe)::
 
     OUT/<run>/run.json                         run, shape, seed, horizon, config, eval settings
-    OUT/<run>/global_step_<N>/rows.jsonl       one line per question, appended per batch
+    OUT/<run>/global_step_<N>/rows.jsonl       one line per question, in suite order, append-only
     OUT/<run>/global_step_<N>/summary.json     written once every row is in (atomic rename)
+    OUT/<run>/global_step_<N>/.lock            held (flock) by the process evaluating step N
     OUT/<run>/merged/global_step_<N>/          HF weights merged from FSDP shards (cache)
+
+Rollouts run as a steady pool (:func:`rollout_pool`): ``max_in_flight`` rows are in flight at
+any time, and each finished rollout at once starts the next row, so a slow 10-turn rollout holds
+up no other. Finished rows are appended to ``rows.jsonl`` in suite order (:class:`InOrderWriter`:
+the longest finished prefix, flushed every ``FLUSH_ROWS`` rows or ``FLUSH_S`` seconds, and
+when the pool stops for any reason), so a killed run resumes after the last written row.
+
+Several processes may evaluate one run into one results folder (one per GPU,
+``launch/eval.sh`` with ``GPUS=0,1,...``): a process takes each checkpoint whose lock is free,
+skips those another process holds, then waits for those and reads their summaries, so every
+process ends with the whole table.
 
 Rollout limits default to what the run trained with (its saved config), else the protocol's
 (10 assistant turns, 8,192 tokens in all, 1,024 per turn); flags override both, and run.json
@@ -20,27 +32,35 @@ records the values used.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
 
 from eval import checkpoints as ckpts
-from eval.store import RowStore, exclusive_lock, read_json, write_json_atomic
+from eval.store import RowStore, exclusive_lock, read_json, try_lock, write_json_atomic
 from eval.suite import REPO_ROOT, Question, Suite
 from reward_fns import extract_answer
 from reward_fns.compute_score import compute_score
 from search_env import protocol
 from search_env.rollout_stats import TERMINATIONS
 
-DEFAULT_BATCH = {"hf": 8, "vllm": 512}
-"""Rows per rollout call (and per fsync of rows.jsonl)."""
+DEFAULT_IN_FLIGHT = {"hf": 8, "vllm": 512}
+"""Rollouts kept in flight per backend (``--max-in-flight``)."""
+FLUSH_ROWS = 64
+FLUSH_S = 2.0
+"""rows.jsonl gets the finished prefix (one write + fsync) every FLUSH_ROWS rows or FLUSH_S seconds."""
+
+X = TypeVar("X")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -142,8 +162,10 @@ def summarize(rows: Sequence[dict[str, Any]], benchmarks: Sequence[str], step: i
     }
 
 
-def check_retrievers(urls: Sequence[str], timeout: float = 5.0) -> None:
-    """Raise RuntimeError unless every retrieval server answers ``GET /health`` with 200."""
+def check_retrievers(urls: Sequence[str], timeout: float = 5.0, search_timeout: float = 120.0) -> None:
+    """Raise RuntimeError unless every retrieval server answers ``GET /health`` with 200 and one
+    real ``POST /retrieve`` with one result list (``/health`` never searches: a backend that fails
+    on queries would otherwise turn every row into "search failed" text)."""
     if not urls:
         raise RuntimeError(
             "no retrieval server: pass --retriever-url http://127.0.0.1:8000 (start one with "
@@ -159,6 +181,25 @@ def check_retrievers(urls: Sequence[str], timeout: float = 5.0) -> None:
             ) from None
         if status != 200:
             raise RuntimeError(f"retrieval server {url}/health answered HTTP {status}")
+        try:
+            answer = httpx.post(
+                f"{url.rstrip('/')}/retrieve",
+                json={"queries": ["who wrote the first american novel"], "topk": 1},
+                timeout=search_timeout,
+            )
+        except httpx.HTTPError as err:
+            raise RuntimeError(
+                f"retrieval server {url} failed its test search ({type(err).__name__})"
+            ) from None
+        try:
+            result = answer.json().get("result") if answer.status_code == 200 else None
+        except (ValueError, AttributeError):
+            result = None
+        if not (isinstance(result, list) and len(result) == 1 and isinstance(result[0], list)):
+            raise RuntimeError(
+                f"retrieval server {url} failed its test search: POST /retrieve answered HTTP "
+                f"{answer.status_code}: {answer.text[:300]}"
+            )
 
 
 @dataclass
@@ -173,7 +214,7 @@ class RunPlan:
     limits: Limits
     backend: str
     retriever_urls: list[str]
-    batch_size: int
+    max_in_flight: int
     eval_settings: dict[str, Any]
 
     @property
@@ -181,9 +222,20 @@ class RunPlan:
         return self.out_root / self.run_name
 
 
-def eval_settings(suite: Suite, limit: int | None, subsample_seed: int, limits: Limits, backend: str) -> dict:
-    """What makes two evaluations of a run comparable (stored in and checked against run.json)."""
-    return {
+def eval_settings(
+    suite: Suite,
+    limit: int | None,
+    subsample_seed: int,
+    limits: Limits,
+    backend: str,
+    prefix_caching: bool = False,
+) -> dict:
+    """What makes two evaluations of a run comparable (stored in and checked against run.json).
+
+    vLLM's prefix caching is recorded for the vllm backend (it may change greedy outputs); the
+    pool size and the memory fraction are not (they change speed, not rows).
+    """
+    settings = {
         "suite": str(suite.path),
         "benchmarks": {b: len(qs) for b, qs in suite.benchmarks.items()},
         "limit": limit,
@@ -192,6 +244,9 @@ def eval_settings(suite: Suite, limit: int | None, subsample_seed: int, limits: 
         "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1},
         "limits": asdict(limits),
     }
+    if backend == "vllm":
+        settings["prefix_caching"] = prefix_caching
+    return settings
 
 
 def write_run_json(plan: RunPlan) -> None:
@@ -218,10 +273,12 @@ def write_run_json(plan: RunPlan) -> None:
     write_json_atomic(path, doc)
 
 
-def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
+def _tool_and_loop_files(plan: RunPlan, folder: Path) -> tuple[Path, Path]:
+    """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
     from search_env.cpu.local_rollout import write_tool_config
 
-    tools = write_tool_config(plan.run_root / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
+    folder.mkdir(parents=True, exist_ok=True)
+    tools = write_tool_config(folder / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
     loops = [
         {
             "name": "search_agent",
@@ -231,16 +288,16 @@ def _tool_and_loop_files(plan: RunPlan) -> tuple[Path, Path]:
             "max_total_tokens": plan.limits.max_total_tokens,
         }
     ]
-    loops_path = plan.run_root / "agent_loops.yaml"
+    loops_path = folder / "agent_loops.yaml"
     loops_path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
     return tools, loops_path
 
 
-def rollout_config(plan: RunPlan, model_dir: Path) -> Any:
-    """verl's composed config for greedy protocol rollouts of ``model_dir``."""
+def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
+    """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
     from search_env.cpu.local_rollout import compose_rollout_config
 
-    tools, loops = _tool_and_loop_files(plan)
+    tools, loops = _tool_and_loop_files(plan, folder)
     return compose_rollout_config(
         model_dir,
         tools,
@@ -267,13 +324,110 @@ def _to_verl_rows(questions: Sequence[Question]) -> list[dict[str, Any]]:
     ]
 
 
+async def rollout_pool(
+    items: Sequence[X], rollout: Callable[[X], Awaitable[R]], size: int
+) -> AsyncIterator[tuple[int, R]]:
+    """Yield ``(index, result)`` of ``rollout(item)`` for every item, in completion order, keeping
+    ``min(size, items left)`` rollouts in flight: as soon as some finish, as many new ones start,
+    before their results are handed on. Results finishing together come in index order. When a
+    rollout raises, or the consumer stops early, the others are cancelled and the error propagates.
+    """
+    if size < 1:
+        raise ValueError(f"--max-in-flight must be >= 1, got {size}")
+    upcoming = iter(enumerate(items))
+    running: dict[asyncio.Future[R], int] = {}
+
+    def top_up() -> None:
+        while len(running) < size and (nxt := next(upcoming, None)) is not None:
+            running[asyncio.ensure_future(rollout(nxt[1]))] = nxt[0]
+
+    top_up()
+    try:
+        while running:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            done = sorted((running.pop(f), f) for f in finished)
+            top_up()
+            for index, future in done:
+                yield index, future.result()
+    finally:
+        for future in running:
+            future.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+class InOrderWriter:
+    """Appends finished rows to a :class:`RowStore` in item order, as the longest finished prefix.
+
+    ``add(i, row)`` takes row ``i`` whenever it finishes; rows ``0..k`` go to the store (one append
+    + fsync) once all are finished and ``flush_rows`` of them are waiting or ``flush_s`` seconds
+    have passed since the last write; ``flush()`` writes the finished prefix now. Rows after a gap
+    stay in memory until the gap fills, so the file is always a prefix of the uninterrupted one.
+    """
+
+    def __init__(
+        self,
+        store: RowStore,
+        flush_rows: int = FLUSH_ROWS,
+        flush_s: float = FLUSH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.store, self.flush_rows, self.flush_s, self.clock = store, flush_rows, flush_s, clock
+        self._finished: dict[int, dict[str, Any]] = {}
+        self._next = 0  # index of the first row not yet written
+        self._last_write = clock()
+        self.written = 0
+
+    def _prefix_end(self) -> int:
+        end = self._next
+        while end in self._finished:
+            end += 1
+        return end
+
+    def add(self, index: int, row: dict[str, Any]) -> None:
+        self._finished[index] = row
+        waiting = self._prefix_end() - self._next
+        if waiting and (waiting >= self.flush_rows or self.clock() - self._last_write >= self.flush_s):
+            self.flush()
+
+    def flush(self) -> int:
+        """Write the finished prefix now; returns the rows written."""
+        end = self._prefix_end()
+        rows = [self._finished.pop(i) for i in range(self._next, end)]
+        self._next = end
+        self._last_write = self.clock()
+        if rows:
+            self.written += self.store.append(rows)
+        return len(rows)
+
+
+async def _roll_out(
+    backend: Any,
+    questions: Sequence[Question],
+    writer: InOrderWriter,
+    shape: str,
+    size: int,
+    progress: Callable[[Question], None],
+) -> None:
+    """Roll ``questions`` out through ``backend`` in a steady pool, scoring each into ``writer``."""
+    rows = _to_verl_rows(questions)
+    try:
+        async for i, record in rollout_pool(rows, backend.rollout_one, size):
+            writer.add(i, score_row(questions[i], record, shape))
+            progress(questions[i])
+    finally:
+        writer.flush()  # whatever finished in order is kept, also when a rollout failed
+
+
 def evaluate_step(
     plan: RunPlan,
     ckpt: ckpts.Checkpoint,
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Evaluate one checkpoint (only its missing rows), then write and return its summary."""
+    """Evaluate one checkpoint (only its missing rows), then write and return its summary.
+
+    The caller holds the checkpoint folder's lock.
+    """
     from tqdm import tqdm
 
     step_dir = plan.run_root / f"global_step_{ckpt.step}"
@@ -283,33 +437,31 @@ def evaluate_step(
     done = store.done_keys() & wanted
     if summary_path.is_file() and len(done) == len(wanted):
         return read_json(summary_path)
-    todo = {b: [q for q in qs if q.key not in done] for b, qs in plan.suite.benchmarks.items()}
-    n_todo = sum(len(qs) for qs in todo.values())
-    log(f"step {ckpt.step}: {len(done)} rows done, {n_todo} to go")
-    if n_todo:
+    todo = [q for qs in plan.suite.benchmarks.values() for q in qs if q.key not in done]
+    log(f"step {ckpt.step}: {len(done)} rows done, {len(todo)} to go")
+    if todo:
         model_dir = ckpts.materialize(ckpt, plan.run_root / "merged")
-        backend = make_backend(rollout_config(plan, model_dir), str(model_dir))
+        backend = make_backend(rollout_config(plan, model_dir, step_dir), str(model_dir))
         shape = plan.info.get("shape") or "f1_only"
-        try:
-            for bench, questions in plan.suite.benchmarks.items():
-                n_done = len(questions) - len(todo[bench])
-                with tqdm(
-                    total=len(questions),
-                    initial=n_done,
-                    desc=f"step {ckpt.step} {bench}",
-                    unit="row",
-                    leave=True,
-                    file=sys.stderr,
-                    dynamic_ncols=True,
-                ) as bar:
-                    pending = todo[bench]
-                    for start in range(0, len(pending), plan.batch_size):
-                        batch = pending[start : start + plan.batch_size]
-                        records = backend.rollout(_to_verl_rows(batch))
-                        store.append(score_row(q, r, shape) for q, r in zip(batch, records, strict=True))
-                        bar.update(len(batch))
-        finally:
-            backend.close()
+        with tqdm(
+            total=len(wanted),
+            initial=len(done),
+            desc=f"step {ckpt.step}",
+            unit="row",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        ) as bar:
+
+            def progress(q: Question) -> None:
+                bar.set_postfix_str(q.benchmark, refresh=False)
+                bar.update(1)
+
+            try:
+                backend.run(
+                    _roll_out(backend, todo, InOrderWriter(store), shape, plan.max_in_flight, progress)
+                )
+            finally:
+                backend.close()
     rows = [r for r in store.rows() if (r["benchmark"], r["id"]) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
@@ -336,9 +488,24 @@ def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> st
 
 
 def run(plan: RunPlan, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
-    """Evaluate every checkpoint of ``plan`` in step order; returns ``{step: summary}``."""
+    """Evaluate every checkpoint of ``plan`` in step order; returns ``{step: summary}``.
+
+    Checkpoints another process is evaluating (their lock is held) are skipped at first, then
+    waited for; their summary is read (or their missing rows done, if that process died).
+    """
     check_retrievers(plan.retriever_urls)
-    with exclusive_lock(plan.run_root):
+    with exclusive_lock(plan.run_root, wait=True):  # run.json: check and write under one lock
         write_run_json(plan)
-        summaries = {c.step: evaluate_step(plan, c, make_backend, log) for c in plan.checkpoints}
-    return summaries
+    summaries: dict[int, dict[str, Any]] = {}
+    busy: list[ckpts.Checkpoint] = []
+    for ckpt in plan.checkpoints:
+        with try_lock(plan.run_root / f"global_step_{ckpt.step}") as held:
+            if held:
+                summaries[ckpt.step] = evaluate_step(plan, ckpt, make_backend, log)
+            else:
+                log(f"step {ckpt.step}: another process is evaluating it; going on with the next")
+                busy.append(ckpt)
+    for ckpt in busy:
+        with exclusive_lock(plan.run_root / f"global_step_{ckpt.step}", wait=True):
+            summaries[ckpt.step] = evaluate_step(plan, ckpt, make_backend, log)
+    return dict(sorted(summaries.items()))

@@ -5,6 +5,9 @@ fsynced before the next batch starts; a torn last line (a crash mid-write) is cu
 anything is appended again; duplicate keys (same benchmark and id) keep their first row.
 JSON documents (``summary.json``, ``run.json``) are written to a temporary file in the same
 directory and renamed over the target, so readers see the old or the new file, never half.
+Several processes (one per GPU) may share one results folder: each checkpoint folder has its own
+``flock`` (:func:`try_lock`), so they evaluate different checkpoints and never write the same
+``rows.jsonl``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def read_json(path: Path) -> Any:
 class RowStore:
     """The ``rows.jsonl`` of one checkpoint: read what is done, append new rows durably.
 
-    Not safe for two writers at once; :func:`exclusive_lock` guards a whole result folder.
+    Not safe for two writers at once: the runner holds the checkpoint folder's lock
+    (:func:`try_lock` / :func:`exclusive_lock`) while it writes.
     """
 
     def __init__(self, path: Path):
@@ -148,17 +152,41 @@ class RowStore:
         return len(lines)
 
 
+def _flock(f: Any, wait: bool) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextmanager
-def exclusive_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``folder/.lock`` (fails at once if another process holds it)."""
+def try_lock(folder: Path) -> Iterator[bool]:
+    """Try an exclusive ``flock`` on ``folder/.lock`` without waiting; yields whether it is held.
+
+    The lock is per open file, so it also excludes another holder in the same process, and the
+    kernel drops it when its holder dies (a SIGKILLed evaluation leaves no stale lock).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as f:
+        held = _flock(f, wait=False)
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
+def exclusive_lock(folder: Path, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.lock``: wait for it (``wait``), or fail at once
+    with a RuntimeError when another process holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        if not _flock(f, wait):
             raise RuntimeError(
                 f"{folder} is being written by another `python -m eval run`; wait for it or use another --out"
-            ) from None
+            )
         try:
             yield
         finally:

@@ -95,7 +95,7 @@ def _args(run: Path, out: Path, url: str, *extra: str) -> list[str]:
         *BENCHMARKS,
         "--retriever-url",
         url,
-        "--batch-size",
+        "--max-in-flight",
         "1",
         *FAST_LIMITS,
         *extra,

@@ -1,0 +1,314 @@
+"""The evaluation runner's steady rollout pool, its in-order append-only writer, resume after a
+failure, and several processes evaluating one run into one results folder — all with a fake
+engine (a backend whose rollouts the test controls), so no model runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from eval import checkpoints as ckpts
+from eval import runner
+from eval.backends import EngineSettings, VLLMEngineClient, vllm_engine_kwargs
+from eval.store import RowStore
+from eval.suite import load_suite
+
+# ---- rollout_pool ------------------------------------------------------------------------------
+
+
+async def _settle() -> None:
+    """Let every runnable task run until it blocks again (pure scheduling, no clock)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("size", [1, 3, 8])
+def test_pool_stays_full_whatever_order_rollouts_finish_in(size: int):
+    """Whatever order rollouts finish in, min(size, items left) are in flight at every moment."""
+    items = list(range(20))
+
+    async def scenario() -> list[tuple[int, int]]:
+        gates: dict[int, asyncio.Event] = {}
+        inflight: set[int] = set()
+        results: list[tuple[int, int]] = []
+
+        async def fake(item: int) -> int:
+            gates[item] = asyncio.Event()
+            inflight.add(item)
+            await gates[item].wait()
+            inflight.discard(item)
+            return item * 10
+
+        async def consume() -> None:
+            async for i, r in runner.rollout_pool(items, fake, size):
+                results.append((i, r))
+
+        consumer = asyncio.ensure_future(consume())
+        turn = 0
+        while not consumer.done():
+            await _settle()
+            unfinished = [j for j in items if j not in gates or not gates[j].is_set()]
+            assert len(inflight) == min(size, len(unfinished)), (turn, sorted(inflight))
+            if inflight:  # finish the newest rollout first: completion order != item order
+                gates[max(inflight)].set()
+            turn += 1
+        await consumer
+        return results
+
+    results = asyncio.run(scenario())
+    assert sorted(results) == [(i, i * 10) for i in items]
+    if size > 1:
+        assert [i for i, _ in results] != items, "the fake finished out of order; so must the results"
+
+
+def test_pool_error_cancels_the_rest_and_propagates():
+    cancelled: list[int] = []
+
+    async def fake(item: int) -> int:
+        try:
+            if item == 2:
+                raise RuntimeError("engine died")
+            await asyncio.sleep(3600)
+            return item
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+
+    async def scenario() -> None:
+        async for _ in runner.rollout_pool(range(10), fake, 4):
+            pass
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        asyncio.run(scenario())
+    assert sorted(cancelled) == [0, 1, 3]
+    with pytest.raises(ValueError, match="max-in-flight"):
+        asyncio.run(runner.rollout_pool([1], fake, 0).__anext__())
+
+
+# ---- InOrderWriter ------------------------------------------------------------------------------
+
+
+def _row(i: int) -> dict:
+    return {"benchmark": "nq", "id": str(i), "em": 0.0}
+
+
+def test_writer_appends_only_the_finished_prefix_in_order(tmp_path: Path):
+    store = RowStore(tmp_path / "rows.jsonl")
+    now = [0.0]
+    writer = runner.InOrderWriter(store, flush_rows=2, flush_s=10.0, clock=lambda: now[0])
+    snapshots = []
+
+    def snap() -> None:
+        snapshots.append(store.path.read_bytes() if store.path.exists() else b"")
+
+    def add(*indices: int) -> list[str]:
+        for i in indices:
+            writer.add(i, _row(i))
+            snap()
+        return [r["id"] for r in store.rows()]
+
+    assert add(1, 0) == ["0", "1"]  # two finished in order: flush_rows reached
+    assert add(4, 2) == ["0", "1"]  # one waiting in order (2), one after a gap (4)
+    now[0] = 11.0
+    assert add(6) == ["0", "1", "2"]  # flush_s passed: the finished prefix goes out, 4 and 6 wait
+    assert add(3) == ["0", "1", "2", "3", "4"]
+    assert add(5) == [str(i) for i in range(7)]
+    assert writer.flush() == 0 and writer.written == 7
+    for before, after in zip(snapshots, snapshots[1:], strict=False):
+        assert after.startswith(before), "rows.jsonl must only ever grow at its end"
+
+
+# ---- evaluate_step / run with a fake backend ----------------------------------------------------
+
+
+class FakeBackend:
+    """A backend whose rollouts answer the first gold answer (optionally failing at one row)."""
+
+    def __init__(self, fail_on: str | None = None, log: Path | None = None, tag: str = ""):
+        self.loop = asyncio.new_event_loop()
+        self.fail_on, self.log, self.tag = fail_on, log, tag
+        self.calls: list[str] = []
+
+    def run(self, coro):
+        return self.loop.run_until_complete(coro)
+
+    async def rollout_one(self, row):
+        qid = f"{row['data_source']}/{row['extra_info']['id']}"
+        self.calls.append(str(qid))
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{self.tag} {qid}\n")
+        await asyncio.sleep(0)
+        if self.fail_on is not None and str(qid) == self.fail_on:
+            raise RuntimeError("fake engine failure")
+        gold = row["reward_model"]["ground_truth"]["target"][0]
+        return {
+            "response": f"<think>x</think><answer>{gold}</answer>",
+            "termination": "answer",
+            "searches": 1,
+            "search_errors": 0,
+            "model_tokens": 5,
+            "retrieved_tokens": 0,
+        }
+
+    def close(self):
+        self.loop.close()
+
+
+def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http://127.0.0.1:9",)):
+    suite = load_suite("fixtures", limit=3, benchmarks=["nq", "bamboogle"])
+    limits = runner.Limits()
+    model = tmp_path / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    return runner.RunPlan(
+        run_name="f1_only_s1",
+        out_root=tmp_path / "out",
+        suite=suite,
+        checkpoints=[ckpts.Checkpoint(s, model, "hf") for s in steps],
+        info={"run": "f1_only_s1", "shape": "f1_only", "seed": 1, "horizon": max(steps), "config": {}},
+        limits=limits,
+        backend="hf",
+        retriever_urls=list(urls),
+        max_in_flight=max_in_flight,
+        eval_settings=runner.eval_settings(suite, 3, 0, limits, "hf"),
+    )
+
+
+def test_failed_rollout_keeps_the_prefix_and_resume_redoes_only_the_rest(tmp_path: Path):
+    plan = _plan(tmp_path, [1])
+    ckpt = plan.checkpoints[0]
+    all_keys = [q for qs in plan.suite.benchmarks.values() for q in qs]
+    failing = FakeBackend(fail_on=f"{all_keys[4].benchmark}/{all_keys[4].id}")
+    with pytest.raises(RuntimeError, match="fake engine failure"):
+        runner.evaluate_step(plan, ckpt, lambda config, model_dir: failing, log=lambda _: None)
+    rows_path = plan.run_root / "global_step_1" / "rows.jsonl"
+    kept = [(r["benchmark"], r["id"]) for r in RowStore(rows_path).rows()]
+    assert kept == [q.key for q in all_keys[: len(kept)]] and len(kept) <= 4, "an in-order prefix only"
+    assert not (plan.run_root / "global_step_1" / "summary.json").exists()
+
+    resumed = FakeBackend()
+    summary = runner.evaluate_step(plan, ckpt, lambda config, model_dir: resumed, log=lambda _: None)
+    assert resumed.calls == [f"{q.benchmark}/{q.id}" for q in all_keys[len(kept) :]], (
+        "done rows are not redone"
+    )
+    assert [(r["benchmark"], r["id"]) for r in RowStore(rows_path).rows()] == [q.key for q in all_keys]
+    assert summary["complete"] and summary["macro"]["em"] == 1.0
+
+    fresh_plan = _plan(tmp_path / "fresh", [1])
+    runner.evaluate_step(
+        fresh_plan, fresh_plan.checkpoints[0], lambda c, m: FakeBackend(), log=lambda _: None
+    )
+    assert rows_path.read_bytes() == (fresh_plan.run_root / "global_step_1" / "rows.jsonl").read_bytes()
+
+
+def _worker(tmp: str, url: str, tag: str, hold_step: int | None, inside, release, out: str) -> None:
+    """One `python -m eval run`-like process: run() with fake backends; holds `hold_step` open
+    until `release` is set (after telling `inside`)."""
+    plan = _plan(Path(tmp), [1, 2, 3, 4], urls=(url,))
+    log = Path(tmp) / "rollouts.log"
+
+    def make(config, model_dir):
+        step = int(
+            Path(config.actor_rollout_ref.rollout.multi_turn.tool_config_path).parent.name.split("_")[-1]
+        )
+        backend = FakeBackend(log=log, tag=f"{tag} step{step}")
+        if step == hold_step:
+            inside.set()
+            assert release.wait(120), "the other process never started"
+        else:
+            release.set()  # this process works on a checkpoint of its own
+        return backend
+
+    summaries = runner.run(plan, make, log=lambda _: None)
+    Path(out).write_text(json.dumps(sorted(summaries)))
+
+
+def test_two_processes_share_one_results_folder_checkpoint_by_checkpoint(
+    tmp_path: Path, retrieval_server_url
+):
+    ctx = multiprocessing.get_context("fork")
+    inside, release = ctx.Event(), ctx.Event()
+    a = ctx.Process(
+        target=_worker,
+        args=(str(tmp_path), retrieval_server_url, "A", 1, inside, release, str(tmp_path / "a")),
+    )
+    b = ctx.Process(
+        target=_worker,
+        args=(str(tmp_path), retrieval_server_url, "B", None, inside, release, str(tmp_path / "b")),
+    )
+    a.start()
+    try:
+        assert inside.wait(120), "process A never reached step 1"
+        b.start()  # step 1 is locked by A: B must skip it and take step 2
+        b.join(300)
+        a.join(300)
+    finally:
+        for p in (a, b):
+            if p.is_alive():
+                p.kill()
+    assert (a.exitcode, b.exitcode) == (0, 0)
+    assert (
+        json.loads((tmp_path / "a").read_text()) == json.loads((tmp_path / "b").read_text()) == [1, 2, 3, 4]
+    )
+    lines = (tmp_path / "rollouts.log").read_text().splitlines()
+    by_step: dict[str, set[str]] = {}
+    for line in lines:
+        tag, step, _ = line.split()
+        by_step.setdefault(step, set()).add(tag)
+    assert by_step["step1"] == {"A"} and by_step["step2"] == {"B"}
+    assert all(len(tags) == 1 for tags in by_step.values()), "a checkpoint was evaluated by both"
+    run_root = tmp_path / "out" / "f1_only_s1"
+    for step in (1, 2, 3, 4):
+        rows = RowStore(run_root / f"global_step_{step}" / "rows.jsonl").rows()
+        raw = (run_root / f"global_step_{step}" / "rows.jsonl").read_text().splitlines()
+        assert len(rows) == len(raw) == 6, "each row written once, by one process"
+        assert json.loads((run_root / f"global_step_{step}" / "summary.json").read_text())["n"] == 6
+    assert len(lines) == 4 * 6, "no row was rolled out twice"
+    assert os.path.isfile(run_root / "run.json")
+
+
+# ---- vLLM engine settings (no vLLM needed) --------------------------------------------------------
+
+
+def test_vllm_engine_is_text_only_without_prefix_caching_and_logprobs(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"prompt_length": 1024, "response_length": 8192}}}
+    )
+    fields = {"model", "seed", "dtype", "max_model_len", "gpu_memory_utilization", "enable_prefix_caching"}
+    kwargs = vllm_engine_kwargs(config, "m", 0, EngineSettings(), fields | {"language_model_only"})
+    assert kwargs["language_model_only"] is True and kwargs["enable_prefix_caching"] is False
+    assert kwargs["gpu_memory_utilization"] == 0.85 and kwargs["max_model_len"] == 9216
+    on = vllm_engine_kwargs(
+        config, "m", 0, EngineSettings(0.5, prefix_caching=True), fields | {"language_model_only"}
+    )
+    assert on["enable_prefix_caching"] is True and on["gpu_memory_utilization"] == 0.5
+    with pytest.raises(RuntimeError, match="language_model_only"):
+        vllm_engine_kwargs(config, "m", 0, EngineSettings(), fields)
+    with pytest.raises(ValueError, match="gpu-memory-utilization"):
+        EngineSettings(1.5)
+    sampling = VLLMEngineClient.sampling_kwargs(
+        {
+            "max_tokens": 0,
+            "temperature": 0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "logprobs": True,
+            "stop_token_ids": [7],
+        }
+    )
+    assert sampling["logprobs"] is None and sampling["max_tokens"] == 1 and sampling["stop_token_ids"] == [7]
+
+
+def test_prefix_caching_is_part_of_the_comparable_settings():
+    suite = load_suite("fixtures", limit=1, benchmarks=["nq"])
+    off = runner.eval_settings(suite, 1, 0, runner.Limits(), "vllm")
+    on = runner.eval_settings(suite, 1, 0, runner.Limits(), "vllm", prefix_caching=True)
+    assert off != on and off["prefix_caching"] is False
+    assert "prefix_caching" not in runner.eval_settings(suite, 1, 0, runner.Limits(), "hf")
