@@ -1,0 +1,301 @@
+"""Continuous batching on CPU (``search_env.cpu.hf_generate``): concurrent requests share decoding
+steps and still get exactly what one-at-a-time generation gives them — same tokens, log-probs
+equal to the uncached model's within float tolerance — on Qwen3.5 hybrid models (Gated DeltaNet
+linear-attention layers + full-attention layers whose KV rows are left-padded in the batch)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3_5TextConfig
+from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+
+from search_env.cpu.cache_rows import FULL, LINEAR, CacheRows
+from search_env.cpu.hf_generate import HFGenerator
+from search_env.cpu.prefix_cache import PrefixCache, Snapshot
+from search_env.cpu.sampling import SamplingSpec, sample_rows
+
+ATOL = 1e-4  # fp32 log-probs of a 4,096-token vocabulary agree to ~1e-6
+
+
+@pytest.fixture(scope="module")
+def alternating_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text-only Qwen3.5 with layers linear, full, linear, full (the tiny model is 3 linear + 1 full)."""
+    out = tmp_path_factory.mktemp("alternating_qwen35")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = Qwen3_5TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        layer_types=[LINEAR, FULL, LINEAR, FULL],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(1)
+    Qwen3_5ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=["tiny", "alternating"])
+def model_dir(request: pytest.FixtureRequest, tiny_model_dir: Path, alternating_model_dir: Path) -> str:
+    return str(tiny_model_dir if request.param == "tiny" else alternating_model_dir)
+
+
+@pytest.fixture(scope="module")
+def pair(model_dir: str):
+    """(batched generator, one-at-a-time generator) on the same weights and seed."""
+    batched = HFGenerator(model_dir, max_new_tokens=12, seed=3, max_batch_size=16)
+    single = HFGenerator(model_dir, max_new_tokens=12, seed=3, max_batch_size=1, prefix_cache_mb=0)
+    yield batched, single
+    batched.close()
+    single.close()
+
+
+def _prompts(seed: int, count: int, low: int = 3, high: int = 300) -> list[list[int]]:
+    rnd = random.Random(seed)
+    return [[rnd.randrange(3, 4096) for _ in range(rnd.randrange(low, high))] for _ in range(count)]
+
+
+PARAMS = [
+    {"temperature": 0.0},
+    {"temperature": 1.0, "max_tokens": 5},
+    {"temperature": 0.7, "top_k": 20},
+    {"temperature": 1.3, "top_p": 0.8, "top_k": -1},
+    {"temperature": 1.0, "max_tokens": 1},
+    {"temperature": 0, "top_p": 0.5, "max_tokens": 9},
+]
+
+
+def _assert_same(out, ref, generator: HFGenerator, prompt: list[int]) -> None:
+    assert out.token_ids == ref.token_ids
+    assert torch.allclose(torch.tensor(out.log_probs), torch.tensor(ref.log_probs), atol=ATOL)
+    uncached = generator.score(prompt, out.token_ids)
+    assert torch.allclose(torch.tensor(out.log_probs), torch.tensor(uncached), atol=ATOL)
+
+
+def test_concurrent_requests_match_one_at_a_time_and_the_uncached_model(pair):
+    batched, single = pair
+    prompts = _prompts(0, 12)  # 3..300 tokens: the full-attention rows are padded up to ~300 columns
+    params = [PARAMS[i % len(PARAMS)] for i in range(len(prompts))]
+    before = batched.stats()
+    futures = [batched.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+    outs = [f.result(timeout=300) for f in futures]
+    after = batched.stats()
+    refs = [single.generate(p, q) for p, q in zip(prompts, params, strict=True)]
+    for prompt, out, ref, q in zip(prompts, outs, refs, params, strict=True):
+        assert 1 <= len(out.token_ids) <= q.get("max_tokens", 12) and out.stop_reason == "completed"
+        _assert_same(out, ref, batched, prompt)
+    steps = after["decode_steps"] - before["decode_steps"]
+    assert after["decoded_rows"] - before["decoded_rows"] >= 3 * steps  # really decoded together
+
+
+def test_requests_join_and_leave_a_running_batch(pair):
+    """Requests arriving while others decode join between steps; what each gets does not depend
+    on who it shared steps with."""
+    batched, single = pair
+    early, late = _prompts(1, 2, 50, 120), _prompts(2, 3, 3, 200)
+    long = {"temperature": 1.0, "max_tokens": 12}
+    first = [batched.submit(p, long) for p in early]
+    start = batched.stats()["decode_steps"]
+    deadline = time.monotonic() + 120
+    while batched.stats()["decode_steps"] < start + 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    second = [batched.submit(p, {"temperature": 0.9, "max_tokens": 4}) for p in late]
+    outs = [f.result(timeout=300) for f in first + second]
+    refs = [single.generate(p, long) for p in early] + [
+        single.generate(p, {"temperature": 0.9, "max_tokens": 4}) for p in late
+    ]
+    for prompt, out, ref in zip(early + late, outs, refs, strict=True):
+        _assert_same(out, ref, batched, prompt)
+
+
+def test_multi_turn_prompts_reuse_cached_states(pair):
+    """Each turn extends the previous prompt + its answer (+ a tool turn); GRPO siblings share a
+    prompt. Cached states are reused, and the outputs stay those of full prefills."""
+    batched, single = pair
+    rnd = random.Random(5)
+    base = _prompts(3, 2, 100, 200)
+    prompts = [base[0]] * 3 + [base[1]] * 2  # two groups of siblings
+    params = {"temperature": 1.0, "max_tokens": 6}
+    before_b, before_s = batched.stats(), single.stats()
+    for _ in range(3):
+        outs = [f.result(timeout=300) for f in [batched.submit(p, params) for p in prompts]]
+        refs = [single.generate(p, params) for p in prompts]
+        for prompt, out, ref in zip(prompts, outs, refs, strict=True):
+            _assert_same(out, ref, batched, prompt)
+        tool = [[rnd.randrange(3, 4096) for _ in range(rnd.randrange(1, 40))] for _ in prompts]
+        prompts = [p + o.token_ids + t for p, o, t in zip(prompts, outs, tool, strict=True)]
+    after_b, after_s = batched.stats(), single.stats()
+    assert after_b["reused_tokens"] > before_b["reused_tokens"]
+    prefilled_b = after_b["prefill_tokens"] - before_b["prefill_tokens"]
+    prefilled_s = after_s["prefill_tokens"] - before_s["prefill_tokens"]
+    assert prefilled_b < prefilled_s / 3
+
+
+def test_identical_prompts_get_distinct_reproducible_streams(tiny_model_dir):
+    prompt = _prompts(4, 1, 20, 21)[0]
+    params = {"temperature": 1.0, "max_tokens": 10}
+
+    def group(seed: int) -> list[tuple[int, ...]]:
+        generator = HFGenerator(str(tiny_model_dir), max_new_tokens=10, seed=seed)
+        try:
+            return [
+                tuple(f.result(timeout=300).token_ids)
+                for f in [generator.submit(prompt, params) for _ in range(4)]
+            ]
+        finally:
+            generator.close()
+
+    first, again, other = group(0), group(0), group(1)
+    assert len(set(first)) == 4  # siblings do not repeat each other
+    assert first == again  # same seed, same streams in submission order
+    assert set(other) != set(first)
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=10, seed=0)
+    try:
+        seeded = [generator.generate(prompt, {**params, "seed": 11}).token_ids for _ in range(2)]
+    finally:
+        generator.close()
+    assert seeded[0] == seeded[1]  # vLLM's per-request seed fixes the stream
+
+
+def test_stop_token_ids_stop_strings_and_budget(tiny_model_dir):
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
+    tok = generator.tokenizer
+    known = {"temperature": 1.0, "seed": 11}  # a fixed stream: every run samples the same path
+    try:
+        prompt = _prompts(6, 1, 30, 31)[0]
+        free = generator.generate(prompt, known).token_ids
+        assert len(free) == 16
+        k = next(i for i in range(3, 16) if free[i] not in free[:i])
+        out = generator.generate(prompt, {**known, "stop_token_ids": [free[k]]}).token_ids
+        assert out == free[: k + 1]  # the stop token is the last output token
+
+        text = tok.decode(free, skip_special_tokens=True)
+        stop = text[len(text) // 2 : len(text) // 2 + 3]  # usually spans a token boundary
+        j = next(i for i in range(16) if stop in tok.decode(free[: i + 1], skip_special_tokens=True))
+        params = {**known, "stop": [stop, "never-generated-#"], "include_stop_str_in_output": True}
+        out = generator.generate(prompt, params).token_ids
+        assert out == free[: j + 1] and stop in tok.decode(out)
+        assert generator.generate(prompt, {**known, "max_tokens": 3}).token_ids == free[:3]
+    finally:
+        generator.close()
+
+
+def test_cancelled_and_closed_requests(tiny_model_dir):
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=64, seed=0)
+    prompt = _prompts(7, 1, 10, 11)[0]
+    doomed = generator.submit(prompt, {"max_tokens": 64})
+    doomed.cancel()
+    out = generator.generate(prompt, {"max_tokens": 2})
+    assert len(out.token_ids) == 2
+    generator.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        generator.submit(prompt, {})
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"stop": [""]}, "stop"),
+        ({"beam_width": 4}, "beam_width"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(params, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingSpec.from_params(params, 16, [2])
+
+
+def test_sampling_spec_reads_verl_and_vllm_keys():
+    spec = SamplingSpec.from_params(
+        {"temperature": 0.5, "top_k": -1, "stop_token_ids": [7], "stop": "</answer>", "logprobs": True},
+        16,
+        [2],
+    )
+    assert (spec.max_tokens, spec.top_k, spec.stop) == (16, 0, ("</answer>",))
+    assert spec.stop_token_ids == {2, 7} and spec.stop_window == len("</answer>") + 1
+    spec = SamplingSpec.from_params({"max_new_tokens": 3, "ignore_eos": True, "stop_token_ids": [7]}, 16, [2])
+    assert (spec.max_tokens, spec.stop_token_ids, spec.temperature) == (3, {7}, 1.0)
+
+
+def test_sample_rows_filters_per_row():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    specs = [
+        SamplingSpec(max_tokens=1, temperature=0.0),
+        SamplingSpec(max_tokens=1, temperature=1.0, top_k=1),
+        SamplingSpec(max_tokens=1, temperature=1.0, top_p=1e-6),
+        SamplingSpec(max_tokens=1, temperature=2.0, top_k=3),
+    ]
+    generators = [torch.Generator().manual_seed(i) for i in range(4)]
+    greedy_state = generators[0].get_state()
+    top3 = set(torch.topk(logits[3], 3).indices.tolist())
+    for _ in range(200):
+        tokens, log_probs = sample_rows(logits, specs, generators)
+        best = int(logits[0].argmax())
+        assert (
+            tokens[0] == best
+            and tokens[1] == int(logits[1].argmax())
+            and tokens[2] == int(logits[2].argmax())
+        )
+        assert tokens[3] in top3
+        assert log_probs[0] == pytest.approx(float(torch.log_softmax(logits[0], -1)[best]))
+    assert torch.equal(generators[0].get_state(), greedy_state)  # greedy rows draw nothing
+
+
+def _rows(length: int, value: float) -> CacheRows:
+    kv = torch.full((1, 2, length, 3), value)
+    conv, rec = torch.full((1, 5, 4), value), torch.full((1, 2, 3, 3), value)
+    return CacheRows((LINEAR, FULL), ((conv, rec), (kv, kv + 1)), torch.ones(1, length, dtype=torch.long))
+
+
+def test_cache_rows_merge_select_row_round_trip():
+    short, long = _rows(2, 1.0), _rows(4, 2.0)
+    merged = CacheRows.merge([short, long])
+    assert merged.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]] and merged.lengths() == [2, 4]
+    keys = merged.layers[1][0]
+    assert keys.shape == (2, 2, 4, 3) and float(keys[0, :, :2].abs().sum()) == 0.0  # pad columns are zeros
+    alone = merged.select([0])
+    assert alone.width == 2  # padding shared by no remaining row is dropped
+    for got, want in ((alone, short), (merged.row(1), long), (merged.row(0), short)):
+        for (a, b), (c, d) in zip(got.layers, want.layers, strict=True):
+            assert torch.equal(a, c) and torch.equal(b, d)
+    assert merged.select([1, 0]).lengths() == [4, 2]
+
+
+def test_prefix_cache_longest_prefix_and_byte_bound():
+    def snap(tokens: tuple[int, ...]) -> Snapshot:
+        return Snapshot(tokens, _rows(len(tokens), 0.0), torch.zeros(8))
+
+    stored = [snap(tokens) for tokens in [(1, 2), (1, 2, 3, 4), (9, 9)]]
+    cache = PrefixCache(max_bytes=sum(s.nbytes() for s in stored))
+    for snapshot in stored:
+        cache.put(snapshot)
+    assert len(cache) == 3
+    assert cache.longest_prefix((1, 2, 3, 4, 5)).tokens == (1, 2, 3, 4)
+    assert cache.longest_prefix((1, 2, 3)).tokens == (1, 2)
+    assert cache.longest_prefix((1, 2)).tokens == (1, 2)  # exact: its stored logits are used
+    assert cache.longest_prefix((2, 1)) is None
+    cache.put(snap((5, 5, 5, 5, 5, 5)))  # over the bound: the least recently used goes first
+    assert cache.nbytes <= cache.max_bytes and cache.longest_prefix((9, 9, 1)) is None
+    off = PrefixCache(0)
+    off.put(snap((1,)))
+    assert len(off) == 0
