@@ -20,13 +20,14 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[dev]"
 	touch $(STAMP)
 
+# The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -q
+	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q
 
 demo: venv
-	bash launch/run.sh recipes/demo_cpu.yaml
+	PYTHON=$(abspath $(PY)) bash launch/run.sh recipes/demo_cpu.yaml
 
 lint: venv
 	$(PY) -m ruff check --fix .

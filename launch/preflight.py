@@ -17,8 +17,12 @@ repository root.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
+import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +80,66 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+DRIVER_FLOOR = {13: 580, 12: 525, 11: 450}
+"""Minimum NVIDIA driver (major version) for each CUDA major version of a torch build (Linux)."""
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version (nvidia-smi, else /proc/driver/nvidia/version); None when absent."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        if out:
+            return out[0]
+    proc = Path("/proc/driver/nvidia/version")
+    if proc.is_file():
+        found = re.search(r"Kernel Module\s+([\d.]+)", proc.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+    return None
+
+
+def cuda_diagnosis(
+    torch_version: str, torch_cuda: str | None, driver: str | None, visible_devices: str | None, python: str
+) -> str:
+    """Why torch sees no CUDA device, and the fix: a CPU build, no driver, a driver below the
+    floor of torch's CUDA version (13.x needs >= 580), or CUDA_VISIBLE_DEVICES hiding the GPUs."""
+    where = f"{python} has torch {torch_version}"
+    if torch_cuda is None:
+        return (
+            f"{where}, a CPU build (torch.version.cuda is None): this is the CPU set. Install the GPU set "
+            "(README 'GPU node') into an environment and run with it active, or set PYTHON=<its python>"
+        )
+    major = int(str(torch_cuda).split(".")[0])
+    floor = DRIVER_FLOOR.get(major)
+    floor_text = f"needs NVIDIA driver >= {floor}" if floor else "needs a matching NVIDIA driver"
+    built = f"{where} built for CUDA {torch_cuda}, which {floor_text}"
+    if driver is None:
+        return (
+            f"{built}; no NVIDIA driver was found (no nvidia-smi, no /proc/driver/nvidia): run on a GPU node"
+        )
+    if floor and int(driver.split(".")[0]) < floor:
+        return (
+            f"{built}; this node's driver is {driver}: upgrade the driver to >= {floor}, or install a torch "
+            "built for an older CUDA (verl 0.9.1's vllm extra pins torch 2.11.0 for CUDA 13)"
+        )
+    if visible_devices is not None and visible_devices.strip() in ("", "-1", "none", "NoDevFiles"):
+        return (
+            f"{built}; driver {driver} is fine, but CUDA_VISIBLE_DEVICES={visible_devices!r} hides every GPU"
+        )
+    return (
+        f"{built}; driver {driver} is fine but torch still sees no device "
+        f"(CUDA_VISIBLE_DEVICES={visible_devices!r}); check `nvidia-smi` and the container's GPU access"
+    )
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no conflict
@@ -95,12 +159,20 @@ def check_gpus(cfg: DictConfig, overrides: list[str], plan: Plan, recipe: Path) 
     if cfg.launch.device == "cpu":
         return []
     gpus = visible_gpus()
-    if not plan.need(
-        gpus > 0,
-        f"recipe {recipe.name} trains on GPUs (launch.device=gpu) but torch sees no CUDA device; "
-        "run it on a GPU node (pip install -e .[gpu]), or on this machine run "
-        "`bash launch/run.sh recipes/demo_cpu.yaml`",
-    ):
+    if gpus == 0:
+        import torch
+
+        why = cuda_diagnosis(
+            torch.__version__,
+            torch.version.cuda,
+            driver_version(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+            sys.executable,
+        )
+        plan.problems.append(
+            f"recipe {recipe.name} trains on GPUs (launch.device=gpu) but torch sees no CUDA device: {why}. "
+            "On a CPU machine run `bash launch/run.sh recipes/demo_cpu.yaml` instead"
+        )
         return []
     if overridden(overrides, "trainer.n_gpus_per_node"):
         return []
@@ -156,9 +228,19 @@ def retriever_urls(cfg: DictConfig) -> list[str]:
     return [u.strip().rstrip("/") for u in items if u.strip()]
 
 
+def retriever_gpu(value: Any) -> str | None:
+    """``retriever.gpu`` as the server's ``--gpu`` value (YAML reads on/off as booleans); None if invalid."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = "auto" if value is None else str(value)
+    return text if text in ("auto", "on", "off") else None
+
+
 def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
     """Check what the local retriever needs; returns the URLs the search tool will call."""
     r = cfg.retriever
+    plan.env["RETRIEVER_BACKEND"] = str(r.backend)
+    plan.env["RETRIEVER_INDEX"] = str(repo_path(r.get("index")) or "") if r.backend == "dense" else ""
     external = retriever_urls(cfg)
     if external:
         plan.env["RETRIEVER_EXTERNAL"] = "1"
@@ -183,6 +265,9 @@ def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
         "--port",
         str(port),
     ]
+    gpu = retriever_gpu(r.get("gpu"))
+    if plan.need(gpu is not None, f"retriever.gpu must be auto, on or off, got {r.get('gpu')!r}"):
+        args += ["--gpu", str(gpu)]
     if r.backend == "dense":
         index, encoder = repo_path(r.index), repo_path(r.encoder)
         plan.need(

@@ -11,13 +11,18 @@
 #    item with the command that provides it, before anything starts.
 # 2. Demo recipes (launch.build_demo_assets) build a missing tiny model (python -m search_env.cpu.tiny)
 #    and parquet (python -m search_env.data convert) first.
-# 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port) and waits for
-#    GET /health, unless retriever.urls names running ones (multi-node: one URL per node).
+# 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port, --gpu retriever.gpu)
+#    and waits for GET /health, unless retriever.urls names running ones (multi-node: one URL per
+#    node); then sends each one real POST /retrieve and stops, naming backend, index and error,
+#    if it fails (a backend that cannot search would otherwise train every step on error texts).
 # 4. Runs python -m verl.trainer.main_ppo in its own process group (under `timeout` when the
 #    recipe sets launch.timeout_s), with the overrides passed through; resume_mode=auto continues
 #    from the latest checkpoint of the run directory.
 # 5. On exit, error or Ctrl-C stops the trainer's process group (Ray included) and the retriever,
 #    by PID, and prints where the checkpoint and the logs are.
+#
+# Interpreter: $PYTHON, else the active virtualenv / conda env, else python on PATH (the repo's .venv
+# only when those cannot import verl); the first log line names it (launch/_common.sh).
 #
 # Run directory: $RLVR_RUN_DIR, default runs/<recipe name>: train.log, retriever.log,
 # metrics.jsonl (verl file logger, kept across resumes), checkpoints/global_step_N/, tools.yaml,
@@ -34,6 +39,7 @@ if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
 fi
 RECIPE="$1"
 shift
+need_verl
 [[ -f "$RECIPE" ]] || die "recipe $RECIPE not found (the recipes are in $ROOT/recipes)"
 RECIPE="$(cd "$(dirname "$RECIPE")" && pwd)/$(basename "$RECIPE")"
 NAME="$(basename "$RECIPE" .yaml)"
@@ -111,7 +117,13 @@ else
     wait_health "$url" 30 || die "retriever $url does not answer GET /health (retriever.urls)"
   done
 fi
-log "retriever ready: $RETRIEVER_URLS"
+for url in ${RETRIEVER_URLS//,/ }; do
+  if ! PROBE="$(probe_retrieve "$url" "$([[ "$RETRIEVER_BACKEND" == dense ]] && echo 1 || echo 0)")"; then
+    where="${RETRIEVER_PID:+; see $RUN_DIR/retriever.log}"
+    die "retriever self-test failed (backend $RETRIEVER_BACKEND, index ${RETRIEVER_INDEX:-none}): $PROBE$where; training was not started"
+  fi
+done
+log "retriever ready: $RETRIEVER_URLS (backend $RETRIEVER_BACKEND, one real /retrieve answered)"
 
 # 4. trainer -------------------------------------------------------------------------------
 export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.jsonl"

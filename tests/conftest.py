@@ -30,6 +30,7 @@ from search_env import DEMO_CORPUS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PYTHON", sys.executable)  # launch/*.sh run by tests use this interpreter
 
 SERVER_START_TIMEOUT_S = 60.0
 

@@ -1,0 +1,102 @@
+"""Checkpoint retention: every checkpoint keeps its model weights, only the latest keeps what a
+resume needs besides them (optimizer and extra state).
+
+verl 0.9.1's v1 trainer calls ``trainer.checkpoint_callback_class`` on the driver after each
+save, once ``latest_checkpointed_iteration.txt`` names the new step (so the new checkpoint is
+complete and is the one a restart resumes from). :class:`PruneOlderToWeights` then prunes every
+OLDER ``global_step_M`` (M < the saved step) of the run, per role folder (``actor``, ``critic``):
+
+- ``optim_world_size_W_rank_R.pt`` and ``extra_state_world_size_W_rank_R.pt`` are deleted: only
+  a resume reads them, and a resume starts from the latest checkpoint;
+- ``model_world_size_W_rank_R.pt`` (FSDP weight shards) are deleted only when the role's
+  ``huggingface/`` folder holds full weights (``save_contents`` has ``hf_model``): then those are
+  the same weights, loadable by evaluation (vLLM, HF) without merging; otherwise the shards ARE
+  the weights and stay (evaluation merges them with verl's model merger).
+
+Folders above the saved step (left by an earlier, longer run) and everything else are left
+alone. A file that cannot be deleted is reported and skipped: a retention hook must never stop
+training (verl propagates exceptions from the hook). With ``async_save`` (Megatron only) the new
+checkpoint may not be durable yet when the hook runs, so nothing is pruned then.
+
+Disk arithmetic for Qwen3.5-0.8B: docs/training.md "Checkpoint disk".
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+RESUME_ONLY = ("optim_world_size_*_rank_*.pt", "extra_state_world_size_*_rank_*.pt")
+"""Per-rank files only a resume reads."""
+SHARDS = "model_world_size_*_rank_*.pt"
+HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin")
+
+
+@dataclass
+class PruneReport:
+    """What :func:`prune` deleted (``removed``, ``freed_bytes``) and could not (``errors``)."""
+
+    removed: list[Path] = field(default_factory=list)
+    freed_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self, step: int) -> str:
+        text = (
+            f"checkpoint policy: saved global_step_{step}; removed {len(self.removed)} optimizer/extra/"
+            f"duplicate-weight files of older checkpoints ({self.freed_bytes / 1e9:.2f} GB freed)"
+        )
+        return text + "".join(f"\n  could not remove {e}" for e in self.errors)
+
+
+def has_hf_weights(folder: Path) -> bool:
+    """``folder`` holds a ``config.json`` and weight files that ``from_pretrained`` loads."""
+    return (folder / "config.json").is_file() and any(any(folder.glob(g)) for g in HF_WEIGHTS)
+
+
+def files_to_prune(root: Path, latest_step: int) -> list[Path]:
+    """Files the policy removes from the checkpoints under ``root`` older than ``latest_step``."""
+    doomed: list[Path] = []
+    for step_dir in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
+        match = STEP_DIR.match(step_dir.name)
+        if not (match and step_dir.is_dir() and int(match.group(1)) < latest_step):
+            continue
+        for role in sorted(p for p in step_dir.iterdir() if p.is_dir()):
+            for pattern in RESUME_ONLY:
+                doomed.extend(sorted(role.glob(pattern)))
+            if has_hf_weights(role / "huggingface"):
+                doomed.extend(sorted(role.glob(SHARDS)))
+    return doomed
+
+
+def prune(root: Path, latest_step: int) -> PruneReport:
+    """Apply the policy to the checkpoints under ``root`` (``trainer.default_local_dir``)."""
+    report = PruneReport()
+    for path in files_to_prune(root, latest_step):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError as err:
+            report.errors.append(f"{path}: {err}")
+            continue
+        report.removed.append(path)
+        report.freed_bytes += size
+    return report
+
+
+class PruneOlderToWeights(CheckpointCallback):
+    """verl ``trainer.checkpoint_callback_class``: after each save, prune older checkpoints to weights."""
+
+    def on_save(
+        self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False, **kwargs: Any
+    ) -> None:
+        if async_save:
+            print(f"checkpoint policy: async save of step {global_step}; nothing pruned", file=sys.stderr)
+            return
+        report = prune(Path(checkpoint_dir).parent, int(global_step))
+        print(report.summary(int(global_step)), flush=True)
