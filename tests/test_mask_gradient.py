@@ -94,8 +94,8 @@ def test_sampled_tokens_mask_1_tool_tokens_mask_0(rollout_and_turns):
         # every token of every <tool_response> block has mask 0
         opens = [p for p, t in enumerate(ids) if t == open_id]
         closes = [p for p, t in enumerate(ids) if t == close_id]
-        assert len(opens) == len(closes) == 1
-        assert all(m == 0 for m in mask[opens[0] : closes[0] + 1])
+        assert len(opens) == len(closes) >= 1  # one block per passage, all in one tool turn
+        assert all(m == 0 for m in mask[opens[0] : closes[-1] + 1])
         assert batch.non_tensor_batch["model_tokens"][i] == sum(mask[:n])
 
 

@@ -77,7 +77,11 @@ def test_cells_carry_the_protocol(cells):
         assert r.agent.agent_loop_config_path == "recipes/agent_loops.yaml"
         assert loops["search_agent"]["max_turn_tokens"] == protocol.MAX_TURN_TOKENS == 1024
         assert loops["search_agent"]["max_total_tokens"] == 8192 and loops["search_agent"]["mask_retrieved"]
-        assert d.apply_chat_template_kwargs == protocol.CHAT_TEMPLATE_KWARGS == {"enable_thinking": False}
+        assert d.apply_chat_template_kwargs == protocol.CHAT_TEMPLATE_KWARGS == {"enable_thinking": True}
+        assert loops["search_agent"]["stop_strings"] == list(protocol.STOP_STRINGS)
+        assert loops["search_agent"]["invalid_action"] == protocol.TRAIN_PRESET.invalid_action == "end"
+        assert tools[0]["config"]["chunk_cap"] == protocol.CHUNK_CHAR_CAP == 1024
+        assert t.total_epochs == 2
         assert cfg.reward.custom_reward_function.path == "pkg://reward_fns.compute_score"
         assert cfg.reward.custom_reward_function.name == cfg.shape == shape
         assert d.seed == a.data_loader_seed == a.fsdp_config.seed == r.seed == cfg.seed == seed
@@ -105,12 +109,66 @@ def test_reward_entry_points_exist(cells):
         assert (
             fn(
                 data_source="musique",
-                solution_str="<answer>Paris</answer>",
+                solution_str="Paris.</think>\n\n<answer> Paris </answer>",
                 ground_truth={"target": ["Paris"]},
                 extra_info={},
             )["score"]
             > 0
         )
+
+
+class _Rows:
+    """A sized stand-in for verl's RLHFDataset (verl only needs its length here)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {}
+
+
+def verl_steps_run(cfg, n_rows: int, monkeypatch) -> tuple[int, int, int]:
+    """(steps per epoch, total_training_steps, steps the v1 trainer runs) for ``cfg`` over ``n_rows``.
+
+    The first two come from verl's own ``PPOTrainer._init_dataloader`` (its StatefulDataLoader with
+    ``drop_last=True``, ``steps_per_epoch`` and the ``trainer.total_training_steps`` override); the
+    third replays ``PPOTrainer.fit``'s loop rule: ``while current_epoch < total_epochs and
+    global_steps <= total_training_steps``, ``current_epoch = (global_steps - 1) // steps_per_epoch``.
+    """
+    from verl.trainer.ppo.v1 import trainer_base
+
+    monkeypatch.setattr(
+        trainer_base, "create_rl_dataset", lambda *a, is_train=True, **k: _Rows(n_rows if is_train else 1)
+    )
+    mode = cfg.trainer.v1.trainer_mode
+    cls = trainer_base.get_trainer_cls(mode)
+    trainer = cls.__new__(cls)  # no workers: only the data-loader arithmetic runs
+    trainer.config = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    trainer.tokenizer = trainer.processor = None
+    trainer.trainer_mode, trainer.parameter_sync_step = mode, 1
+    trainer._init_dataloader()
+    assert len(trainer.train_dataloader) == trainer.steps_per_epoch
+    steps, epoch = 1, 0
+    while epoch < trainer.config.trainer.total_epochs and steps <= trainer.total_training_steps:
+        steps += 1
+        epoch = (steps - 1) // trainer.steps_per_epoch
+    return trainer.steps_per_epoch, trainer.total_training_steps, steps - 1
+
+
+def test_composed_cells_reach_their_step_caps(cells, monkeypatch):
+    from search_env.data import TRAIN
+
+    rows = TRAIN[2]
+    assert rows == 19938
+    for (shape, seed), cfg in cells.items():
+        per_epoch, total, run = verl_steps_run(cfg, rows, monkeypatch)
+        assert per_epoch == 311 and total == STEP_CAPS[seed]
+        assert run == STEP_CAPS[seed], (shape, seed)
+    one_epoch = _compose("f1_only_s44", ["trainer.total_epochs=1"])
+    assert verl_steps_run(one_epoch, rows, monkeypatch)[2] == 311  # the old setting stopped one short
 
 
 def test_rollout_section_builds_verl_dataclass(cells):

@@ -11,7 +11,7 @@ from verl.tools.tool_registry import initialize_tools_from_config
 
 from search_env import protocol
 from search_env.cpu.local_rollout import REPO_ROOT
-from search_env.tool import EMPTY_QUERY_TEXT, RETRIEVAL_FAILED_TEXT, SearchTool
+from search_env.tool import EMPTY_QUERY_TEXT, SearchTool
 
 
 def _agent_data() -> AgentData:
@@ -38,16 +38,42 @@ def _run(tool: SearchTool, parameters: dict, agent_data: AgentData):
     return asyncio.run(go())
 
 
-def test_search_returns_formatted_passages(retrieval_server_url):
+def test_search_returns_one_block_per_raw_passage(retrieval_server_url, tiny_model_dir):
     tool = SearchTool({"type": "native", "retrieval_urls": [retrieval_server_url], "topk": 3})
     data = _agent_data()
     response, reward, _ = _run(tool, {"query": "Evan Morris lobbyist in Washington"}, data)
-    lines = response.text.split("\n")
-    assert len(lines) == 3 and reward == 0.0
-    assert lines[0].startswith("Doc 1 (Title: Evan Morris) Evan Morris Evan L. Morris (January 26, 1977")
-    assert [line.split(" (Title: ")[0] for line in lines] == ["Doc 1", "Doc 2", "Doc 3"]
+    chunks = protocol.tool_response_contents(protocol.tool_turn_text(response.text))
+    assert len(chunks) == 3 and reward == 0.0
+    assert chunks[0].startswith('"Evan Morris"\nEvan Morris Evan L. Morris (January 26, 1977')
+    assert all(len(c) <= protocol.CHUNK_CHAR_CAP for c in chunks)
     _run(tool, {"query": "Roche"}, data)
     assert data.extra_fields == {"searches": 2}
+    capped = SearchTool(
+        {
+            "type": "native",
+            "retrieval_urls": [retrieval_server_url],
+            "chunk_cap": 40,
+            "chunk_cap_unit": "chars",
+        }
+    )
+    first = protocol.tool_response_contents(
+        protocol.tool_turn_text(_run(capped, {"query": "Evan Morris"}, data)[0].text)
+    )
+    assert all(len(c) <= 40 for c in first) and first[0].endswith(protocol.TRUNCATION_MARKER)
+    tokens = SearchTool(
+        {
+            "type": "native",
+            "retrieval_urls": [retrieval_server_url],
+            "chunk_cap": 12,
+            "chunk_cap_unit": "tokens",
+            "tokenizer": str(tiny_model_dir),
+        }
+    )
+    text = _run(tokens, {"query": "Evan Morris"}, data)[0].text
+    assert all(
+        len(tokens.tokenizer.encode(c)) <= 12 + 2
+        for c in protocol.tool_response_contents(protocol.tool_turn_text(text))
+    )  # decode/re-encode may merge at most a token at each end
 
 
 def test_unreachable_server_gives_error_text_and_count():
@@ -59,7 +85,7 @@ def test_unreachable_server_gives_error_text_and_count():
     )
     data = _agent_data()
     response, _, _ = _run(tool, {"query": "anything"}, data)
-    assert response.text == RETRIEVAL_FAILED_TEXT
+    assert response.text.startswith("Retriever failed: retrieval failed after 2 tries")
     assert data.extra_fields == {"searches": 1, "search_errors": 1}
 
 
@@ -76,10 +102,15 @@ def test_config_errors_name_the_key():
         SearchTool({"type": "native"})
     with pytest.raises(ValueError, match="topk"):
         SearchTool({"type": "native", "retrieval_urls": ["http://127.0.0.1:1"], "topk": 0})
+    with pytest.raises(ValueError, match="tokenizer"):
+        SearchTool({"type": "native", "retrieval_urls": ["http://127.0.0.1:1"], "chunk_cap_unit": "tokens"})
+    with pytest.raises(ValueError, match="chunk_cap"):
+        SearchTool({"type": "native", "retrieval_urls": ["http://127.0.0.1:1"], "chunk_cap_unit": "words"})
 
 
 def test_recipe_tool_yaml_loads_through_verl():
     (tool,) = initialize_tools_from_config(str(REPO_ROOT / "recipes" / "tools.yaml"))
     assert isinstance(tool, SearchTool) and tool.name == "search" and tool.topk == protocol.TOPK
+    assert (tool.chunk_cap, tool.chunk_cap_unit) == (protocol.CHUNK_CHAR_CAP, "chars")
     assert tool.client.urls == ["http://127.0.0.1:8000"]
     assert tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) == protocol.SEARCH_TOOL_SCHEMA
