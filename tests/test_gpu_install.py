@@ -12,10 +12,10 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,9 @@ def test_gpu_extra_has_no_source_only_or_second_faiss_package():
 
 
 def test_cpu_constraints_keep_their_transformers_pin_inside_the_package_range():
-    base = next(Requirement(r) for r in _pyproject()["project"]["dependencies"] if r.startswith("transformers"))
+    base = next(
+        Requirement(r) for r in _pyproject()["project"]["dependencies"] if r.startswith("transformers")
+    )
     pins = dict(
         line.split("==", 1)
         for line in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
@@ -158,7 +160,12 @@ def test_check_script_reports_an_unreachable_index_as_no_verdict(tmp_path):
     }
     env.pop("PIP_EXTRA_INDEX_URL", None)
     done = subprocess.run(
-        ["bash", "launch/check_gpu_install.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "launch/check_gpu_install.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 3, done.stdout + done.stderr
     assert "NETWORK (no verdict)" in done.stdout and "retrying once" in done.stderr

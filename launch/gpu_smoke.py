@@ -1,0 +1,332 @@
+"""The stages of launch/gpu_smoke.sh that are Python (one subcommand each; run on a CUDA node).
+
+    python launch/gpu_smoke.py cuda                    exit 0 when torch sees a CUDA device, else 2
+    python launch/gpu_smoke.py versions                driver, torch, CUDA, vllm, flash-attn, fla, ...
+    python launch/gpu_smoke.py tiny OUT                a tiny random Qwen3.5 with the real 248,320 vocab
+    python launch/gpu_smoke.py dense WORK              E5-path encoder on the GPU + IVF-SQ8 on CPU faiss,
+                                                       built, served and searched as in training
+    python launch/gpu_smoke.py packed MODEL            packed (use_remove_padding) vs one-by-one log-probs
+    python launch/gpu_smoke.py rollout-logprobs METRICS  vLLM rollout vs FSDP recompute (verl's metrics)
+    python launch/gpu_smoke.py checkpoints CKPT_DIR    the checkpoint policy on the smoke run's saves
+    python launch/gpu_smoke.py memory [MODEL_DIR]      peak memory of a 16K- and a 32K-token
+                                                       forward+backward at the real 0.8B shape
+
+Each prints Markdown lines for the report (``| item | value |`` rows, then ``RESULT: ...``) and
+exits 0 when its check passes, 1 when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "launch"))
+
+REAL_VOCAB = 248_320
+QWEN35_08B_TEXT = {
+    "vocab_size": REAL_VOCAB,
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "tie_word_embeddings": True,
+}
+"""Qwen3.5-0.8B's text model (model card; 752 M parameters) when no local config is given."""
+
+
+def row(item: str, value: object) -> None:
+    print(f"| {item} | {value} |")
+
+
+def result(ok: bool, text: str) -> int:
+    print(f"RESULT: {'PASS' if ok else 'FAIL'}: {text}")
+    return 0 if ok else 1
+
+
+def cmd_cuda(_: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return 0
+    from preflight import cuda_diagnosis, driver_version
+
+    why = cuda_diagnosis(
+        torch.__version__,
+        torch.version.cuda,
+        driver_version(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        sys.executable,
+    )
+    print(f"no CUDA device: {why}", file=sys.stderr)
+    return 2
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "MISSING"
+
+
+def cmd_versions(_: argparse.Namespace) -> int:
+    import torch
+    from preflight import driver_version
+
+    row("driver", driver_version() or "unknown")
+    row("torch", f"{torch.__version__} (CUDA {torch.version.cuda})")
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        row(
+            f"cuda:{i}",
+            f"{props.name}, compute {props.major}.{props.minor}, {props.total_memory / 2**30:.0f} GiB",
+        )
+    dists = {
+        "vllm": "vllm",
+        "flash-attn": "flash-attn",
+        "fla": "flash-linear-attention",
+        "transformers": "transformers",
+        "verl": "verl",
+        "faiss": "faiss-cpu",
+    }
+    found = {name: _version(dist) for name, dist in dists.items()}
+    for name, version in found.items():
+        row(name, version)
+    try:
+        import faiss
+
+        row("faiss GPUs", faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0)
+    except ImportError as err:
+        row("faiss import", f"FAILED: {err}")
+    missing = [n for n in ("vllm", "transformers", "verl", "flash-attn", "fla") if found[n] == "MISSING"]
+    return result(torch.version.cuda is not None and not missing, f"missing: {missing or 'none'}")
+
+
+def cmd_tiny(args: argparse.Namespace) -> int:
+    """A tiny random ``qwen3_5`` (search_env.cpu.tiny's shape) whose vocabulary is the real 248,320."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+
+    from search_env.cpu import tiny
+
+    out = Path(args.out)
+    tokenizer = tiny.build_tokenizer(0)
+    config = tiny.build_config(tokenizer, tiny.TEXT_CONFIG)
+    config.text_config.vocab_size = REAL_VOCAB  # ids beyond the tokenizer's are never produced by it
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(config)
+    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, do_sample=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    row("tiny model", f"{out} ({n / 1e6:.1f} M parameters, vocab {REAL_VOCAB})")
+    return result(True, "built")
+
+
+def cmd_dense(args: argparse.Namespace) -> int:
+    """Encoder on the GPU, IVF-SQ8 on CPU faiss: build, serve, one real /retrieve, a 512-query burst."""
+    import subprocess
+
+    import httpx
+
+    from search_env import DEMO_CORPUS
+    from search_env.retrieval.encoder import build_tiny_encoder
+    from search_env.retrieval.server import spawn_server
+
+    work = Path(args.work)
+    encoder = build_tiny_encoder(work / "encoder", hidden_size=768)
+    index = work / "demo_IVF16_SQ8.index"
+    build = [sys.executable, "-m", "search_env", "build-index", "--corpus", str(DEMO_CORPUS)]
+    build += ["--encoder", str(encoder), "--out", str(index), "--factory", "IVF16,SQ8", "--gpu", "auto"]
+    subprocess.run(build, check=True, capture_output=True, timeout=120)
+    serve = ["--backend", "dense", "--corpus", str(DEMO_CORPUS), "--index", str(index)]
+    serve += ["--encoder", str(encoder), "--nprobe", "4", "--gpu", "auto"]
+    server = spawn_server(serve, log_path=work / "server.log")
+    try:
+        health = httpx.get(f"{server.url}/health", timeout=10).json()
+        row("encoder device", health.get("encoder_device"))
+        row("index on GPU", health.get("index_on_gpu"))
+        queries = [f"who founded the city number {i}" for i in range(512)]
+        start = time.perf_counter()
+        answer = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 5}, timeout=120)
+        seconds = time.perf_counter() - start
+        hits = answer.json()["result"] if answer.status_code == 200 else []
+        row(
+            "512-query request",
+            f"HTTP {answer.status_code}, {len(queries) / seconds:.0f} q/s (1,000-row demo index)",
+        )
+    finally:
+        server.stop()
+    ok = str(health.get("encoder_device", "")).startswith("cuda") and len(hits) == 512 and all(hits)
+    return result(ok, "E5 path on cuda, IVF-SQ8 on CPU faiss, every query answered" if ok else "see rows")
+
+
+def _packed_inputs(lengths: list[int], vocab: int, seed: int = 0):
+    """Random sequences of ``lengths``; their packed (1, total) form with restarting positions."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(10, vocab, (n,), generator=gen) for n in lengths]
+    packed = torch.cat(seqs).unsqueeze(0)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
+    return seqs, packed, positions, cu
+
+
+def _token_logprobs(logits, ids):
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp[:-1].gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)
+
+
+def cmd_packed(args: argparse.Namespace) -> int:
+    """verl's remove-padding path (packed sequences + cu_seqlens, fla GDN, flash-attn varlen) against
+    each sequence alone, on the tiny 248K-vocab model, in bf16."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    model = AutoModelForImageTextToText.from_pretrained(
+        args.model, torch_dtype=torch.bfloat16, attn_implementation="flash_attention_2"
+    ).cuda()
+    model.eval()
+    apply_monkey_patch(model, use_remove_padding=True)
+    lengths = [37, 300, 1000, 129]
+    seqs, packed, positions, cu = _packed_inputs(lengths, model.config.text_config.vocab_size)
+    with torch.no_grad():
+        out = model(
+            input_ids=packed.cuda(), position_ids=positions.cuda(), cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu
+        )
+        logits = out.logits[0]
+        worst = 0.0
+        for seq, start, end in zip(seqs, cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            alone = model(
+                input_ids=seq.unsqueeze(0).cuda(), position_ids=torch.arange(len(seq)).unsqueeze(0).cuda()
+            )
+            a = _token_logprobs(alone.logits[0], seq.cuda())
+            p = _token_logprobs(logits[start:end], seq.cuda())
+            worst = max(worst, float((a - p).abs().max()))
+    row("sequences", f"{lengths} (packed into 1 x {sum(lengths)})")
+    row("max |log-prob packed - alone|", f"{worst:.4f}")
+    return result(math.isfinite(worst) and worst < 0.05, "packed == one by one (bf16 tolerance 0.05)")
+
+
+def cmd_rollout_logprobs(args: argparse.Namespace) -> int:
+    """verl's own comparison of the vLLM rollout log-probs with the FSDP old-log-prob recompute."""
+    rows = [json.loads(line) for line in Path(args.metrics).read_text().splitlines() if line.strip()]
+    keys = (
+        "training/rollout_probs_diff_valid",
+        "training/rollout_probs_diff_max",
+        "training/rollout_probs_diff_mean",
+        "training/rollout_actor_probs_pearson_corr",
+    )
+    ok = bool(rows)
+    for r in rows:
+        data = r.get("data", r)
+        for key in keys:
+            row(f"step {r.get('step')} {key.split('/')[-1]}", data.get(key, "absent"))
+        ok = ok and data.get(keys[0]) == 1 and float(data.get(keys[2], math.inf)) < 0.02
+    return result(ok, "vLLM and FSDP agree (mean |p_rollout - p_fsdp| < 0.02 every step)")
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """Older checkpoints pruned to weights, the latest complete (search_env.checkpoint_policy)."""
+    from search_env.checkpoint_policy import has_hf_weights
+
+    root = Path(args.ckpt_dir)
+    latest = int((root / "latest_checkpointed_iteration.txt").read_text())
+    steps = sorted(int(p.name.split("_")[-1]) for p in root.glob("global_step_*"))
+    ok = bool(steps)
+    for step in steps:
+        actor = root / f"global_step_{step}" / "actor"
+        optim = sorted(actor.glob("optim_*.pt"))
+        shards = sorted(actor.glob("model_world_size_*.pt"))
+        weights = has_hf_weights(actor / "huggingface")
+        row(f"global_step_{step}", f"hf weights {weights}, shards {len(shards)}, optimizer {len(optim)}")
+        ok = ok and weights and (bool(optim) == (step == latest)) and (bool(shards) == (step == latest))
+    return result(ok, f"only global_step_{latest} keeps optimizer + shards; every step has HF weights")
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Peak CUDA memory of one forward+backward (bf16 autocast over fp32 weights, gradient
+    checkpointing, log-probs of every token) at 16,384 and 32,768 tokens, real 0.8B shape."""
+    import torch
+    from transformers import AutoConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    if args.model_dir and (Path(args.model_dir) / "config.json").is_file():
+        cfg = AutoConfig.from_pretrained(args.model_dir)
+        text = cfg.get_text_config()
+    else:
+        text = Qwen3_5TextConfig(**QWEN35_08B_TEXT)
+    text._attn_implementation = "flash_attention_2"
+    model = Qwen3_5ForCausalLM(text).cuda()
+    model.gradient_checkpointing_enable()
+    model.train()
+    ok = True
+    for tokens in (16_384, 32_768):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        seq = 8192
+        ids = torch.randint(10, text.vocab_size, (tokens // seq, seq), device="cuda")
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+                logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+            logp.mean().backward()
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            row(f"{tokens:,} tokens ({tokens // seq} x {seq}) fwd+bwd peak", f"{peak:.1f} GiB")
+        except torch.OutOfMemoryError:
+            row(f"{tokens:,} tokens fwd+bwd", "OUT OF MEMORY")
+            ok = ok and tokens > 16_384  # the recipe trains at 16,384; 32,768 is measured, not required
+        model.zero_grad(set_to_none=True)
+        del ids
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    row("device memory", f"{total:.0f} GiB")
+    return result(ok, "16,384-token micro-batch (the recipe's actor budget) fits")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("cuda")
+    sub.add_parser("versions")
+    sub.add_parser("tiny").add_argument("out")
+    sub.add_parser("dense").add_argument("work")
+    sub.add_parser("packed").add_argument("model")
+    sub.add_parser("rollout-logprobs").add_argument("metrics")
+    sub.add_parser("checkpoints").add_argument("ckpt_dir")
+    sub.add_parser("memory").add_argument("model_dir", nargs="?")
+    args = parser.parse_args(argv)
+    handler = {
+        "cuda": cmd_cuda,
+        "versions": cmd_versions,
+        "tiny": cmd_tiny,
+        "dense": cmd_dense,
+        "packed": cmd_packed,
+        "rollout-logprobs": cmd_rollout_logprobs,
+        "checkpoints": cmd_checkpoints,
+        "memory": cmd_memory,
+    }[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""The GPU-readiness parts of the launchers, checked without a GPU: which interpreter the scripts
+take (and say), preflight's CUDA / driver diagnosis, the real /retrieve self-test before training,
+retriever.gpu reaching the server, the multi-GPU one-command evaluation form, and the smoke
+script's CPU-checkable pieces (its no-CUDA exit, the tiny 248K-vocab model, its report parsers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+
+
+def _load(name: str, path: Path):
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _preflight():
+    return _load("launch_preflight", ROOT / "launch" / "preflight.py")
+
+
+def _smoke():
+    sys.path.insert(0, str(ROOT / "launch"))
+    return _load("launch_gpu_smoke", ROOT / "launch" / "gpu_smoke.py")
+
+
+# ---- interpreter choice (launch/_common.sh) ------------------------------------------------------
+
+
+def _fake_python(path: Path, has_verl: bool) -> Path:
+    """An executable `python` that forwards to this interpreter but reports verl missing if asked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probe = "" if has_verl else 'case "$*" in *find_spec*verl*) exit 1;; esac\n'
+    path.write_text(f'#!/bin/sh\n{probe}exec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def _chosen(tmp_path: Path, env: dict[str, str], with_repo_venv: bool = True) -> tuple[str, str]:
+    """(PYTHON, log line) as a copy of launch/_common.sh in a fake checkout resolves them."""
+    repo = tmp_path / "repo"
+    (repo / "launch").mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "launch" / "_common.sh", repo / "launch" / "_common.sh")
+    if with_repo_venv:
+        _fake_python(repo / ".venv" / "bin" / "python", has_verl=True)
+    base = {"PATH": env.pop("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", "-c", 'source "$1/launch/_common.sh"; echo "$PYTHON"', "_", str(repo)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip(), done.stderr.strip()
+
+
+def test_the_users_environment_wins_over_the_repo_venv(tmp_path: Path):
+    venv = _fake_python(tmp_path / "gpu_env" / "bin" / "python", has_verl=True)
+    conda = _fake_python(tmp_path / "conda" / "bin" / "python", has_verl=True)
+    on_path = _fake_python(tmp_path / "bin" / "python", has_verl=True)
+    explicit = _fake_python(tmp_path / "explicit" / "python", has_verl=False)
+
+    chosen, said = _chosen(tmp_path, {"PYTHON": str(explicit), "VIRTUAL_ENV": str(venv.parent.parent)})
+    assert chosen == str(explicit) and "(PYTHON)" in said, "an explicit PYTHON is used as given"
+    chosen, said = _chosen(
+        tmp_path, {"VIRTUAL_ENV": str(venv.parent.parent), "CONDA_PREFIX": str(conda.parent.parent)}
+    )
+    assert chosen == str(venv) and "active virtualenv" in said
+    chosen, said = _chosen(tmp_path, {"CONDA_PREFIX": str(conda.parent.parent)})
+    assert chosen == str(conda) and "active conda env" in said
+    chosen, said = _chosen(tmp_path, {"PATH": f"{on_path.parent}:/usr/bin:/bin"})
+    assert chosen == str(on_path) and "python on PATH" in said
+    assert said.startswith("[") and f"python: {chosen}" in said, "the scripts say which interpreter"
+
+
+def test_the_repo_venv_is_only_a_fallback(tmp_path: Path):
+    bare = _fake_python(tmp_path / "bin" / "python", has_verl=False)
+    chosen, said = _chosen(tmp_path, {"PATH": f"{bare.parent}:/usr/bin:/bin"})
+    assert chosen == str(tmp_path / "repo" / ".venv" / "bin" / "python")
+    assert "cannot import verl" in said and str(bare) in said
+    chosen, _ = _chosen(tmp_path / "no_venv", {"PATH": f"{bare.parent}:/usr/bin:/bin"}, with_repo_venv=False)
+    assert chosen == str(bare), "without a usable .venv the PATH python stays (need_verl names the fix)"
+
+
+# ---- preflight: why torch sees no GPU ----------------------------------------------------------
+
+
+def test_cuda_diagnosis_names_the_cause_and_the_driver_floor():
+    diagnose = _preflight().cuda_diagnosis
+    cpu = diagnose("2.13.0+cpu", None, None, None, "/venv/bin/python")
+    assert "CPU build" in cpu and "/venv/bin/python" in cpu and "PYTHON=" in cpu
+    old = diagnose("2.11.0+cu130", "13.0", "570.124.06", None, "py")
+    assert "CUDA 13.0" in old and "570.124.06" in old and ">= 580" in old and "upgrade the driver" in old
+    assert "no NVIDIA driver was found" in diagnose("2.11.0+cu130", "13.0", None, None, "py")
+    hidden = diagnose("2.11.0+cu130", "13.0", "580.65.06", "", "py")
+    assert "CUDA_VISIBLE_DEVICES" in hidden and "hides" in hidden
+    assert ">= 525" in diagnose("2.5.1+cu121", "12.1", "580.65.06", "0", "py")
+
+
+def test_driver_version_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 575.51.03\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert _preflight().driver_version() == "575.51.03"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message; this machine has a GPU")
+def test_preflight_prints_torch_cuda_and_driver_when_no_device(tmp_path: Path, capsys):
+    preflight = _preflight()
+    assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "torch sees no CUDA device" in err and torch.__version__ in err
+    assert ("CPU build" in err) == (torch.version.cuda is None)
+
+
+# ---- retriever.gpu and the real /retrieve self-test --------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("value", "flag"), [("auto", "auto"), ("off", "off"), ("true", "on"), ("false", "off")]
+)
+def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, flag: str):
+    plan = _preflight().make_plan(
+        RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={_free_port()}"], tmp_path
+    )
+    args = shlex.split(plan.env["RETRIEVER_ARGS"])
+    assert args[args.index("--gpu") + 1] == flag
+    assert not any("retriever.gpu" in p for p in plan.problems)
+    assert plan.env["RETRIEVER_BACKEND"] == "bm25" and plan.env["RETRIEVER_INDEX"] == ""
+    bad = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
+    assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
+
+
+class _BrokenSearch(BaseHTTPRequestHandler):
+    """Healthy on GET /health, HTTP 500 on every search: a backend that fails on its first query."""
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"status": "healthy", "backend": "dense"}')
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "faiss: index is not trained"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def broken_retriever():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenSearch)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _probe(url: str, require_hits: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source launch/_common.sh 2>/dev/null; probe_retrieve "$1" "$2"',
+            "_",
+            url,
+            require_hits,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_probe_sends_one_real_search(retrieval_server_url: str, broken_retriever: str):
+    assert _probe(retrieval_server_url, "1").returncode == 0
+    failed = _probe(broken_retriever, "0")
+    assert failed.returncode == 1 and "HTTP 500" in failed.stdout and "index is not trained" in failed.stdout
+    gone = _probe("http://127.0.0.1:9", "0")
+    assert gone.returncode == 1 and "failed" in gone.stdout
+
+
+def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
+    tmp_path: Path, broken_retriever: str, tiny_model_dir: Path
+):
+    from search_env.data import read_jsonl, write_parquet
+
+    questions = read_jsonl(ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl", limit=4)
+    parquet = write_parquet(questions, "nq", "train", tmp_path / "train.parquet")
+    done = subprocess.run(
+        [
+            "bash",
+            "launch/run.sh",
+            "recipes/demo_cpu.yaml",
+            "launch.build_demo_assets=false",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            f"data.train_files={parquet}",
+            f"data.val_files={parquet}",
+            f"retriever.urls=[{broken_retriever}]",
+            "retriever.backend=dense",
+            "retriever.index=/data/wiki18/e5_IVF4096_SQ8.index",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "RLVR_RUN_DIR": str(tmp_path / "run")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (
+        "retriever self-test failed (backend dense, index /data/wiki18/e5_IVF4096_SQ8.index)" in done.stderr
+    )
+    assert "HTTP 500" in done.stderr and "training was not started" in done.stderr
+    assert not (tmp_path / "run" / "train.log").exists(), "the trainer must not have started"
+    assert f"python: {os.environ['PYTHON']}" in done.stderr
+
+
+def test_eval_runner_refuses_a_retriever_that_cannot_search(broken_retriever: str):
+    from eval.runner import check_retrievers
+
+    with pytest.raises(RuntimeError, match="failed its test search.*HTTP 500"):
+        check_retrievers([broken_retriever])
+
+
+# ---- multi-GPU evaluation, one command ------------------------------------------------------------
+
+
+def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, tiny_model_dir: Path):
+    """GPUS=a,b: two `python -m eval run` processes share OUT (here on CPU with the hf backend, on
+    the untrained model as its own step 0); the table is printed once, each row written once."""
+    env = {
+        **os.environ,
+        "GPUS": "0,1",
+        "BACKEND": "hf",
+        "LIMIT": "1",
+        "OUT": str(tmp_path / "out"),
+        "RETRIEVER_PORT": str(_free_port()),
+        "TIMEOUT_S": "600",
+    }
+    args = ["--shape", "f1_only", "--seed", "0", "--max-turns", "1", "--max-turn-tokens", "8"]
+    args += ["--response-length", "32", "--benchmarks", "nq", "bamboogle"]
+    done = subprocess.run(
+        ["bash", "launch/eval.sh", str(tiny_model_dir), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.count("| step |") == 1 and "CUDA_VISIBLE_DEVICES=1" in done.stdout
+    logs = sorted((tmp_path / "out").glob("*.gpu*.log"))
+    assert [p.name.split(".")[-2] for p in logs] == ["gpu0", "gpu1"]
+    (rows,) = (tmp_path / "out").glob("*/global_step_0/rows.jsonl")
+    assert len(rows.read_text().splitlines()) == 2, "one row per benchmark, written by one process"
+
+
+# ---- launch/gpu_smoke.sh --------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
+def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
+    done = subprocess.run(
+        ["bash", "launch/gpu_smoke.sh"],
+        cwd=ROOT,
+        env={**os.environ, "SMOKE_DIR": str(tmp_path / "smoke")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "no CUDA device" in done.stderr
+    assert not (tmp_path / "smoke").exists(), "nothing may run without a GPU"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU smoke run needs a CUDA GPU (none here)")
+def test_gpu_smoke_passes(tmp_path: Path):
+    done = subprocess.run(
+        ["bash", "launch/gpu_smoke.sh"],
+        cwd=ROOT,
+        env={**os.environ, "SMOKE_DIR": str(tmp_path / "smoke")},
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+
+
+def test_smoke_tiny_model_has_the_real_vocabulary(tmp_path: Path, capsys):
+    assert _smoke().main(["tiny", str(tmp_path / "m")]) == 0
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["text_config"]["vocab_size"] == 248_320 and config["model_type"] == "qwen3_5"
+    assert "RESULT: PASS" in capsys.readouterr().out
+
+
+def test_smoke_reads_verls_rollout_logprob_metrics(tmp_path: Path, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    good = {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": 0.2,
+            "training/rollout_probs_diff_mean": 0.004, "training/rollout_actor_probs_pearson_corr": 0.99}  # fmt: skip
+    metrics.write_text("\n".join(json.dumps({"step": s, "data": good}) for s in (1, 2)) + "\n")
+    assert _smoke().main(["rollout-logprobs", str(metrics)]) == 0
+    metrics.write_text(
+        json.dumps({"step": 1, "data": {**good, "training/rollout_probs_diff_mean": 0.3}}) + "\n"
+    )
+    assert _smoke().main(["rollout-logprobs", str(metrics)]) == 1
+    assert "| step 1 rollout_probs_diff_mean | 0.3 |" in capsys.readouterr().out
+
+
+def test_smoke_checks_the_checkpoint_policy_on_disk(tmp_path: Path):
+    for step, latest in ((1, False), (2, True)):
+        actor = tmp_path / f"global_step_{step}" / "actor"
+        (actor / "huggingface").mkdir(parents=True)
+        (actor / "huggingface" / "config.json").write_text("{}")
+        (actor / "huggingface" / "model.safetensors").write_bytes(b"w")
+        if latest:
+            for kind in ("model", "optim", "extra_state"):
+                (actor / f"{kind}_world_size_1_rank_0.pt").write_bytes(b"x")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    assert _smoke().main(["checkpoints", str(tmp_path)]) == 0
+    (tmp_path / "global_step_1" / "actor" / "optim_world_size_1_rank_0.pt").write_bytes(b"x")
+    assert _smoke().main(["checkpoints", str(tmp_path)]) == 1
+
+
+def test_the_smoke_recipe_composes_and_validates(tmp_path: Path):
+    plan = _preflight().make_plan(RECIPES / "gpu_smoke.yaml", [f"retriever.port={_free_port()}"], tmp_path)
+    cfg = plan.config
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.use_remove_padding
+    assert (
+        cfg.actor_rollout_ref.actor.use_dynamic_bsz
+        and "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents
+    )
+    assert (
+        cfg.trainer.checkpoint_callback_class.endswith("PruneOlderToWeights") and cfg.trainer.save_freq == 1
+    )
+    others = [
+        p for p in plan.problems if "torch sees no CUDA device" not in p and "tiny_qwen35_v248k" not in p
+    ]
+    assert others == [], others
