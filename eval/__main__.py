@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eval import checkpoints as ckpts
 from eval.suite import REPO_ROOT, load_suite
+from search_env.protocol import PRESETS, TRAIN_PRESET
 
 
 def _positive_int(text: str) -> int:
@@ -92,6 +93,14 @@ def build_run_parser() -> argparse.ArgumentParser:
         "--max-total-tokens", type=_positive_int, help="whole sequence cap (default: run config/8192)"
     )
     p.add_argument("--response-length", type=_positive_int, help="response budget (default: run config/8192)")
+    p.add_argument(
+        "--limits-preset",
+        choices=sorted(PRESETS),
+        default=TRAIN_PRESET.name,
+        help="rollout limits: 'train' (default: the run's training limits) or 'study_eval' (the study's "
+        "evaluation loop: 5 turns, 120-token passages, invalid-action note, '?'-ended questions); the "
+        "single-limit flags above override either",
+    )
     return p
 
 
@@ -152,7 +161,7 @@ def prepare(args: argparse.Namespace):
             f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
             "'shape'/'seed' found): pass --shape em_only|f1_only|f1_format and --seed N"
         )
-    limits = runner.limits_from_config(info["config"])
+    limits = runner.limits_for_preset(args.limits_preset, info["config"])
     overrides = {
         "max_assistant_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens,

@@ -41,13 +41,16 @@ from eval.tables import (
     floor_checkpoints,
     format_ranking,
     frame_markdown,
+    limits_preset_of,
     markdown_table,
     order_shapes,
     per_benchmark_table,
+    preset_caption,
     rule_label,
     search_profile,
     seed_rankings,
     select_checkpoints,
+    study_floor,
     table1,
     table1_markdown,
 )
@@ -411,6 +414,7 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     n_all, n_held = len(suite), len([b for b in suite if b != IN_DISTRIBUTION])
     avg_text = {k: v.format(n=n_all, h=n_held) for k, v in AVERAGE_TEXT.items()}
     t1 = table1(scores, selections, floors, cis, criterion)
+    caption = preset_caption([limits_preset_of(r.path) for r in results.runs.values()])
     parts = [
         "# Table 1: average EM per reward shape x seed",
         "",
@@ -419,6 +423,9 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
         " Both averages are read at that same checkpoint.",
         f"- A cell reads `value [{args.ci_level:.0%} bootstrap CI] @step`; † = the run's last evaluated step is below "
         f"{m}. The floor row is step 0 (the untrained model).",
+        caption,
+        "- The study's floor row (when the suite is the study's 7 benchmarks) is the study's own number for"
+        " untrained Qwen3.5-0.8B under its evaluation loop; compare it with our floor under `study_eval`.",
         "",
     ]
     for rule in (MATCHED, OWN):
@@ -426,7 +433,7 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
             parts += [
                 f"## {rule_label(rule, m)}: {benchmark_label(avg)}",
                 "",
-                table1_markdown(t1, rule, avg, shapes, seeds),
+                table1_markdown(t1, rule, avg, shapes, seeds, study_floor(avg, suite)),
             ]
             parts += [
                 f"- seed {s}: {format_ranking(g)}" for s, g in seed_rankings(t1, rule, f"{avg}_em").items()
@@ -445,7 +452,7 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
         text = (
             f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
             f"benchmarks are held out. Averages: Avg (all) = {avg_text[AVG_ALL]}; Avg (held-out) = "
-            f"{avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n\n" + frame_markdown(frame)
+            f"{avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n{caption}\n\n" + frame_markdown(frame)
         )
         emit(
             f"{stem}.md",
@@ -515,6 +522,7 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
         files += zero_variance_outputs(logs, shapes, args.smooth, out, notes)
     if args.val_results is not None:
         text, frame = validation_selection(args.results, args.val_results, m, shapes, seeds)
+        text = text.replace("\n\n", f"\n\n{caption}\n", 1)
         emit(
             "table1_val.md",
             text,

@@ -4,7 +4,8 @@ Per checkpoint, the questions go through the training code path — ``search_env
 the same verl row (prompt from ``search_env.protocol``), verl's ``AgentLoopWorker`` runs
 ``SearchAgentLoop`` + ``SearchTool`` (backend ``hf`` or ``vllm``, see :mod:`eval.backends`) with
 ``validate=True`` and ``val_kwargs`` temperature 0 (greedy), and the decoded response is scored
-by ``reward_fns.compute_score`` exactly as the training reward sees it.
+by ``reward_fns.evaluation_scores`` (the study's evaluation metrics: FlashRAG's EM, F1, ACC of the
+last ``<answer>``).
 
 Output (:mod:`eval.store` makes it crash-safe)::
 
@@ -25,9 +26,14 @@ Several processes may evaluate one run into one results folder (one per GPU,
 skips those another process holds, then waits for those and reads their summaries, so every
 process ends with the whole table.
 
-Rollout limits default to what the run trained with (its saved config), else the protocol's
-(10 assistant turns, 8,192 tokens in all, 1,024 per turn); flags override both, and run.json
-records the values used.
+Rollout limits come from a named preset (``--limits-preset``, ``search_env.protocol.PRESETS``):
+``train`` (default) = what the run trained with (its saved config), else the protocol's (10
+assistant turns, 8,192 tokens in all, 1,024 per turn, 1,024 characters per passage, an unreadable
+call ends the rollout); ``study_eval`` = the study's evaluation loop (``active_pipeline.py``: 5
+turns, 8,192 tokens in all and per turn, 120 tokens per passage, an unreadable call gets the
+"My previous action is invalid" note and the model goes on, the question ends with ``?``), for
+comparing with the paper's numbers. Flags override single limits; run.json, every summary.json
+(``limits_preset``) and every table caption record the preset used.
 """
 
 from __future__ import annotations
@@ -48,11 +54,12 @@ import yaml
 from eval import checkpoints as ckpts
 from eval.store import RowStore, exclusive_lock, read_json, try_lock, write_json_atomic
 from eval.suite import REPO_ROOT, Question, Suite
-from reward_fns import extract_answer
-from reward_fns.compute_score import compute_score
+from reward_fns import evaluation_scores
 from search_env import protocol
 from search_env.rollout_stats import TERMINATIONS
 
+TOOL_TEXT_CHAR_LIMIT = 1 << 20
+"""verl's ``max_tool_response_length`` (characters) in evaluation: SearchTool caps every passage."""
 DEFAULT_IN_FLIGHT = {"hf": 8, "vllm": 512}
 """Rollouts kept in flight per backend (``--max-in-flight``)."""
 FLUSH_ROWS = 64
@@ -72,6 +79,29 @@ class Limits:
     max_turn_tokens: int = protocol.MAX_TURN_TOKENS
     response_length: int = protocol.MAX_TOTAL_TOKENS
     prompt_length: int = 1024
+    preset: str = protocol.TRAIN_PRESET.name
+
+    @property
+    def rules(self) -> protocol.RolloutPreset:
+        """The preset's non-numeric rules (passage cap, stops, invalid action, question mark)."""
+        return protocol.PRESETS[self.preset]
+
+
+def limits_for_preset(preset: str, config: dict[str, Any]) -> Limits:
+    """The limits of ``preset``: ``train`` reads the run's config (:func:`limits_from_config`),
+    ``study_eval`` takes the study's evaluation values. ValueError names ``--limits-preset``."""
+    if preset not in protocol.PRESETS:
+        raise ValueError(f"--limits-preset {preset!r} is unknown; use one of {sorted(protocol.PRESETS)}")
+    if preset == protocol.TRAIN_PRESET.name:
+        return limits_from_config(config)
+    p = protocol.PRESETS[preset]
+    return Limits(
+        max_assistant_turns=p.max_assistant_turns,
+        max_total_tokens=p.max_total_tokens,
+        max_turn_tokens=p.max_turn_tokens,
+        response_length=p.max_total_tokens,
+        preset=preset,
+    )
 
 
 def _repo_path(path: str) -> Path:
@@ -100,18 +130,15 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
     return Limits(**found)
 
 
-def score_row(q: Question, record: dict[str, Any], shape: str) -> dict[str, Any]:
+def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
     """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`)."""
-    response = record["response"]
-    scored = compute_score(
-        data_source=q.benchmark, solution_str=response, ground_truth={"target": list(q.golds)}, shape=shape
-    )
+    scored = evaluation_scores(record["response"], list(q.golds))
     return {
         "benchmark": q.benchmark,
         "id": q.id,
         "question": q.question,
         "golds": list(q.golds),
-        "prediction": extract_answer(response),
+        "prediction": scored["prediction"],
         "em": scored["em"],
         "f1": scored["f1"],
         "acc": scored["acc"],
@@ -128,8 +155,14 @@ def _mean(values: Sequence[float]) -> float:
     return float(math.fsum(values) / len(values)) if values else 0.0
 
 
-def summarize(rows: Sequence[dict[str, Any]], benchmarks: Sequence[str], step: int) -> dict[str, Any]:
-    """``summary.json`` of one checkpoint; ``macro`` is the unweighted mean over ``benchmarks``.
+def summarize(
+    rows: Sequence[dict[str, Any]],
+    benchmarks: Sequence[str],
+    step: int,
+    preset: str = protocol.TRAIN_PRESET.name,
+) -> dict[str, Any]:
+    """``summary.json`` of one checkpoint; ``macro`` is the unweighted mean over ``benchmarks``;
+    ``limits_preset`` names the rollout limits preset the rows were made with.
 
     Per benchmark: ``n``, mean ``em``/``f1``/``acc``, ``abort_rate`` (fraction of rows with no
     ``<answer>``), ``searches_mean`` and ``terminations`` counts. Every benchmark needs >= 1 row.
@@ -155,6 +188,7 @@ def summarize(rows: Sequence[dict[str, Any]], benchmarks: Sequence[str], step: i
     macro = {m: _mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
     return {
         "step": step,
+        "limits_preset": preset,
         "benchmarks": per,
         "macro": macro,
         "n": sum(p["n"] for p in per.values()),
@@ -273,12 +307,19 @@ def write_run_json(plan: RunPlan) -> None:
     write_json_atomic(path, doc)
 
 
-def _tool_and_loop_files(plan: RunPlan, folder: Path) -> tuple[Path, Path]:
+def _tool_and_loop_files(plan: RunPlan, folder: Path, model_dir: Path) -> tuple[Path, Path]:
     """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
     from search_env.cpu.local_rollout import write_tool_config
 
     folder.mkdir(parents=True, exist_ok=True)
+    rules = plan.limits.rules
     tools = write_tool_config(folder / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
+    doc = yaml.safe_load(tools.read_text(encoding="utf-8"))
+    cap = {"chunk_cap": rules.chunk_cap, "chunk_cap_unit": rules.chunk_cap_unit}
+    if rules.chunk_cap_unit == "tokens":
+        cap["tokenizer"] = str(model_dir)
+    doc["tools"][0]["config"].update(cap)
+    tools.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     loops = [
         {
             "name": "search_agent",
@@ -286,6 +327,8 @@ def _tool_and_loop_files(plan: RunPlan, folder: Path) -> tuple[Path, Path]:
             "mask_retrieved": True,
             "max_turn_tokens": plan.limits.max_turn_tokens,
             "max_total_tokens": plan.limits.max_total_tokens,
+            "stop_strings": list(rules.stop_strings),
+            "invalid_action": rules.invalid_action,
         }
     ]
     loops_path = folder / "agent_loops.yaml"
@@ -297,7 +340,7 @@ def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
     """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
     from search_env.cpu.local_rollout import compose_rollout_config
 
-    tools, loops = _tool_and_loop_files(plan, folder)
+    tools, loops = _tool_and_loop_files(plan, folder, model_dir)
     return compose_rollout_config(
         model_dir,
         tools,
@@ -311,15 +354,17 @@ def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
             "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
             f"actor_rollout_ref.rollout.name={'vllm' if plan.backend == 'vllm' else 'hf'}",
+            # a cap in tokens has no character bound: let verl's character cap never cut a passage
+            f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={TOOL_TEXT_CHAR_LIMIT}",
         ],
     )
 
 
-def _to_verl_rows(questions: Sequence[Question]) -> list[dict[str, Any]]:
+def _to_verl_rows(questions: Sequence[Question], question_mark: bool = False) -> list[dict[str, Any]]:
     from search_env.data import QARow, to_verl_row
 
     return [
-        to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i)
+        to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i, question_mark)
         for i, q in enumerate(questions)
     ]
 
@@ -404,15 +449,15 @@ async def _roll_out(
     backend: Any,
     questions: Sequence[Question],
     writer: InOrderWriter,
-    shape: str,
+    question_mark: bool,
     size: int,
     progress: Callable[[Question], None],
 ) -> None:
     """Roll ``questions`` out through ``backend`` in a steady pool, scoring each into ``writer``."""
-    rows = _to_verl_rows(questions)
+    rows = _to_verl_rows(questions, question_mark)
     try:
         async for i, record in rollout_pool(rows, backend.rollout_one, size):
-            writer.add(i, score_row(questions[i], record, shape))
+            writer.add(i, score_row(questions[i], record))
             progress(questions[i])
     finally:
         writer.flush()  # whatever finished in order is kept, also when a rollout failed
@@ -442,7 +487,6 @@ def evaluate_step(
     if todo:
         model_dir = ckpts.materialize(ckpt, plan.run_root / "merged")
         backend = make_backend(rollout_config(plan, model_dir, step_dir), str(model_dir))
-        shape = plan.info.get("shape") or "f1_only"
         with tqdm(
             total=len(wanted),
             initial=len(done),
@@ -458,25 +502,39 @@ def evaluate_step(
 
             try:
                 backend.run(
-                    _roll_out(backend, todo, InOrderWriter(store), shape, plan.max_in_flight, progress)
+                    _roll_out(
+                        backend,
+                        todo,
+                        InOrderWriter(store),
+                        plan.limits.rules.question_mark,
+                        plan.max_in_flight,
+                        progress,
+                    )
                 )
             finally:
                 backend.close()
     rows = [r for r in store.rows() if (r["benchmark"], r["id"]) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
-    summary = summarize(rows, list(plan.suite.benchmarks), ckpt.step)
+    summary = summarize(rows, list(plan.suite.benchmarks), ckpt.step, plan.limits.preset)
     write_json_atomic(summary_path, summary)
     return summary
 
 
 def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> str:
-    """Markdown table: one line per step, the metric per benchmark and the macro average."""
+    """Markdown table: one line per step, the metric per benchmark and the macro average, under a
+    caption naming the rollout limits preset of the summaries."""
     if not summaries:
         return "(no checkpoint evaluated)"
     benches = list(next(iter(summaries.values()))["benchmarks"])
+    presets = sorted({s.get("limits_preset", protocol.TRAIN_PRESET.name) for s in summaries.values()})
     header = ["step"] + benches + [f"macro {metric.upper()}", "abort", "searches"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [
+        f"Rollout limits preset: {', '.join(f'`{p}`' for p in presets)}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for step, s in sorted(summaries.items()):
         per = s["benchmarks"]
         abort = _mean([per[b]["abort_rate"] for b in benches])

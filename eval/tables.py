@@ -9,13 +9,16 @@ selected; it is the floor row.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 
 from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, METRICS, benchmark_label
 from eval.stats import rank_groups
 from reward_fns import SHAPES
+from search_env.protocol import PRESETS, TRAIN_PRESET
 
 MATCHED = "matched"
 OWN = "own"
@@ -197,12 +200,60 @@ def _fmt(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.3f}"
 
 
+STUDY_FLOOR_EM: dict[str, float] = {
+    "bamboogle": 0.072,
+    "nq": 0.100,
+    "triviaqa": 0.202,
+    "popqa": 0.124,
+    "hotpotqa": 0.083,
+    "2wikimultihopqa": 0.046,
+    "musique": 0.018,
+}
+"""The study's untrained Qwen3.5-0.8B, EM per benchmark (``docs/report/RESULTS_m4.md`` §4.1, M4.5
+``qwen35_terse`` = the training prompt, full suite, greedy, its evaluation loop; mean 0.092)."""
+STUDY_FLOOR = "study's untrained floor (RESULTS_m4 §4.1; the study's number)"
+
+
+def study_floor(avg: str, suite: Sequence[str]) -> float | None:
+    """The study's floor for one average (mean of ``STUDY_FLOOR_EM`` over its benchmarks), or None
+    when ``suite`` is not the study's seven benchmarks (a different suite is not comparable)."""
+    if set(suite) != set(STUDY_FLOOR_EM):
+        return None
+    names = [b for b in STUDY_FLOOR_EM if avg == AVG_ALL or b != IN_DISTRIBUTION]
+    return sum(STUDY_FLOOR_EM[b] for b in names) / len(names)
+
+
+def limits_preset_of(run_dir: Path) -> str:
+    """The rollout limits preset recorded in ``run_dir/run.json`` (``eval.limits.preset``); runs
+    evaluated before presets existed used the training limits (``train``)."""
+    path = run_dir / "run.json"
+    doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    limits = (doc.get("eval") or {}).get("limits") or {}
+    return str(limits.get("preset", TRAIN_PRESET.name))
+
+
+def preset_caption(presets: Sequence[str]) -> str:
+    """Caption line naming the rollout limits preset(s) the evaluated rows were made with."""
+    named = ", ".join(
+        f"`{p}` ({PRESETS[p].source})" if p in PRESETS else f"`{p}`" for p in sorted(set(presets))
+    )
+    return (
+        f"- Rollout limits preset: {named} (`python -m eval run --limits-preset`; values in each run.json)."
+    )
+
+
 def table1_markdown(
-    t1: pd.DataFrame, rule: str, avg: str, shapes: Sequence[str], seeds: Sequence[int]
+    t1: pd.DataFrame,
+    rule: str,
+    avg: str,
+    shapes: Sequence[str],
+    seeds: Sequence[int],
+    reference: float | None = None,
 ) -> str:
     """Wide Markdown view of one (rule, average) slice: rows = floor + shapes, columns = seeds, mean,
     seed range. A cell reads ``value [CI low, high] @step``; † marks a run whose last evaluated step
-    is below the matched horizon."""
+    is below the matched horizon. ``reference`` (the study's floor, :func:`study_floor`) adds a
+    last row labelled as the study's number, with its value under "mean over seeds"."""
     sub = t1[t1["rule"] == rule]
     header = ["reward", *[f"seed {s}" for s in seeds], "mean over seeds", "seed range"]
     rows = []
@@ -223,6 +274,8 @@ def table1_markdown(
         mean = sum(values) / len(values) if values else float("nan")
         spread = max(values) - min(values) if values else float("nan")
         rows.append([row, *cells, _fmt(mean), _fmt(spread)])
+    if reference is not None:
+        rows.append([STUDY_FLOOR, *["–" for _ in seeds], _fmt(reference), "–"])
     return markdown_table(header, rows)
 
 

@@ -1,0 +1,101 @@
+"""The evaluation limits presets: ``train`` (default, the run's training limits) and ``study_eval``
+(the study's evaluation loop), recorded in run.json, summary.json and every table caption; and the
+study's untrained floor as a labelled reference row of Table 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from eval import checkpoints as ckpts
+from eval import runner, tables
+from eval.results import AVG_ALL, AVG_HELDOUT
+from eval.suite import load_suite
+from search_env import protocol
+
+
+def _plan(tmp_path: Path, limits: runner.Limits) -> runner.RunPlan:
+    suite = load_suite("fixtures", limit=2, benchmarks=["nq"])
+    return runner.RunPlan(
+        run_name="r",
+        out_root=tmp_path,
+        suite=suite,
+        checkpoints=[ckpts.Checkpoint(0, tmp_path, "hf")],
+        info={"run": "r", "shape": "f1_only", "seed": 1, "horizon": 1, "config": {}},
+        limits=limits,
+        backend="hf",
+        retriever_urls=["http://127.0.0.1:9"],
+        max_in_flight=1,
+        eval_settings=runner.eval_settings(suite, 2, 0, limits, "hf"),
+    )
+
+
+def test_presets_resolve_to_their_limits():
+    train = runner.limits_for_preset("train", {})
+    assert train == runner.Limits() and train.preset == "train"
+    study = runner.limits_for_preset("study_eval", {"data": {"max_response_length": 4096}})
+    assert (study.max_assistant_turns, study.max_turn_tokens, study.max_total_tokens) == (5, 8192, 8192)
+    assert study.rules is protocol.STUDY_EVAL_PRESET
+    with pytest.raises(ValueError, match="--limits-preset"):
+        runner.limits_for_preset("paper", {})
+
+
+def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: Path):
+    plan = _plan(tmp_path, runner.limits_for_preset("study_eval", {}))
+    tools, loops = runner._tool_and_loop_files(plan, tmp_path / "cfg", tiny_model_dir)
+    tool = yaml.safe_load(tools.read_text())["tools"][0]["config"]
+    assert (tool["chunk_cap"], tool["chunk_cap_unit"], tool["tokenizer"]) == (
+        120,
+        "tokens",
+        str(tiny_model_dir),
+    )
+    (loop,) = yaml.safe_load(loops.read_text())
+    assert loop["invalid_action"] == "retry" and loop["stop_strings"] == ["</tool_call>", "</answer>"]
+    assert (loop["max_turn_tokens"], loop["max_total_tokens"]) == (8192, 8192)
+    rows = runner._to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
+    assert all(r["prompt"][0]["content"].rstrip().endswith("?") for r in rows)
+    train = _plan(tmp_path, runner.Limits())
+    tools, loops = runner._tool_and_loop_files(train, tmp_path / "cfg2", tiny_model_dir)
+    assert yaml.safe_load(tools.read_text())["tools"][0]["config"]["chunk_cap_unit"] == "chars"
+    assert yaml.safe_load(loops.read_text())[0]["invalid_action"] == "end"
+    assert train.eval_settings["limits"]["preset"] == "train"
+
+
+def test_summary_and_table_name_the_preset():
+    row = {"benchmark": "nq", "em": 1.0, "f1": 1.0, "acc": 1.0, "prediction": "x", "searches": 1}
+    summary = runner.summarize([row], ["nq"], 3, "study_eval")
+    assert summary["limits_preset"] == "study_eval"
+    assert runner.format_table({3: summary}).startswith("Rollout limits preset: `study_eval`.")
+    assert "`train` (" in tables.preset_caption(["train", "train"])
+
+
+def test_study_floor_row_in_table1():
+    suite = list(tables.STUDY_FLOOR_EM)
+    assert tables.study_floor(AVG_ALL, suite) == pytest.approx(0.645 / 7) and round(0.645 / 7, 3) == 0.092
+    assert tables.study_floor(AVG_HELDOUT, suite) == pytest.approx(0.627 / 6)
+    assert tables.study_floor(AVG_ALL, ["nq", "musique"]) is None  # another suite: not comparable
+    t1 = pd.DataFrame(
+        [
+            {
+                "rule": "matched",
+                "row": tables.FLOOR,
+                "seed": 42,
+                "step": 0,
+                "short": False,
+                "avg_all_em": 0.05,
+                "avg_all_lo": float("nan"),
+                "avg_all_hi": float("nan"),
+            },
+        ]
+    )
+    text = tables.table1_markdown(t1, "matched", "avg_all", [], [42], tables.study_floor(AVG_ALL, suite))
+    assert f"| {tables.STUDY_FLOOR} | – | 0.092 | – |" in text
+
+
+def test_limits_preset_of_reads_run_json(tmp_path: Path):
+    assert tables.limits_preset_of(tmp_path) == "train"
+    (tmp_path / "run.json").write_text('{"eval": {"limits": {"preset": "study_eval"}}}')
+    assert tables.limits_preset_of(tmp_path) == "study_eval"
