@@ -261,6 +261,24 @@ def test_sample_rows_filters_per_row():
     assert torch.equal(generators[0].get_state(), greedy_state)  # greedy rows draw nothing
 
 
+def test_sample_rows_draws_from_the_tempered_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    generator = torch.Generator().manual_seed(0)
+    for spec, allowed in [
+        (SamplingSpec(max_tokens=1, temperature=0.5), 5),
+        (SamplingSpec(max_tokens=1, temperature=1.0, top_k=3), 3),
+        (
+            SamplingSpec(max_tokens=1, temperature=1.0, top_p=0.8),
+            3,
+        ),  # mass before the 3rd token is 0.77 < 0.8
+    ]:
+        draws = [sample_rows(logits, [spec], [generator])[0][0] for _ in range(4000)]
+        expected = torch.softmax(logits[0, :allowed] / spec.temperature, dim=-1)
+        counts = torch.bincount(torch.tensor(draws), minlength=5).float() / len(draws)
+        assert counts[allowed:].sum() == 0
+        assert torch.allclose(counts[:allowed], expected, atol=0.03)
+
+
 def _rows(length: int, value: float) -> CacheRows:
     kv = torch.full((1, 2, length, 3), value)
     conv, rec = torch.full((1, 5, 4), value), torch.full((1, 2, 3, 3), value)

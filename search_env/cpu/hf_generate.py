@@ -14,8 +14,9 @@ parameters, stop rules, token budget, cache row and random stream.
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
 tokens and how many earlier requests sent the same prompt (or from the request's own ``seed``
 parameter), so what it samples does not depend on arrival order or batch mates. Batched and
-one-at-a-time forward passes agree to float rounding (~1e-6 in log-prob), so a token whose draw
-falls that close to a boundary of the sampling distribution can differ; nothing else does.
+one-at-a-time forward passes agree to float rounding (~1e-6 in log-prob) and sampling is an
+exponential race (``search_env.cpu.sampling``), so a token can differ only when its two best
+perturbed scores tie to that rounding (about once in 1e6 tokens); nothing else differs.
 The k-th of several identical concurrent prompts (a GRPO group) gets the k-th stream in
 submission order, so a group's set of outputs is fixed but not which rollout gets which.
 """
@@ -27,6 +28,7 @@ import hashlib
 import itertools
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -114,7 +116,14 @@ class HFGenerator:
         self._seen: dict[bytes, int] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.counters = {"requests": 0, "decode_steps": 0, "decoded_rows": 0, "prefill_tokens": 0}
+        self.counters = {
+            "requests": 0,
+            "decode_steps": 0,
+            "decoded_rows": 0,
+            "prefill_tokens": 0,
+            "prefill_s": 0.0,
+            "decode_s": 0.0,
+        }
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -183,7 +192,9 @@ class HFGenerator:
         return len(state_dict)
 
     def stats(self) -> dict[str, float]:
-        """Counters since creation: requests, decode steps, mean rows per step, prefilled and reused tokens."""
+        """Counters since creation: requests, decode steps and the rows they decoded (``mean_batch``
+        per step), prompt tokens run through the model (``prefill_tokens``) and taken from cached
+        states (``reused_tokens``, ``prefix_hits``), and seconds spent prefilling and decoding."""
         with self._step_lock:
             out: dict[str, float] = dict(self.counters)
             out["mean_batch"] = out["decoded_rows"] / max(1, out["decode_steps"])
@@ -253,12 +264,14 @@ class HFGenerator:
             new = prompt[len(cached.tokens) :]
         else:
             cache, new = DynamicCache(config=self.model.config), prompt
+        start = time.perf_counter()
         out = self.model(
             input_ids=torch.tensor([new], dtype=torch.long),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
+        self.counters["prefill_s"] += time.perf_counter() - start
         self.counters["prefill_tokens"] += len(new)
         rows = CacheRows.from_cache(
             out.past_key_values, self._kinds, torch.ones(1, len(prompt), dtype=torch.long)
@@ -271,6 +284,7 @@ class HFGenerator:
         """Feed every running request its last token, sample the next, retire the finished."""
         requests, rows = self._active, self._rows
         assert rows is not None and rows.batch_size == len(requests)
+        start = time.perf_counter()
         try:
             ids = torch.tensor([[r.tokens[-1]] for r in requests], dtype=torch.long)
             positions = torch.tensor(
@@ -294,6 +308,7 @@ class HFGenerator:
                 _resolve(request.future, error=error)
             self._active, self._rows = [], None
             return
+        self.counters["decode_s"] += time.perf_counter() - start
         self.counters["decode_steps"] += 1
         self.counters["decoded_rows"] += len(requests)
         keep: list[int] = []

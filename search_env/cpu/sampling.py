@@ -149,31 +149,54 @@ def sample_rows(
     """One token per row of ``logits`` ([rows, vocab], float32) and its log-prob.
 
     The log-prob is under the unscaled model distribution (``log_softmax(logits)``), as vLLM's
-    default raw log-probs. Greedy rows take the argmax and draw nothing; the others draw one
-    uniform from their own generator and invert the CDF of their filtered, tempered distribution
-    (tokens in descending probability order).
+    default raw log-probs. Greedy rows take the argmax and draw nothing. The others draw one
+    exponential variate per vocabulary entry from their own generator and take
+    ``argmax(log p - log q)`` over the tokens their top-k / top-p filter keeps (the exponential
+    race vLLM samples with: exact sampling from the filtered, tempered distribution). Unlike an
+    inverse-CDF draw, the winner changes under a float perturbation ε of the logits only when the
+    two best perturbed scores are within ε, so batched and one-at-a-time logits (equal to ~1e-6)
+    pick the same token all but ~1e-6 of the time.
     """
     logp = torch.log_softmax(logits, dim=-1)
     tokens = torch.argmax(logits, dim=-1)
     sampled = [i for i, spec in enumerate(specs) if not spec.greedy]
     if sampled:
         rows = torch.tensor(sampled)
+        vocab = logits.shape[-1]
         temps = torch.tensor([specs[i].temperature for i in sampled], dtype=logits.dtype)
-        probs, order = torch.sort(
-            torch.softmax(logits[rows] / temps[:, None], dim=-1), dim=-1, descending=True
-        )
-        vocab = probs.shape[-1]
-        top_k = torch.tensor([specs[i].top_k or vocab for i in sampled])
-        keep = torch.arange(vocab)[None, :] < top_k[:, None]
-        top_p = torch.tensor([specs[i].top_p for i in sampled], dtype=probs.dtype)
-        keep &= (torch.cumsum(probs, dim=-1) - probs) < top_p[:, None]
-        keep[:, 0] = True
-        cdf = torch.cumsum(probs * keep, dim=-1)
-        draws = torch.tensor(
-            [float(torch.rand((), generator=generators[i])) for i in sampled], dtype=cdf.dtype
-        )
-        pick = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
-        pick = torch.minimum(pick, keep.sum(dim=-1, keepdim=True) - 1)
-        tokens[rows] = order.gather(1, pick)[:, 0]
+        scores = logits[rows] / temps[:, None]  # log p up to a per-row constant
+        for j, i in enumerate(sampled):
+            keep = _kept(scores[j], specs[i].top_k, specs[i].top_p)
+            if keep is not None:
+                scores[j].masked_fill_(~keep, float("-inf"))
+        uniform = torch.empty_like(scores)
+        for j, i in enumerate(sampled):
+            torch.rand(vocab, generator=generators[i], out=uniform[j])
+        race = torch.log(-torch.log(uniform))  # log of Exp(1) variates
+        tokens[rows] = torch.argmax(scores - race, dim=-1)
     chosen = logp.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist()
+
+
+NUCLEUS_PROBE = 256
+"""Top-p first looks at this many most likely tokens; it sorts the whole vocabulary only when
+their mass is below ``top_p`` (flat distributions)."""
+
+
+def _kept(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """Boolean mask of the tokens that top-k and top-p keep for one row ([vocab] tempered
+    log-scores); None when neither filter is on. The most likely token is always kept."""
+    vocab = scores.shape[-1]
+    k = top_k if 0 < top_k < vocab else vocab
+    if k == vocab and top_p >= 1.0:
+        return None
+    probe = min(k, NUCLEUS_PROBE) if top_p < 1.0 else k
+    probs = torch.softmax(scores, dim=-1)
+    top, order = torch.topk(probs, probe)
+    if top_p < 1.0 and probe < k and float(top.sum()) < top_p:
+        top, order = torch.topk(probs, k)
+    ranked = torch.ones_like(top, dtype=torch.bool)
+    if top_p < 1.0:
+        ranked = (torch.cumsum(top, dim=-1) - top) < top_p
+        ranked[0] = True
+    return torch.zeros(vocab, dtype=torch.bool).scatter_(0, order, ranked)
