@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -126,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default) or read it all into RAM first",
     )
     serve.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for the encoder (torch) and faiss search; 0 = the libraries' default (all "
+        "cores). On a CPU box shared with the clients, fewer threads than cores can be much faster "
+        "(see docs/retrieval.md)",
+    )
+    serve.add_argument(
         "--stats-interval-s",
         type=float,
         default=60.0,
@@ -191,10 +200,25 @@ def _use_gpu(flag: str) -> bool | None:
     return GPU_CHOICES[flag]
 
 
+def set_cpu_threads(threads: int) -> None:
+    """Use `threads` CPU threads in torch and faiss (0: leave the defaults). Call before torch or faiss
+    is imported: OpenMP reads OMP_NUM_THREADS when it loads, and that is the only setting that also
+    reaches faiss calls made from other threads (the server searches in a worker thread)."""
+    if threads < 0:
+        raise SystemExit(f"--threads must be >= 0 (0 = library default), got {threads}")
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # already loaded (e.g. by a caller): its intra-op pool too
+            sys.modules["torch"].set_num_threads(threads)
+
+
 def build_retriever(args: argparse.Namespace):
     """The `Retriever` that `serve` runs for parsed `serve` arguments (also used by
-    bench/retriever.py, so its in-process bound has exactly the server's encoder and index)."""
+    bench/retriever.py, so its in-process bound has exactly the server's encoder, index and threads).
+    Sets the CPU threads first (see `set_cpu_threads`)."""
     from search_env.retrieval.corpus import Corpus
+
+    set_cpu_threads(args.threads)
 
     corpus = Corpus(args.corpus)
     if args.backend == "bm25":

@@ -436,9 +436,15 @@ class DenseRetriever(Retriever):
         return rows.astype(np.int64, copy=False), scores
 
     def describe(self) -> dict:
+        import torch
+
         return {
             **self.loaded.describe(),
             "encoder": self.encoder.model_path,
             "encoder_device": str(self.encoder.device),
+            "encoder_dtype": "float16" if self.encoder.fp16 else "float32",
+            "encoder_batch_size": self.encoder.batch_size,
+            "torch_threads": torch.get_num_threads(),
+            "faiss_threads": faiss.omp_get_max_threads(),
             "e5_prefixes": self.encoder.is_e5,
         }
