@@ -2,8 +2,9 @@
 
 Scores 51,713 synthetic (response, golds) rows — the size of the seven-benchmark suite — with
 all three shapes (em_only, f1_only, f1_format) both ways, checks that the scores agree, and
-prints rows/s and the ratio. The reference is the textbook per-metric loop (as in FlashRAG and
-Search-R1): every metric re-extracts the answer and re-normalises prediction and golds.
+prints rows/s and the ratio. The reference is the study's training scorer written as the textbook
+per-metric loop (``training_m5_*/src/rewards/search_r1.py``: ``extract_solution``, ``em_check``,
+``f1_check``): every metric re-extracts the answer and re-normalises prediction and golds.
 
     .venv/bin/python bench/scoring.py [--rows 51713] [--seed 0]
 """
@@ -60,7 +61,7 @@ def synthetic_rows(n: int, seed: int) -> list[tuple[str, list[str]]]:
         for _ in range(rng.randint(0, 3)):
             parts.append(CALL.format(q=phrase(4)))
             parts.append(
-                f"\nuser\n<tool_response>\nDoc 1 (Title: {phrase(2)}) {phrase(60)}\n</tool_response>\n"
+                f'\nuser\n<tool_response>\n"{phrase(2)}"\n{phrase(60)}\n</tool_response>\nassistant\n'
             )
         if rng.random() < 0.85:
             parts.append(f"<answer>{phrase(rng.randint(1, 4))}</answer>")
@@ -82,29 +83,28 @@ def ref_normalize(s: str) -> str:
 
 
 def ref_answer(text: str) -> str | None:
-    text = re.sub(r"<tool_response>.*?(?:</tool_response>|\Z)", "", text, flags=re.DOTALL)
-    found = re.findall(r"<answer>((?:(?!<answer>).)*?)</answer>", text, flags=re.DOTALL)
+    found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
     return found[-1].strip() if found else None
 
 
 def ref_em(pred: str, golds: list[str]) -> float:
     p = ref_normalize(pred)
-    return float(any(p and p == ref_normalize(g) for g in golds))
+    return float(any(p == ref_normalize(g) for g in golds))
 
 
 def ref_f1(pred: str, golds: list[str]) -> float:
     best = 0.0
+    p = ref_normalize(pred).split()
     for g in golds:
-        p, t = ref_normalize(pred), ref_normalize(g)
+        t = ref_normalize(g).split()
+        if not p and not t:
+            best = max(best, 1.0)
+            continue
         if not p or not t:
             continue
-        if p == t:
-            return 1.0
-        if (p in ("yes", "no", "noanswer") or t in ("yes", "no", "noanswer")) and p != t:
-            continue
-        common = sum((Counter(p.split()) & Counter(t.split())).values())
+        common = sum((Counter(p) & Counter(t)).values())
         if common:
-            prec, rec = common / len(p.split()), common / len(t.split())
+            prec, rec = common / len(p), common / len(t)
             best = max(best, 2 * prec * rec / (prec + rec))
     return best
 

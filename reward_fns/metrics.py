@@ -51,37 +51,62 @@ def _overlap_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
-    """1.0 when the normalised prediction equals any normalised gold, else 0.0."""
-    pred = normalize_answer(prediction)
-    return 1.0 if any(pred == g for g in _golds(golds)) else 0.0
+def _em(pred: str, golds: Sequence[str]) -> float:
+    return 1.0 if any(pred == g for g in golds) else 0.0
 
 
-def cover_match(prediction: str, golds: str | Iterable[str]) -> float:
-    """ACC: 1.0 when any normalised gold is a substring of the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return 1.0 if any(g in pred for g in _golds(golds)) else 0.0
+def _acc(pred: str, golds: Sequence[str]) -> float:
+    return 1.0 if any(g in pred for g in golds) else 0.0
 
 
-def token_f1(prediction: str, golds: str | Iterable[str]) -> float:
-    """Evaluation F1 (FlashRAG): max over golds, with the yes/no/noanswer rule."""
-    pred = normalize_answer(prediction)
+def _flashrag_f1(pred: str, golds: Sequence[str]) -> float:
     best = 0.0
-    for gold in _golds(golds):
+    for gold in golds:
         if (pred in _SPECIAL_ANSWERS or gold in _SPECIAL_ANSWERS) and pred != gold:
             continue
         best = max(best, _overlap_f1(pred.split(), gold.split()))
     return best
 
 
-def train_f1(prediction: str, golds: str | Iterable[str]) -> float:
-    """Training F1 (the study's ``f1_check``): max over golds, no yes/no rule; both empty = 1.0."""
-    pred_tokens = normalize_answer(prediction).split()
+def _f1_check(pred: str, golds: Sequence[str]) -> float:
+    pred_tokens = pred.split()
     best = 0.0
-    for gold in _golds(golds):
+    for gold in golds:
         gold_tokens = gold.split()
         if not pred_tokens and not gold_tokens:
             return 1.0
         if pred_tokens and gold_tokens:
             best = max(best, _overlap_f1(pred_tokens, gold_tokens))
     return best
+
+
+def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """1.0 when the normalised prediction equals any normalised gold, else 0.0."""
+    return _em(normalize_answer(prediction), _golds(golds))
+
+
+def cover_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """ACC: 1.0 when any normalised gold is a substring of the normalised prediction."""
+    return _acc(normalize_answer(prediction), _golds(golds))
+
+
+def token_f1(prediction: str, golds: str | Iterable[str]) -> float:
+    """Evaluation F1 (FlashRAG): max over golds, with the yes/no/noanswer rule."""
+    return _flashrag_f1(normalize_answer(prediction), _golds(golds))
+
+
+def train_f1(prediction: str, golds: str | Iterable[str]) -> float:
+    """Training F1 (the study's ``f1_check``): max over golds, no yes/no rule; both empty = 1.0."""
+    return _f1_check(normalize_answer(prediction), _golds(golds))
+
+
+def training_metrics(prediction: str, golds: str | Iterable[str]) -> tuple[float, float, float]:
+    """(EM, training F1, ACC), normalising every string once."""
+    pred, normalised = normalize_answer(prediction), _golds(golds)
+    return _em(pred, normalised), _f1_check(pred, normalised), _acc(pred, normalised)
+
+
+def evaluation_metrics(prediction: str, golds: str | Iterable[str]) -> tuple[float, float, float]:
+    """(EM, evaluation F1, ACC) as FlashRAG computes them, normalising every string once."""
+    pred, normalised = normalize_answer(prediction), _golds(golds)
+    return _em(pred, normalised), _flashrag_f1(pred, normalised), _acc(pred, normalised)

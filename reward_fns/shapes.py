@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from reward_fns.answer import extract_answer, is_well_formed
-from reward_fns.metrics import cover_match, exact_match, token_f1, train_f1
+from reward_fns.metrics import evaluation_metrics, training_metrics
 
 FORMAT_FLOOR = 0.1
 """Score of a well-formed rollout whose answer has zero F1 under ``f1_format`` (``FORMAT_BONUS``)."""
@@ -36,9 +36,8 @@ def score_rollout(text: str, golds: Sequence[str]) -> Scored:
     well_formed = float(is_well_formed(text))
     if answer is None:
         return Scored(0.0, 0.0, 0.0, well_formed, 0.0)
-    return Scored(
-        exact_match(answer, golds), train_f1(answer, golds), cover_match(answer, golds), well_formed, 1.0
-    )
+    em, f1, acc = training_metrics(answer, golds)
+    return Scored(em, f1, acc, well_formed, 1.0)
 
 
 def evaluation_scores(text: str, golds: Sequence[str]) -> dict[str, object]:
@@ -49,14 +48,8 @@ def evaluation_scores(text: str, golds: Sequence[str]) -> dict[str, object]:
     that normalises to nothing then matches a missing answer, as in FlashRAG); ``well_formed`` the gate.
     """
     answer = extract_answer(text)
-    pred = answer if answer is not None else ""
-    return {
-        "prediction": answer,
-        "em": exact_match(pred, golds),
-        "f1": token_f1(pred, golds),
-        "acc": cover_match(pred, golds),
-        "well_formed": is_well_formed(text),
-    }
+    em, f1, acc = evaluation_metrics(answer if answer is not None else "", golds)
+    return {"prediction": answer, "em": em, "f1": f1, "acc": acc, "well_formed": is_well_formed(text)}
 
 
 def em_only(s: Scored) -> float:
