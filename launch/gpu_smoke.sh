@@ -10,7 +10,8 @@
 #                    a 512-query burst (the retrieval setting of docs/gpu.md)
 #   tiny        40   a tiny random Qwen3.5 with the real 248,320-token vocabulary
 #   grpo       260   2 GRPO steps of it (recipes/gpu_smoke.yaml): vLLM rollout, use_remove_padding,
-#                    flash-attention, dynamic bsz, hf_model saves, the checkpoint policy
+#                    flash-attention, dynamic bsz, hf_model saves, the checkpoint policy, searching the
+#                    dense stage's index (its encoder on cuda:0 next to vLLM and FSDP; BM25 if absent)
 #   policy      15   step 1 pruned to HF weights, step 2 complete
 #   logprobs    10   vLLM rollout log-probs vs the FSDP recompute (verl's rollout_probs_diff metrics)
 #   eval       100   launch/eval.sh with the vLLM backend on both checkpoints (1 row per benchmark)
@@ -81,10 +82,16 @@ stage() {
 }
 
 # The two multi-command stages, as exported functions that `timeout bash -c` can run.
-grpo() {
+grpo() {  # with the dense stage's retriever when it was built: its encoder then shares cuda:0 with vLLM
+  local retriever=()
+  if [[ -f "$SMOKE_DIR/demo_IVF16_SQ8.index" ]]; then
+    retriever=(retriever.backend=dense "retriever.index=$SMOKE_DIR/demo_IVF16_SQ8.index"
+      "retriever.encoder=$SMOKE_DIR/encoder" retriever.nprobe=4 retriever.gpu=auto)
+  fi
   RLVR_RUN_DIR="$SMOKE_DIR/run" bash launch/run.sh recipes/gpu_smoke.yaml \
     "actor_rollout_ref.model.path=$MODEL" "trainer.default_local_dir=$CKPT" \
-    "data.train_files=$SMOKE_DIR/data/train.parquet" "data.val_files=$SMOKE_DIR/data/val.parquet"
+    "data.train_files=$SMOKE_DIR/data/train.parquet" "data.val_files=$SMOKE_DIR/data/val.parquet" \
+    "${retriever[@]}"
 }
 
 evaluate() {
