@@ -7,12 +7,13 @@
 #
 # Environment (defaults in brackets): BACKEND [bm25], CORPUS [bundled demo], INDEX, ENCODER (dense only),
 # BM25_INDEX (optional saved bm25s dir), HOST [127.0.0.1], PORT [8000], NPROBE [64], TOPK [5],
-# GPU [auto|on|off], MAX_BATCH [256], MAX_WAIT_MS [2], PYTHON [.venv/bin/python if present, else python3].
+# GPU [auto|on|off: auto = the encoder on CUDA when visible; faiss on GPU only with a faiss-gpu build,
+# the GPU set installs faiss-cpu, docs/gpu.md], MAX_BATCH [256], MAX_WAIT_MS [2],
+# PYTHON [the active virtualenv / conda env / python on PATH; the repo's .venv only when those lack verl].
 # Extra arguments are passed to `python -m search_env serve`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-
-PYTHON="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+cd "$ROOT"
 BACKEND="${BACKEND:-bm25}"
 args=(serve --backend "$BACKEND" --host "${HOST:-127.0.0.1}" --port "${PORT:-8000}" --topk "${TOPK:-5}"
       --max-batch "${MAX_BATCH:-256}" --max-wait-ms "${MAX_WAIT_MS:-2}" --gpu "${GPU:-auto}")
