@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3_5TextConfig
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
 
-from search_env.cpu.cache_rows import FULL, LINEAR, CacheRows
+from search_env.cpu.cache_rows import FULL, LINEAR, SPARE_COLUMNS, AppendLayer, CacheRows
 from search_env.cpu.hf_generate import HFGenerator
 from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
@@ -290,13 +290,31 @@ def test_cache_rows_merge_select_row_round_trip():
     merged = CacheRows.merge([short, long])
     assert merged.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]] and merged.lengths() == [2, 4]
     keys = merged.layers[1][0]
-    assert keys.shape == (2, 2, 4, 3) and float(keys[0, :, :2].abs().sum()) == 0.0  # pad columns are zeros
+    assert keys.shape == (2, 2, 4 + SPARE_COLUMNS, 3)  # free columns for in-place appends
+    assert float(keys[0, :, :2].abs().sum()) == 0.0  # pad columns are zeros
     alone = merged.select([0])
     assert alone.width == 2  # padding shared by no remaining row is dropped
     for got, want in ((alone, short), (merged.row(1), long), (merged.row(0), short)):
-        for (a, b), (c, d) in zip(got.layers, want.layers, strict=True):
+        for (a, b), (c, d), kind in zip(got.layers, want.layers, got.kinds, strict=True):
+            if kind == FULL:
+                a, b = a[:, :, : got.width], b[:, :, : got.width]
             assert torch.equal(a, c) and torch.equal(b, d)
     assert merged.select([1, 0]).lengths() == [4, 2]
+
+
+def test_append_layer_writes_in_place_only_past_the_used_columns():
+    rows = CacheRows.merge([_rows(3, 1.0)])
+    snapshot = rows.row(0)  # a cached copy
+    buffer = rows.layers[1][0]
+    layer = AppendLayer(*rows.layers[1], rows.width)
+    keys, _ = layer.update(torch.full((1, 2, 1, 3), 7.0), torch.full((1, 2, 1, 3), 8.0))
+    assert keys.shape[-2] == 4 and keys.data_ptr() == buffer.data_ptr()  # no copy
+    assert torch.equal(keys[:, :, :3], snapshot.layers[1][0]) and float(keys[0, 0, 3, 0]) == 7.0
+    full = AppendLayer(*snapshot.layers[1], snapshot.width)  # no free column: must reallocate
+    grown, _ = full.update(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
+    assert grown.data_ptr() != snapshot.layers[1][0].data_ptr() and torch.equal(
+        snapshot.layers[1][0], buffer[:, :, :3]
+    )
 
 
 def test_prefix_cache_longest_prefix_and_byte_bound():
