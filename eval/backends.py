@@ -126,7 +126,8 @@ class VLLMEngineClient(LLMServerClient):
 
     Mirrors verl's own vLLM server (``vllm_async_server.generate``): the agent loop's
     ``sampling_params`` (``temperature`` 0 = greedy, ``top_p``, ``top_k``, ``max_tokens``,
-    ``stop_token_ids``) become ``vllm.SamplingParams``; finish reasons ``stop`` and ``length``
+    ``stop_token_ids``, ``stop``, ``include_stop_str_in_output``) become ``vllm.SamplingParams``;
+    finish reasons ``stop`` and ``length``
     both report ``completed`` (the agent loop tells them apart by the token budget). A
     ``logprobs`` request is dropped: evaluation reads none, and vLLM would compute them per token.
     """
@@ -146,6 +147,8 @@ class VLLMEngineClient(LLMServerClient):
             "top_k": int(params.get("top_k") or -1),
             "repetition_penalty": float(params.get("repetition_penalty", 1.0)),
             "stop_token_ids": list(params.get("stop_token_ids") or []),
+            "stop": list(params.get("stop") or []),  # the study's stop strings (protocol.STOP_STRINGS)
+            "include_stop_str_in_output": bool(params.get("include_stop_str_in_output", False)),
             "logprobs": None,
         }
 

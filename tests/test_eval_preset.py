@@ -99,3 +99,14 @@ def test_limits_preset_of_reads_run_json(tmp_path: Path):
     assert tables.limits_preset_of(tmp_path) == "train"
     (tmp_path / "run.json").write_text('{"eval": {"limits": {"preset": "study_eval"}}}')
     assert tables.limits_preset_of(tmp_path) == "study_eval"
+
+
+def test_vllm_eval_client_keeps_the_stop_rules(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    from eval.backends import VLLMEngineClient
+
+    params = {"max_tokens": 5, **protocol.stop_sampling_params(AutoTokenizer.from_pretrained(tiny_model_dir))}
+    kwargs = VLLMEngineClient.sampling_kwargs(params)
+    assert kwargs["stop"] == list(protocol.STOP_STRINGS) and kwargs["include_stop_str_in_output"] is True
+    assert kwargs["stop_token_ids"] == params["stop_token_ids"] != []
