@@ -45,7 +45,8 @@ Per rollout, ``AgentLoopOutput.extra_fields`` gets (verl passes them to the rewa
 - ``searches``, ``search_errors``: set by ``SearchTool``;
 - ``model_tokens``: sampled tokens in the response; ``retrieved_tokens``: all other response
   tokens (tool turns, invalid-action notes); they add up to the response length;
-- ``answered``: the response holds an ``<answer>…</answer>`` outside tool responses.
+- ``answered``: the last assistant turn holds an ``<answer>…</answer>`` (the study's
+  ``had_valid_answer``; "aborted" = not answered).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class SearchAgentLoop(ToolAgentLoop):
         ends = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.stop_params["stop_token_ids"])
         self.end_token_ids = {int(i) for i in ends if i is not None}
         self.termination: str | None = None
+        self.answered = False
 
     def _room(self, agent_data: AgentData) -> int:
         """Tokens the sequence may still grow by (total budget and ``response_length``)."""
@@ -170,7 +172,7 @@ class SearchAgentLoop(ToolAgentLoop):
             self.termination = "length_cap"
             return state
         if extract_answer(text) is not None:
-            self.termination = "answer"
+            self.termination, self.answered = "answer", True
         elif protocol.parse_query(text) is not None:
             self.termination = "turn_cap"
         elif "</tool_call>" in text:
@@ -211,14 +213,13 @@ class SearchAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
         model_tokens = int(sum(output.response_mask))
-        text = self.tokenizer.decode(output.response_ids, skip_special_tokens=True)
         output.extra_fields.update(
             termination=self.termination,
             searches=int(output.extra_fields.get("searches", 0)),
             search_errors=int(output.extra_fields.get("search_errors", 0)),
             model_tokens=model_tokens,
             retrieved_tokens=len(output.response_ids) - model_tokens,
-            answered=extract_answer(text) is not None,
+            answered=self.answered,
         )
         if not self.mask_retrieved:
             output.response_mask = [1] * len(output.response_ids)
