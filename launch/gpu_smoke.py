@@ -140,7 +140,8 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_dense(args: argparse.Namespace) -> int:
-    """Encoder on the GPU, IVF-SQ8 on CPU faiss: build, serve, one real /retrieve, a 512-query burst."""
+    """The E5 code path (a tiny 128-d BERT) on the GPU, IVF-SQ8 on CPU faiss: build-index, serve,
+    /health, a 512-query /retrieve."""
     import subprocess
 
     import httpx
@@ -150,7 +151,7 @@ def cmd_dense(args: argparse.Namespace) -> int:
     from search_env.retrieval.server import spawn_server
 
     work = Path(args.work)
-    encoder = build_tiny_encoder(work / "encoder", hidden_size=768)
+    encoder = build_tiny_encoder(work / "encoder", hidden_size=128)
     index = work / "demo_IVF16_SQ8.index"
     build = [sys.executable, "-m", "search_env", "build-index", "--corpus", str(DEMO_CORPUS)]
     build += ["--encoder", str(encoder), "--out", str(index), "--factory", "IVF16,SQ8", "--gpu", "auto"]
@@ -204,7 +205,7 @@ def cmd_packed(args: argparse.Namespace) -> int:
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
     model = AutoModelForImageTextToText.from_pretrained(
-        args.model, torch_dtype=torch.bfloat16, attn_implementation="flash_attention_2"
+        args.model, dtype=torch.bfloat16, attn_implementation="flash_attention_2"
     ).cuda()
     model.eval()
     apply_monkey_patch(model, use_remove_padding=True)
@@ -265,42 +266,51 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    """Peak CUDA memory of one forward+backward (bf16 autocast over fp32 weights, gradient
-    checkpointing, log-probs of every token) at 16,384 and 32,768 tokens, real 0.8B shape."""
+    """Peak CUDA memory of one forward+backward at 16,384 and 32,768 tokens, real 0.8B shape.
+
+    As a training micro-batch computes it: bf16 weights (FSDP's compute copy; the fp32 master
+    weights, 3.0 GB, and Adam's moments, 6.0 GB, come on top in training), gradient checkpointing,
+    flash-attention, and log-probs of every token over the 248,320-token vocabulary with verl's own
+    ``logprobs_from_logits`` on the rolled labels (no copy of the logits).
+    """
     import torch
-    from transformers import AutoConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3_5TextConfig
     from verl.utils.torch_functional import logprobs_from_logits
 
     if args.model_dir and (Path(args.model_dir) / "config.json").is_file():
-        cfg = AutoConfig.from_pretrained(args.model_dir)
-        text = cfg.get_text_config()
+        text = AutoConfig.from_pretrained(args.model_dir).get_text_config()
     else:
         text = Qwen3_5TextConfig(**QWEN35_08B_TEXT)
-    text._attn_implementation = "flash_attention_2"
-    model = Qwen3_5ForCausalLM(text).cuda()
+    model = AutoModelForCausalLM.from_config(
+        text, attn_implementation="flash_attention_2", dtype=torch.bfloat16
+    )
+    model = model.cuda()
     model.gradient_checkpointing_enable()
     model.train()
+    row(
+        "model",
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters, vocab {text.vocab_size}",
+    )
     ok = True
+    seq = 8192
     for tokens in (16_384, 32_768):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        seq = 8192
         ids = torch.randint(10, text.vocab_size, (tokens // seq, seq), device="cuda")
         try:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(input_ids=ids).logits
-                logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+            logits = model(input_ids=ids, use_cache=False).logits
+            logp = logprobs_from_logits(logits, torch.roll(ids, shifts=-1, dims=1))
             logp.mean().backward()
-            peak = torch.cuda.max_memory_allocated() / 2**30
-            row(f"{tokens:,} tokens ({tokens // seq} x {seq}) fwd+bwd peak", f"{peak:.1f} GiB")
+            peak = f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
         except torch.OutOfMemoryError:
-            row(f"{tokens:,} tokens fwd+bwd", "OUT OF MEMORY")
+            peak = "OUT OF MEMORY"
             ok = ok and tokens > 16_384  # the recipe trains at 16,384; 32,768 is measured, not required
-        model.zero_grad(set_to_none=True)
-        del ids
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
-    row("device memory", f"{total:.0f} GiB")
-    return result(ok, "16,384-token micro-batch (the recipe's actor budget) fits")
+        finally:
+            logits = logp = None
+            model.zero_grad(set_to_none=True)
+        row(f"{tokens:,} tokens ({tokens // seq} x {seq}) forward+backward peak", peak)
+    row("device memory", f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+    return result(ok, "a 16,384-token micro-batch (the recipe's actor budget) fits")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,13 +30,14 @@ fi
 
 SMOKE_DIR="${SMOKE_DIR:-$ROOT/runs/gpu_smoke}"
 BUDGET_S="${BUDGET_S:-600}"
+[[ "$SMOKE_DIR" != / && "$SMOKE_DIR" != "$ROOT" ]] || die "SMOKE_DIR=$SMOKE_DIR would be wiped; use a dedicated folder"
 rm -rf "$SMOKE_DIR"
 mkdir -p "$SMOKE_DIR"
 REPORT="$SMOKE_DIR/report.md"
 START=$SECONDS
 FAILED=0
 MODEL="$SMOKE_DIR/tiny_qwen35_v248k"
-CKPT="$SMOKE_DIR/checkpoints"
+CKPT="$SMOKE_DIR/run/checkpoints"   # run.sh's trainer.default_local_dir for RLVR_RUN_DIR=$SMOKE_DIR/run
 export SMOKE_DIR MODEL CKPT
 
 {
@@ -89,7 +90,7 @@ grpo() {  # with the dense stage's retriever when it was built: its encoder then
       "retriever.encoder=$SMOKE_DIR/encoder" retriever.nprobe=4 retriever.gpu=auto)
   fi
   RLVR_RUN_DIR="$SMOKE_DIR/run" bash launch/run.sh recipes/gpu_smoke.yaml \
-    "actor_rollout_ref.model.path=$MODEL" "trainer.default_local_dir=$CKPT" \
+    "actor_rollout_ref.model.path=$MODEL" \
     "data.train_files=$SMOKE_DIR/data/train.parquet" "data.val_files=$SMOKE_DIR/data/val.parquet" \
     "${retriever[@]}"
 }

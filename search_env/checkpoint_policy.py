@@ -47,9 +47,11 @@ class PruneReport:
     errors: list[str] = field(default_factory=list)
 
     def summary(self, step: int) -> str:
+        freed = self.freed_bytes
+        size = f"{freed / 1e9:.2f} GB" if freed >= 1e9 else f"{freed / 1e6:.1f} MB"
         text = (
             f"checkpoint policy: saved global_step_{step}; removed {len(self.removed)} optimizer/extra/"
-            f"duplicate-weight files of older checkpoints ({self.freed_bytes / 1e9:.2f} GB freed)"
+            f"duplicate-weight files of older checkpoints ({size} freed)"
         )
         return text + "".join(f"\n  could not remove {e}" for e in self.errors)
 
