@@ -156,12 +156,19 @@ def _port_free(port: int) -> bool:
 def test_demo_trains_checkpoints_and_resumes(tmp_path):
     run_dir, port = tmp_path / "demo", _free_port()
     before = _private_ray_leftovers()
-    first = _run_demo(run_dir, port, f"trainer.rollout_data_dir={run_dir / 'rollouts'}")
+    first = _run_demo(
+        run_dir,
+        port,
+        f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
+        "trainer.total_training_steps=2",
+        "trainer.save_freq=1",
+    )
     assert first.returncode == 0, first.stderr[-4000:]
     ckpt = run_dir / "checkpoints"
     assert f"checkpoint: {ckpt}/global_step_2/actor" in first.stderr
     assert (ckpt / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    _assert_checkpoint_policy(ckpt, latest=2)  # step 1: weights only; step 2: + optimizer and extra
     steps = _steps(run_dir)
     assert sorted(steps) == [1, 2]
     assert all(math.isfinite(s["actor/grad_norm"]) for s in steps.values())
@@ -186,13 +193,27 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3], "each step's metrics must appear exactly once after kill + resume"
     assert (ckpt / "global_step_3" / "actor" / "model_world_size_1_rank_0.pt").is_file()
+    _assert_checkpoint_policy(ckpt, latest=3)  # resumed from step 2's optimizer, which is now pruned
     assert _private_ray_leftovers() <= before, "Ray processes or temp dirs outlived the run"
     _evaluate_demo_checkpoint(ckpt, tmp_path / "eval")
     _report(tmp_path / "eval", run_dir / "metrics.jsonl", tmp_path / "report")
 
 
+def _assert_checkpoint_policy(ckpt: Path, latest: int) -> None:
+    """search_env.checkpoint_policy: every checkpoint keeps its weights, only the latest keeps the
+    optimizer and extra state a resume needs."""
+    for step_dir in sorted(ckpt.glob("global_step_*")):
+        actor, is_latest = step_dir / "actor", step_dir.name == f"global_step_{latest}"
+        assert any(actor.glob("model_world_size_*_rank_*.pt")) or any(
+            (actor / "huggingface").glob("*.safetensors")
+        )
+        assert bool(list(actor.glob("optim_world_size_*_rank_*.pt"))) == is_latest, step_dir
+        assert bool(list(actor.glob("extra_state_world_size_*_rank_*.pt"))) == is_latest, step_dir
+
+
 def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
-    """`launch/eval.sh` on the demo's own (FSDP-sharded) step-3 checkpoint: one fixture row per benchmark."""
+    """`launch/eval.sh` on the demo's own (FSDP-sharded) checkpoints: step 1 (pruned to its weights by
+    the checkpoint policy) and step 3 (the latest, complete); one fixture row per benchmark."""
     env = {
         **os.environ,
         "OUT": str(out),
@@ -201,7 +222,7 @@ def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
         "TIMEOUT_S": "600",
     }
     done = subprocess.run(
-        ["bash", "launch/eval.sh", str(ckpt), "--steps", "3"],
+        ["bash", "launch/eval.sh", str(ckpt), "--steps", "1", "3"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -209,13 +230,14 @@ def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    (summary_path,) = out.glob("*/global_step_3/summary.json")
-    summary = json.loads(summary_path.read_text())
-    assert summary["complete"] and summary["step"] == 3
-    rows = [json.loads(line) for line in (summary_path.parent / "rows.jsonl").read_text().splitlines()]
-    assert len(rows) == len(summary["benchmarks"]) >= 5 and all(
-        b["n"] == 1 for b in summary["benchmarks"].values()
-    )
+    for step in (1, 3):
+        (summary_path,) = out.glob(f"*/global_step_{step}/summary.json")
+        summary = json.loads(summary_path.read_text())
+        assert summary["complete"] and summary["step"] == step
+        rows = [json.loads(line) for line in (summary_path.parent / "rows.jsonl").read_text().splitlines()]
+        assert len(rows) == len(summary["benchmarks"]) >= 5 and all(
+            b["n"] == 1 for b in summary["benchmarks"].values()
+        )
     assert "macro" in done.stdout  # the per-benchmark table
 
 
