@@ -113,8 +113,10 @@ def cuda_diagnosis(
     floor of torch's CUDA version (13.x needs >= 580), or CUDA_VISIBLE_DEVICES hiding the GPUs."""
     where = f"{python} has torch {torch_version}"
     if torch_cuda is None:
+        node = f"NVIDIA driver {driver}" if driver else "no NVIDIA driver found"
         return (
-            f"{where}, a CPU build (torch.version.cuda is None): this is the CPU set. Install the GPU set "
+            f"{where}, a CPU build (torch.version.cuda is None): this is the CPU set ({node}; the GPU set's "
+            f"torch 2.11.0 is built for CUDA 13 and needs driver >= {DRIVER_FLOOR[13]}). Install the GPU set "
             "(README 'GPU node') into an environment and run with it active, or set PYTHON=<its python>"
         )
     major = int(str(torch_cuda).split(".")[0])

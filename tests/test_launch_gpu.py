@@ -109,6 +109,8 @@ def test_cuda_diagnosis_names_the_cause_and_the_driver_floor():
     diagnose = _preflight().cuda_diagnosis
     cpu = diagnose("2.13.0+cpu", None, None, None, "/venv/bin/python")
     assert "CPU build" in cpu and "/venv/bin/python" in cpu and "PYTHON=" in cpu
+    assert "no NVIDIA driver found" in cpu and ">= 580" in cpu
+    assert "NVIDIA driver 575.51.03" in diagnose("2.13.0+cpu", None, "575.51.03", None, "py")
     old = diagnose("2.11.0+cu130", "13.0", "570.124.06", None, "py")
     assert "CUDA 13.0" in old and "570.124.06" in old and ">= 580" in old and "upgrade the driver" in old
     assert "no NVIDIA driver was found" in diagnose("2.11.0+cu130", "13.0", None, None, "py")
