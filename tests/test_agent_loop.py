@@ -241,3 +241,15 @@ def test_sampled_turns_with_the_hf_generator_stop_or_are_cut(make_local_rollout)
     assert record["response"].startswith(T1 + "<|im_end|>\n<|im_start|>user\n<tool_response>\n")
     assert record["termination"] in {"length_cap", "answer", "error"}
     assert record["model_tokens"] + record["retrieved_tokens"] == record["response_length"]
+
+
+def test_any_function_name_with_a_query_searches(scripted):
+    """The study runs the query whatever the function is called (early policies copied the
+    template's `example_function_name`); a call without a `query` parameter runs nothing."""
+    _, run = scripted
+    named = T1.replace("<function=search>", "<function=example_function_name>")
+    batch, _ = run([named, T3])
+    assert batch.non_tensor_batch["searches"][0] == 1 and batch.non_tensor_batch["termination"][0] == "answer"
+    no_query = T1.replace("<parameter=query>", "<parameter=example_parameter_1>")
+    batch, _ = run([no_query, T3])
+    assert batch.non_tensor_batch["searches"][0] == 0 and batch.non_tensor_batch["termination"][0] == "error"
