@@ -36,9 +36,10 @@
 #   REPORT         report folder (without EXPORT)                         [$RESULTS/report]
 #   EXPORT         copy raw results + report here, e.g. docs/micro_study  []
 #   PORT           retriever port of training; evaluation uses PORT+1     [18500]
-#   TEST_SUITE     test split of the world (eval --suite)                 [.demo/world/test.jsonl]
-#   VAL_SUITE      validation split of the world                          [.demo/world/val.jsonl]
-#   CORPUS         the world's corpus (BM25 retriever of evaluation)      [.demo/world/corpus.jsonl]
+#   WORLD          the synthetic world the cells train on                 [the recipes' launch.assets.world]
+#   TEST_SUITE     test split of the world (eval --suite)                 [$WORLD/test]
+#   VAL_SUITE      validation split of the world                          [$WORLD/val.parquet]
+#   CORPUS         the world's corpus (BM25 retriever of evaluation)      [$WORLD/corpus.jsonl]
 #   TEST_LIMIT     questions per benchmark of the test split; empty = all [100]
 #   VAL_LIMIT      questions per benchmark of the validation split        [50]
 #   BOOTSTRAP      bootstrap resamples of the report                      [1000]
@@ -57,9 +58,6 @@ RESULTS="${RESULTS:-results/micro}"
 EXPORT="${EXPORT:-}"
 REPORT="${REPORT:-$RESULTS/report}"
 PORT="${PORT:-18500}"
-TEST_SUITE="${TEST_SUITE:-.demo/world/test.jsonl}"
-VAL_SUITE="${VAL_SUITE:-.demo/world/val.jsonl}"
-CORPUS="${CORPUS:-.demo/world/corpus.jsonl}"
 TEST_LIMIT="${TEST_LIMIT-100}"
 VAL_LIMIT="${VAL_LIMIT-50}"
 BOOTSTRAP="${BOOTSTRAP:-1000}"
@@ -69,6 +67,20 @@ for cell in "${CELL_LIST[@]}"; do
   [[ -f "recipes/micro_$cell.yaml" ]] || die "no recipe recipes/micro_$cell.yaml (CELLS takes names like f1_only_s44)"
 done
 mkdir -p "$RUNS" "$RESULTS"
+if [[ -z "${WORLD:-}" ]]; then  # where run.sh builds (or finds) the world the recipes train on
+  WORLD="$("$PYTHON" - "recipes/micro_${CELL_LIST[0]}.yaml" <<'PY'
+import sys
+from pathlib import Path
+from hydra import compose, initialize_config_dir
+recipe = Path(sys.argv[1]).resolve()
+with initialize_config_dir(config_dir=str(recipe.parent), version_base=None):
+    print(compose(config_name=recipe.stem).launch.assets.world)
+PY
+)" || die "could not read launch.assets.world from recipes/micro_${CELL_LIST[0]}.yaml; set WORLD"
+fi
+TEST_SUITE="${TEST_SUITE:-$WORLD/test}"
+VAL_SUITE="${VAL_SUITE:-$WORLD/val.parquet}"
+CORPUS="${CORPUS:-$WORLD/corpus.jsonl}"
 
 exec 7>"$RUNS/.lock"
 flock -n 7 || die "another micro study (or a process left by a killed one) holds $RUNS/.lock; wait for it or stop it"
@@ -231,7 +243,7 @@ write_report() {  # write_report RESULTS_ROOT LOGS_ROOT OUT [ARGS_FILE]: ARGS_FI
 }
 
 T0=$SECONDS
-progress "micro study: ${#CELL_LIST[@]} cells, runs in $RUNS, results in $RESULTS (test limit ${TEST_LIMIT:-all}, val limit ${VAL_LIMIT:-all})"
+progress "micro study: ${#CELL_LIST[@]} cells, world $WORLD, runs in $RUNS, results in $RESULTS (test $TEST_SUITE limit ${TEST_LIMIT:-all}, val $VAL_SUITE limit ${VAL_LIMIT:-all})"
 declare -A SEEN_SEED=()
 i=0
 for cell in "${CELL_LIST[@]}"; do
