@@ -168,11 +168,12 @@ class SearchAgentLoop(ToolAgentLoop):
         stopped = bool(turn) and (
             turn[-1] in self.end_token_ids or protocol.find_stop(text, self.stop_strings)
         )
-        if not stopped or self._room(agent_data) < 1:
+        self.answered = bool(stopped) and extract_answer(text) is not None
+        if not stopped or self._room(agent_data) < 1:  # the study flags a full sequence as truncated too
             self.termination = "length_cap"
             return state
-        if extract_answer(text) is not None:
-            self.termination, self.answered = "answer", True
+        if self.answered:
+            self.termination = "answer"
         elif protocol.parse_query(text) is not None:
             self.termination = "turn_cap"
         elif "</tool_call>" in text:
