@@ -2,7 +2,7 @@
 
     python launch/gpu_smoke.py cuda                    exit 0 when torch sees a CUDA device, else 2
     python launch/gpu_smoke.py versions                driver, torch, CUDA, vllm, flash-attn, fla, ...
-    python launch/gpu_smoke.py tiny OUT                a tiny random Qwen3.5 with the real 248,320 vocab
+    python launch/gpu_smoke.py tiny OUT [--data DIR]   a tiny random Qwen3.5 with the real 248,320 vocab
     python launch/gpu_smoke.py dense WORK              E5-path encoder on the GPU + IVF-SQ8 on CPU faiss,
                                                        built, served and searched as in training
     python launch/gpu_smoke.py packed MODEL            packed (use_remove_padding) vs one-by-one log-probs
@@ -117,7 +117,10 @@ def cmd_versions(_: argparse.Namespace) -> int:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    """A tiny random ``qwen3_5`` (search_env.cpu.tiny's shape) whose vocabulary is the real 248,320."""
+    """A tiny random ``qwen3_5`` (search_env.cpu.tiny's shape) whose vocabulary is the real 248,320,
+    and, with ``--data DIR``, DIR/{train,val}.parquet from the NQ fixture questions."""
+    import subprocess
+
     import torch
     from transformers import GenerationConfig
     from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
@@ -136,6 +139,14 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     tokenizer.save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
     row("tiny model", f"{out} ({n / 1e6:.1f} M parameters, vocab {REAL_VOCAB})")
+    if args.data:
+        questions = ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl"
+        for split, name in (("train", "train"), ("test", "val")):
+            target = Path(args.data) / f"{name}.parquet"
+            convert = [sys.executable, "-m", "search_env.data", "convert", "--input", str(questions)]
+            convert += ["--data-source", "nq", "--split", split, "--out", str(target)]
+            subprocess.run(convert, check=True, capture_output=True, timeout=120)
+            row(f"{name} parquet", target)
     return result(True, "built")
 
 
@@ -318,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("cuda")
     sub.add_parser("versions")
-    sub.add_parser("tiny").add_argument("out")
+    tiny = sub.add_parser("tiny")
+    tiny.add_argument("out")
+    tiny.add_argument("--data", help="also write DATA/{train,val}.parquet (NQ fixture questions)")
     sub.add_parser("dense").add_argument("work")
     sub.add_parser("packed").add_argument("model")
     sub.add_parser("rollout-logprobs").add_argument("metrics")

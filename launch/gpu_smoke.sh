@@ -8,7 +8,7 @@
 #   versions    30   driver, torch + CUDA, GPUs, vllm, flash-attn, fla, transformers, verl, faiss
 #   dense       90   E5-path encoder on the GPU + IVF-SQ8 on CPU faiss: build, serve, one real /retrieve,
 #                    a 512-query burst (the retrieval setting of docs/gpu.md)
-#   tiny        40   a tiny random Qwen3.5 with the real 248,320-token vocabulary
+#   tiny        40   a tiny random Qwen3.5 with the real 248,320-token vocabulary (+ NQ fixture parquet)
 #   grpo       260   2 GRPO steps of it (recipes/gpu_smoke.yaml): vLLM rollout, use_remove_padding,
 #                    flash-attention, dynamic bsz, hf_model saves, the checkpoint policy, searching the
 #                    dense stage's index (its encoder on cuda:0 next to vLLM and FSDP; BM25 if absent)
@@ -105,7 +105,7 @@ export -f grpo evaluate
 
 stage versions 30 "$PYTHON" launch/gpu_smoke.py versions
 stage dense 90 "$PYTHON" launch/gpu_smoke.py dense "$SMOKE_DIR"
-stage tiny 40 "$PYTHON" launch/gpu_smoke.py tiny "$MODEL"
+stage tiny 40 "$PYTHON" launch/gpu_smoke.py tiny "$MODEL" --data "$SMOKE_DIR/data"
 stage grpo 260 bash -c grpo
 stage policy 15 "$PYTHON" launch/gpu_smoke.py checkpoints "$CKPT"
 stage logprobs 10 "$PYTHON" launch/gpu_smoke.py rollout-logprobs "$SMOKE_DIR/run/metrics.jsonl"

@@ -321,11 +321,26 @@ def test_gpu_smoke_passes(tmp_path: Path):
     assert done.returncode == 0, done.stdout[-4000:]
 
 
-def test_smoke_tiny_model_has_the_real_vocabulary(tmp_path: Path, capsys):
-    assert _smoke().main(["tiny", str(tmp_path / "m")]) == 0
+def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_validates(
+    tmp_path: Path, capsys
+):
+    assert _smoke().main(["tiny", str(tmp_path / "m"), "--data", str(tmp_path / "data")]) == 0
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["text_config"]["vocab_size"] == 248_320 and config["model_type"] == "qwen3_5"
     assert "RESULT: PASS" in capsys.readouterr().out
+    overrides = [f"retriever.port={_free_port()}", f"actor_rollout_ref.model.path={tmp_path / 'm'}"]
+    overrides += [f"data.train_files={tmp_path / 'data' / 'train.parquet'}"]
+    overrides += [f"data.val_files={tmp_path / 'data' / 'val.parquet'}"]
+    plan = _preflight().make_plan(RECIPES / "gpu_smoke.yaml", overrides, tmp_path)
+    cfg = plan.config
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.use_remove_padding
+    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz
+    assert "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents
+    assert (
+        cfg.trainer.checkpoint_callback_class.endswith("PruneOlderToWeights") and cfg.trainer.save_freq == 1
+    )
+    others = [p for p in plan.problems if "torch sees no CUDA device" not in p]
+    assert others == [], others
 
 
 def test_smoke_reads_verls_rollout_logprob_metrics(tmp_path: Path, capsys):
@@ -354,20 +369,3 @@ def test_smoke_checks_the_checkpoint_policy_on_disk(tmp_path: Path):
     assert _smoke().main(["checkpoints", str(tmp_path)]) == 0
     (tmp_path / "global_step_1" / "actor" / "optim_world_size_1_rank_0.pt").write_bytes(b"x")
     assert _smoke().main(["checkpoints", str(tmp_path)]) == 1
-
-
-def test_the_smoke_recipe_composes_and_validates(tmp_path: Path):
-    plan = _preflight().make_plan(RECIPES / "gpu_smoke.yaml", [f"retriever.port={_free_port()}"], tmp_path)
-    cfg = plan.config
-    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.use_remove_padding
-    assert (
-        cfg.actor_rollout_ref.actor.use_dynamic_bsz
-        and "hf_model" in cfg.actor_rollout_ref.actor.checkpoint.save_contents
-    )
-    assert (
-        cfg.trainer.checkpoint_callback_class.endswith("PruneOlderToWeights") and cfg.trainer.save_freq == 1
-    )
-    others = [
-        p for p in plan.problems if "torch sees no CUDA device" not in p and "tiny_qwen35_v248k" not in p
-    ]
-    assert others == [], others
