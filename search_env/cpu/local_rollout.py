@@ -34,7 +34,7 @@ import search_env.agent_loop  # noqa: F401  (registers the search_agent loop)
 from search_env import protocol
 from search_env.cpu.hf_generate import HFGenerator
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENT_LOOPS_YAML = REPO_ROOT / "recipes" / "agent_loops.yaml"
 VERL_CONFIG_DIR = Path(__import__("verl").__file__).parent / "trainer" / "config"
 
@@ -58,8 +58,7 @@ class HFLLMClient(LLMServerClient):
 
     def _scripted(self, prompt_ids: list[int], max_tokens: int) -> TokenOutput:
         tok = self.generator.tokenizer
-        ids = tok.encode(self.scripted_first_turn, add_special_tokens=False) + [tok.eos_token_id]
-        ids = ids[: max(1, max_tokens)]
+        ids = protocol.scripted_turn_ids(tok, self.scripted_first_turn)[: max(1, max_tokens)]
         extra = (
             {"global_steps": self.generator.global_steps} if self.generator.global_steps is not None else {}
         )
@@ -126,7 +125,7 @@ def compose_rollout_config(
     """verl's ``ppo_trainer`` config composed for protocol rollouts with ``model_path``.
 
     Sets the search agent loop, the ``qwen3_coder`` parser, 10 assistant turns, a tool-response
-    cap that fits ``protocol.TOPK`` passages, non-thinking chat template, and the lengths given
+    cap that fits ``protocol.TOPK`` passages, the protocol's chat-template kwargs (thinking on), and the lengths given
     (tokens). ``overrides`` are extra Hydra overrides (``key=value``), applied last.
     """
     base = [
@@ -140,7 +139,7 @@ def compose_rollout_config(
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={Path(tool_config_path).resolve()}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={Path(agent_loop_config_path).resolve()}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=search_agent",
-        "+data.apply_chat_template_kwargs.enable_thinking=false",
+        f"+data.apply_chat_template_kwargs.enable_thinking={str(protocol.CHAT_TEMPLATE_KWARGS['enable_thinking']).lower()}",
     ]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(VERL_CONFIG_DIR), version_base=None):
