@@ -335,3 +335,52 @@ def test_prefix_cache_longest_prefix_and_byte_bound():
     off = PrefixCache(0)
     off.put(snap((1,)))
     assert len(off) == 0
+
+
+def test_local_rollout_agent_loops_share_decoding_steps(make_local_rollout):
+    """verl's AgentLoopWorker runs a batch's trajectories as concurrent coroutines; through
+    ``HFLLMClient`` their turns reach the generator together and are decoded together (the path
+    of the evaluation harness's ``hf`` backend)."""
+    from search_env import protocol
+    from search_env.cpu.local_rollout import rollout_records
+
+    rollout = make_local_rollout(max_turn_tokens=8, max_assistant_turns=2)
+    generator = rollout.client.generator
+    rows = [
+        {
+            "prompt": protocol.build_messages(question),
+            "data_source": "test",
+            "agent_name": "search_agent",
+            "extra_info": {"index": i, "tools_kwargs": {}},
+        }
+        for i, question in enumerate(["who was evan morris", "where is genentech"])
+    ]
+    before = generator.stats()
+    batch = rollout.generate(rows, n=3)
+    after = generator.stats()
+    assert len(rollout_records(batch, rollout.tokenizer)) == 6
+    steps = after["decode_steps"] - before["decode_steps"]
+    assert after["decoded_rows"] - before["decoded_rows"] >= 3 * steps
+    assert after["prefix_hits"] > before["prefix_hits"]  # the 3 rollouts of a question share its prompt
+
+
+def test_decode_attention_equals_sdpa_with_padding_and_strided_keys():
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from search_env.cpu.decode_attention import decode_attention
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+    query = torch.randn(3, 4, 1, 8)
+    buffers = torch.randn(2, 3, 2, 10 + SPARE_COLUMNS, 8)  # keys/values with free columns
+    key, value = buffers[0, :, :, :10], buffers[1, :, :, :10]
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False  # left padding
+    mask[2, ..., :9] = False
+    for attention_mask in (mask, None):
+        got, _ = decode_attention(module, query, key, value, attention_mask, scaling=0.3)
+        want, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=0.3)
+        assert got.shape == want.shape == (3, 1, 4, 8)
+        assert torch.allclose(got, want, atol=1e-6)

@@ -8,8 +8,9 @@ in-process agent-loop tests call it directly (``search_env.cpu.local_rollout``).
 queue requests; between two decoding steps the engine admits queued requests (one unpadded
 prefill each, starting from the longest cached prefix state) and drops finished ones, and every
 step decodes one token for all running requests in a single forward pass
-(``search_env.cpu.cache_rows`` keeps their hybrid cache rows). Each request has its own sampling
-parameters, stop rules, token budget, cache row and random stream.
+(``search_env.cpu.cache_rows`` keeps their hybrid cache rows; ``search_env.cpu.decode_attention``
+attends over their padded keys). Each request has its own sampling parameters, stop rules, token
+budget, cache row and random stream.
 
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
 tokens and how many earlier requests sent the same prompt (or from the request's own ``seed``
@@ -40,6 +41,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from verl.workers.rollout.replica import TokenOutput
 
+from search_env.cpu import decode_attention
 from search_env.cpu.cache_rows import CacheRows, layer_kinds
 from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
@@ -94,7 +96,9 @@ class HFGenerator:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, dtype), attn_implementation=decode_attention.NAME
+        )
         self.model.eval()
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max_batch_size
