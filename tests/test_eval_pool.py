@@ -8,6 +8,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,96 @@ def test_prefix_caching_is_part_of_the_comparable_settings():
     on = runner.eval_settings(suite, 1, 0, runner.Limits(), "vllm", prefix_caching=True)
     assert off != on and off["prefix_caching"] is False
     assert "prefix_caching" not in runner.eval_settings(suite, 1, 0, runner.Limits(), "hf")
+
+
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, tokenizer, seen: dict) -> None:
+    """Stand-in ``vllm`` modules: an engine that answers every turn with a final answer + EOS."""
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class AsyncEngineArgs:
+        model: str
+        seed: int = 0
+        dtype: str = "auto"
+        max_model_len: int | None = None
+        gpu_memory_utilization: float = 0.9
+        enable_prefix_caching: bool | None = None
+        language_model_only: bool = False
+        max_num_seqs: int | None = None
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class Engine:
+        def __init__(self, args):
+            seen["args"], seen["running"], seen["most"] = args, 0, 0
+            seen["params"] = []
+
+        @classmethod
+        def from_engine_args(cls, args):
+            return cls(args)
+
+        async def generate(self, prompt, sampling_params, request_id):
+            seen["params"].append(sampling_params)
+            seen["running"] += 1
+            seen["most"] = max(seen["most"], seen["running"])
+            await asyncio.sleep(0)
+            seen["running"] -= 1
+            ids = tokenizer.encode("<answer>Paris</answer>", add_special_tokens=False)
+            ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+            completion = types.SimpleNamespace(token_ids=ids, finish_reason="stop", logprobs=None)
+            yield types.SimpleNamespace(outputs=[completion])
+
+        def shutdown(self):
+            seen["shutdown"] = True
+
+    modules = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.inputs": types.ModuleType("vllm.inputs"),
+        "vllm.engine": types.ModuleType("vllm.engine"),
+        "vllm.engine.arg_utils": types.ModuleType("vllm.engine.arg_utils"),
+        "vllm.v1": types.ModuleType("vllm.v1"),
+        "vllm.v1.engine": types.ModuleType("vllm.v1.engine"),
+        "vllm.v1.engine.async_llm": types.ModuleType("vllm.v1.engine.async_llm"),
+    }
+    modules["vllm"].SamplingParams = SamplingParams
+    modules["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
+    modules["vllm.engine.arg_utils"].AsyncEngineArgs = AsyncEngineArgs
+    modules["vllm.v1.engine.async_llm"].AsyncLLM = Engine
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_vllm_backend_end_to_end_with_a_stand_in_engine(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
+    """VLLMBackend wired as on a GPU: engine arguments, verl's agent loop over VLLMEngineClient, the
+    steady pool, scoring, rows in order; only the engine is a stand-in (vLLM needs CUDA)."""
+    from transformers import AutoTokenizer
+
+    from eval.backends import make_backend
+
+    seen: dict = {}
+    _fake_vllm(monkeypatch, AutoTokenizer.from_pretrained(tiny_model_dir), seen)
+    plan = _plan(tmp_path, [0], max_in_flight=4)
+    plan.checkpoints = [ckpts.Checkpoint(0, tiny_model_dir, "hf")]
+    plan.backend = "vllm"
+    settings = EngineSettings(0.4)
+    summary = runner.evaluate_step(
+        plan,
+        plan.checkpoints[0],
+        lambda config, model_dir: make_backend("vllm", config, model_dir, settings=settings),
+        log=lambda _: None,
+    )
+    args = seen["args"]
+    assert args.language_model_only is True and args.enable_prefix_caching is False
+    assert args.gpu_memory_utilization == 0.4 and args.model == str(tiny_model_dir)
+    assert all(p.logprobs is None and p.temperature == 0.0 for p in seen["params"]), "greedy, no logprobs"
+    assert 1 < seen["most"] <= 4, "rollouts overlap in the engine, at most --max-in-flight of them"
+    assert seen.get("shutdown") is True
+    rows = RowStore(plan.run_root / "global_step_0" / "rows.jsonl").rows()
+    assert [(r["benchmark"], r["id"]) for r in rows] == [
+        q.key for qs in plan.suite.benchmarks.values() for q in qs
+    ]
+    assert all(r["prediction"] == "Paris" and r["termination"] == "answer" for r in rows)
+    assert summary["n"] == len(rows) == 6
