@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3_5Config
 from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
@@ -244,22 +246,8 @@ def _training_texts() -> list[str]:
     return texts
 
 
-def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE and wrap it with Qwen3.5's special tokens and chat template.
-
-    BPE training is deterministic for fixed input; ``seed`` is accepted for symmetry and unused.
-    """
-    del seed
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(ADDED_TOKENS),
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_training_texts(), trainer=trainer)
+def _wrap_tokenizer(bpe: Tokenizer) -> PreTrainedTokenizerFast:
+    """Qwen3.5's added tokens, EOS/pad and chat template around a trained BPE."""
     bpe.add_tokens([AddedToken(tok, special=False, normalized=False) for tok in ADDED_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
@@ -273,26 +261,99 @@ def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3_5Config:
-    """The tiny ``qwen3_5`` config, with EOS/pad ids taken from ``tokenizer``."""
+def _train_bpe(texts: Sequence[str], pre_tokenizer: Any, max_token_length: int | None = None) -> Tokenizer:
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizer
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(ADDED_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        max_token_length=max_token_length,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer)
+    return bpe
+
+
+def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE and wrap it with Qwen3.5's special tokens and chat template.
+
+    BPE training is deterministic for fixed input; ``seed`` is accepted for symmetry and unused.
+    """
+    del seed
+    return _wrap_tokenizer(_train_bpe(_training_texts(), pre_tokenizers.ByteLevel(add_prefix_space=False)))
+
+
+DEMO_NAME_PATTERN = r"[A-Z][a-z]+"
+"""Capitalised words (every name of ``search_env.world.INVENTORY``) are pre-tokens of their own."""
+
+
+def build_demo_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
+    """The demo model's tokenizer: a byte-level BPE (``VOCAB_SIZE`` ids) trained on ``texts``.
+
+    Unlike ``build_tokenizer`` it may merge across spaces (no GPT-2 word split), so the fixed chat
+    template, instruction and passage phrasing shrink to a few long tokens and a demo sequence is
+    ~2.5x shorter; capitalised words are split out first (``DEMO_NAME_PATTERN``), so a name has the
+    same tokens wherever it stands (question, query, passage, answer) and copying it is one
+    pattern. Same texts -> identical tokenizer. Qwen3.5's special/added tokens and chat template
+    as in ``build_tokenizer``.
+    """
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(DEMO_NAME_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    return _wrap_tokenizer(_train_bpe(texts, pre, max_token_length=48))
+
+
+DEMO_TEXT_CONFIG = {
+    **TEXT_CONFIG,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "full_attention", "full_attention", "full_attention"],
+    "head_dim": 32,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "max_position_embeddings": 4096,
+}
+"""The demo model (``search_env.cpu.warm_start``): 1.4M parameters, one Gated-DeltaNet layer and
+three full-attention layers (copying names out of passages needs attention; transformers' cache
+path needs at least one linear-attention layer). ~4 ms per decoded token on one CPU core."""
+
+
+def build_config(
+    tokenizer: PreTrainedTokenizerFast, text_config: dict[str, Any] | None = None
+) -> Qwen3_5Config:
+    """A ``qwen3_5`` config (default ``TEXT_CONFIG``), with EOS/pad ids taken from ``tokenizer``."""
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    text = {**TEXT_CONFIG, "vocab_size": len(tokenizer), "eos_token_id": eos, "pad_token_id": pad}
-    config = Qwen3_5Config(text_config=text, vision_config=VISION_CONFIG, tie_word_embeddings=True)
+    text = {
+        **(text_config or TEXT_CONFIG),
+        "vocab_size": len(tokenizer),
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+    }
+    vision = {**VISION_CONFIG, "out_hidden_size": text["hidden_size"]}
+    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
     return config
 
 
-def build_tiny(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write tokenizer, chat template, config, generation config and random weights to ``out_dir``.
+def build_random_model(
+    out_dir: str | Path,
+    tokenizer: PreTrainedTokenizerFast,
+    text_config: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write ``tokenizer`` and a randomly initialised ``qwen3_5`` model to ``out_dir``; returns it.
 
-    Returns the folder. Same ``seed`` -> byte-identical weights. Overwrites existing files.
+    Same inputs -> byte-identical files. Overwrites existing files.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed)
-    if len(tokenizer) != VOCAB_SIZE:
-        raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} ids, expected {VOCAB_SIZE}")
-    config = build_config(tokenizer)
+    config = build_config(tokenizer, text_config)
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config)
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
@@ -300,6 +361,17 @@ def build_tiny(out_dir: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def build_tiny(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write tokenizer, chat template, config, generation config and random weights to ``out_dir``.
+
+    Returns the folder. Same ``seed`` -> byte-identical weights. Overwrites existing files.
+    """
+    tokenizer = build_tokenizer(seed)
+    if len(tokenizer) != VOCAB_SIZE:
+        raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} ids, expected {VOCAB_SIZE}")
+    return build_random_model(out_dir, tokenizer, TEXT_CONFIG, seed)
 
 
 def main(argv: list[str] | None = None) -> None:
