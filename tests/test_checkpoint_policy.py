@@ -104,3 +104,75 @@ def test_every_recipe_uses_the_policy(recipe: str):
         cfg = compose(config_name=recipe)
     assert cfg.trainer.checkpoint_callback_class == FQN
     assert cfg.trainer.max_actor_ckpt_to_keep is None, "no checkpoint may be deleted whole"
+
+
+SAVE_TWO_STEPS = r"""
+import sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForImageTextToText, AutoTokenizer
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from search_env.checkpoint_policy import prune
+
+src, root = sys.argv[1], Path(sys.argv[2])
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = AutoModelForImageTextToText.from_pretrained(src)
+fully_shard(model, mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+contents = ["model", "optimizer", "extra", "hf_model"]  # recipes/base.yaml
+manager = FSDPCheckpointManager(model, optimizer=optimizer, processing_class=AutoTokenizer.from_pretrained(src),
+                                checkpoint_config={"save_contents": contents, "load_contents": contents})
+for step in (1, 2):
+    model(input_ids=torch.tensor([[5, 6, 7, 8]])).logits.float().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    manager.save_checkpoint(str(root / f"global_step_{step}" / "actor"), global_step=step)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))  # as verl's trainer, then the hook
+    print(prune(root, step).summary(step))
+manager.load_checkpoint(str(root / "global_step_2" / "actor"))  # resume from the latest still works
+print("RESUMED", len(optimizer.state))
+dist.destroy_process_group()
+"""
+
+
+def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
+    tmp_path: Path, tiny_model_dir: Path
+):
+    """verl's own FSDPCheckpointManager with the recipes' save_contents (hf_model included), two saves,
+    the policy after each: step 1 keeps only HF weights (evaluation loads them directly), step 2
+    stays complete and resumes."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from eval import checkpoints
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE_TWO_STEPS, str(tiny_model_dir), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RESUMED" in done.stdout and "removed 3 " in done.stdout  # step 1: shard + optimizer + extra
+    old, latest = tmp_path / "global_step_1" / "actor", tmp_path / "global_step_2" / "actor"
+    assert _names(old) == {"huggingface", "fsdp_config.json"} and policy.has_hf_weights(old / "huggingface")
+    assert {"model_world_size_1_rank_0.pt", "optim_world_size_1_rank_0.pt"} <= _names(latest)
+    found = checkpoints.discover(tmp_path)
+    assert [(c.step, c.kind, c.path) for c in found] == [
+        (1, "hf", old / "huggingface"),
+        (2, "hf", latest / "huggingface"),
+    ]
+    weights = AutoModelForImageTextToText.from_pretrained(old / "huggingface").state_dict()
+    assert all(torch.isfinite(v).all() for v in weights.values())
