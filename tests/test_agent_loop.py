@@ -49,7 +49,7 @@ class ScriptedClient(LLMServerClient):
         calls = self.calls.setdefault(request_id, [])
         calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
         ids = self.tokenizer.encode(self.turns[len(calls) - 1], add_special_tokens=False)
-        ids = ids[: sampling_params["max_tokens"]]
+        ids = ids[: sampling_params.get("max_tokens", len(ids))]
         return TokenOutput(
             token_ids=ids,
             log_probs=[-0.5] * len(ids),
@@ -253,3 +253,16 @@ def test_any_function_name_with_a_query_searches(scripted):
     no_query = T1.replace("<parameter=query>", "<parameter=example_parameter_1>")
     batch, _ = run([no_query, T3])
     assert batch.non_tensor_batch["searches"][0] == 0 and batch.non_tensor_batch["termination"][0] == "error"
+
+
+def test_stock_verl_tool_loop_renders_the_same_blocks(scripted, retrieval_server_url):
+    """Under verl's own ToolAgentLoop (agent ``tool_agent``) the SearchTool text renders as the
+    study's blocks; only verl's turn framing differs (recipes/tools.yaml documents both)."""
+    tok, run = scripted
+    batch, _ = run([T1, T3], rows=[_row(agent_name="tool_agent")])
+    _, response, _ = _sequence(batch)
+    text = tok.decode(response)
+    study = study_tool_turn(_retrieved(retrieval_server_url, Q1))
+    blocks = study[len("<|im_end|>\n<|im_start|>user\n") : -len("<|im_end|>\n<|im_start|>assistant\n")]
+    assert f"<|im_start|>user\n{blocks}<|im_end|>\n<|im_start|>assistant\n<think>\n" in text
+    assert study not in text  # verl neither closes the stopped turn nor leaves <think> out
