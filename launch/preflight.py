@@ -181,6 +181,35 @@ def check_gpus(cfg: DictConfig, overrides: list[str], plan: Plan, recipe: Path) 
     return [f"trainer.n_gpus_per_node={gpus}"]
 
 
+def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
+    """The kernels a recipe's model settings need, when this interpreter lacks them.
+
+    - ``use_remove_padding`` packs sequences; Qwen3.5's Gated-DeltaNet layers keep them apart only
+      through flash-linear-attention (``fla``): without it verl 0.9.1 hands ``cu_seqlens`` to
+      transformers' torch fallback, which accepts and ignores it (``**kwargs``), so every packed
+      sequence would see the ones before it (measured: tests/test_launch_gpu.py).
+    - ``attn_implementation`` ``flash_attention_2`` (verl's default) needs flash-attn.
+    """
+    import importlib.util
+
+    has = has_module or (lambda name: importlib.util.find_spec(name) is not None)
+    model = cfg.actor_rollout_ref.model
+    if model.get("use_remove_padding") and not has("fla"):
+        plan.problems.append(
+            "actor_rollout_ref.model.use_remove_padding=true needs flash-linear-attention (fla) for Qwen3.5's "
+            f"linear-attention layers ({sys.executable} lacks it): install the GPU set (README 'GPU node'), "
+            "or pass actor_rollout_ref.model.use_remove_padding=false"
+        )
+    attn = (model.get("override_config") or {}).get("attn_implementation", "flash_attention_2")
+    if attn == "flash_attention_2" and not has("flash_attn"):
+        plan.problems.append(
+            f"attention flash_attention_2 (verl's default) needs flash-attn, which {sys.executable} lacks: "
+            "install it (README 'GPU node': pip install --no-build-isolation flash-attn==2.8.3), or pass "
+            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa "
+            "actor_rollout_ref.model.use_remove_padding=false"
+        )
+
+
 def check_model(cfg: DictConfig, plan: Plan) -> None:
     model = str(cfg.actor_rollout_ref.model.path)
     path = repo_path(model)
@@ -312,6 +341,7 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
         cfg = compose_recipe(recipe, overrides + extra)
     validate(cfg)
     plan.config = cfg
+    check_kernels(cfg, plan)
     check_model(cfg, plan)
     check_data(cfg, plan)
     urls = check_retriever(cfg, plan)
