@@ -3,14 +3,14 @@
 #
 #   bash launch/run.sh RECIPE.yaml [hydra overrides...]
 #   bash launch/run.sh recipes/f1_only_s44.yaml                 # a cell, on a GPU node
-#   bash launch/run.sh recipes/demo_cpu.yaml                    # tiny model on CPU, ~2 min
+#   bash launch/run.sh recipes/demo_cpu.yaml                    # CPU demo, GRPO that learns, ~7 min
 #   bash launch/run.sh recipes/demo_cpu.yaml trainer.total_training_steps=3   # resumes, trains step 3
 #
 # 1. launch/preflight.py composes the recipe with verl's config, validates it and checks every
 #    prerequisite (GPUs, model, parquet, corpus/index/encoder, free port); it lists each missing
 #    item with the command that provides it, before anything starts.
-# 2. Demo recipes (launch.build_demo_assets) build a missing tiny model (python -m search_env.cpu.tiny)
-#    and parquet (python -m search_env.data convert) first.
+# 2. Demo recipes (launch.build_demo_assets) build the synthetic world and the SFT warm-started model
+#    first, when missing or stale (python -m search_env.cpu.demo assets).
 # 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port, --gpu retriever.gpu)
 #    and waits for GET /health, unless retriever.urls names running ones (multi-node: one URL per
 #    node); then sends each one real POST /retrieve and stops, naming backend, index and error,
@@ -79,29 +79,17 @@ fi
 source "$RUN_DIR/launch.env"
 
 # 2. demo assets (a lock keeps concurrent runs from building the same files) ------------------
-build_assets() {
-  exec 9>"${TMPDIR:-/tmp}/rlvr_demo_assets.lock"
-  flock 9
-  if [[ -n "${BUILD_TINY_MODEL:-}" && ! -f "$BUILD_TINY_MODEL/config.json" ]]; then
-    log "building the tiny model: $BUILD_TINY_MODEL"
-    "$PYTHON" -m search_env.cpu.tiny --out "$BUILD_TINY_MODEL" >>"$RUN_DIR/assets.log" 2>&1
-  fi
-  local split key path
-  for key in TRAIN_FILES VAL_FILES; do
-    path="BUILD_$key"
-    path="${!path:-}"
-    [[ -n "$path" && ! -f "$path" ]] || continue
-    split=train
-    [[ "$key" == VAL_FILES ]] && split=test
-    log "building $path from $QUESTIONS"
-    mkdir -p "$(dirname "$path")"
-    "$PYTHON" -m search_env.data convert --input "$QUESTIONS" --data-source "$QUESTIONS_SOURCE" \
-      --split "$split" --out "$path" >>"$RUN_DIR/assets.log" 2>&1
-  done
-  flock -u 9
-}
-if [[ -n "${BUILD_TINY_MODEL:-}${BUILD_TRAIN_FILES:-}${BUILD_VAL_FILES:-}" ]]; then
-  build_assets || die "building the demo assets failed; see $RUN_DIR/assets.log"
+# The synthetic world (python -m search_env.world) and the SFT warm start
+# (python -m search_env.cpu.warm_start), each rebuilt only when missing or stale.
+if [[ -n "${DEMO_ASSETS:-}" ]]; then
+  eval "DEMO_ARGS=($DEMO_ASSETS)"
+  log "demo assets: world + warm start (first build ~3 min; log: $RUN_DIR/assets.log)"
+  (
+    exec 9>"${TMPDIR:-/tmp}/rlvr_demo_assets.lock"
+    flock 9
+    "$PYTHON" -m search_env.cpu.demo assets "${DEMO_ARGS[@]}"
+  ) >>"$RUN_DIR/assets.log" 2>&1 || die "building the demo assets failed; see $RUN_DIR/assets.log"
+  tail -n 1 "$RUN_DIR/assets.log" | sed 's/^/  /' >&2
 fi
 
 # 3. retriever -----------------------------------------------------------------------------

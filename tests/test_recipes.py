@@ -186,11 +186,13 @@ def test_demo_cpu_recipe():
         "fsdp2",
     )
     assert a.model.override_config.attn_implementation == "sdpa"
-    assert 2 <= cfg.trainer.total_training_steps <= 3 and cfg.trainer.save_freq == 1
+    assert cfg.trainer.total_training_steps >= 10 and cfg.trainer.save_freq == cfg.trainer.total_training_steps
     assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.trainer.n_gpus_per_node == 1
-    assert cfg.retriever.backend == "bm25" and (ROOT / cfg.retriever.corpus).is_file()
-    assert r.engine_kwargs.hf.scripted_turn_prob > 0
-    assert omega_conf_to_dataclass(r).engine_kwargs["hf"]["max_turn_tokens"] > 0
+    assets = cfg.launch.assets  # built by launch/run.sh: the synthetic world and the SFT warm start
+    assert cfg.launch.build_demo_assets and a.model.path == assets.warm_start
+    assert cfg.retriever.backend == "bm25" and cfg.retriever.corpus == f"{assets.world}/corpus.jsonl"
+    assert cfg.data.train_files == f"{assets.world}/train.parquet"
+    assert "scripted_turn_prob" not in (r.engine_kwargs.get("hf") or {})
     assert cfg.data.seed == a.actor.data_loader_seed == r.seed == cfg.seed
     assert a.actor.use_kl_loss and cfg.algorithm.adv_estimator == "grpo"  # same algorithm, smaller run
 
@@ -255,7 +257,8 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
     )
     env = dict(line.split("=", 1) for line in (tmp_path / "launch.env").read_text().splitlines())
     assert env["DEVICE"] == "cpu" and env["RETRIEVER_URLS"] == f"http://127.0.0.1:{port}"
-    assert env["MODEL_PATH"].endswith(".demo/tiny_qwen35") and env["TRAIN_FILES"].startswith("/")
+    assert env["MODEL_PATH"].endswith(".demo/warm_start_w0") and env["TRAIN_FILES"].startswith("/")
+    assert "--world-seed 0" in env["DEMO_ASSETS"] and ".demo/world_s0" in env["DEMO_ASSETS"]
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]
     assert tools["tools"][0]["config"]["topk"] == protocol.TOPK
