@@ -4,18 +4,21 @@ Workload: ``--rollouts`` (32) concurrent multi-turn rollouts on asyncio, as verl
 drive the ``hf`` backend: ``--questions`` chat prompts (the protocol's prompt and tool block,
 ``--group`` rollouts each, like a GRPO group), ``--turns`` assistant turns of at most
 ``--turn-tokens`` sampled tokens with the agent loop's sampling parameters (temperature 1, stop
-ids and stop strings), each followed by a tool turn of ``--tool-chars`` characters of a corpus
-passage in the study's framing. Every mode runs the identical workload: per-request random
+ids and stop strings), each followed by a tool turn holding one corpus passage cut to ``--tool-chars``
+characters, framed as the study's environment does (``protocol.tool_turn_text``). Every mode runs the identical workload: per-request random
 streams are seeded from the prompt, so all modes sample the same tokens (the run checks it).
 
 Modes, on one ``HFGenerator`` each (same model, same seed):
-  (a) one at a time: ``max_batch_size=1, prefix_cache_mb=0`` (the old lock-per-request path);
+  (0) the previous generator, for reference: one request at a time under a lock in a worker
+      thread, full-prompt logits, ``sdpa`` attention, a key/value concatenation per step
+      (``PreviousGenerator``; its own random draws, so its samples differ);
+  (a) one at a time: ``max_batch_size=1, prefix_cache_mb=0`` (same engine, batching and reuse off);
   (b) batched decoding, every prompt prefilled in full (``prefix_cache_mb=0``);
   (c) batched decoding + prefix-state reuse (the default).
 Each mode runs ``--repeats`` times, interleaved, and its fastest run counts (the machine is
 shared). Prints wall seconds and rollouts/s, CPU seconds of the process (robust to other load),
-sampled / prefilled / reused tokens, mean batch, time in prefill and decode, and the ratios b/a
-and c/a in rollouts/s and in rollouts per CPU-second (target c/a >= 6).
+sampled / prefilled / reused tokens, mean batch, time in prefill and decode, and the ratios b/a,
+c/a and c/0 in rollouts/s and in rollouts per CPU-second (target >= 6).
 
 Model: ``--model DIR`` (e.g. the warm-started demo model), else a random-weight model of the demo
 size (``search_env.cpu.tiny.DEMO_TEXT_CONFIG``) with the tiny tokenizer.
@@ -30,17 +33,21 @@ import asyncio
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from search_env import DEMO_CORPUS, protocol
 from search_env.cpu import tiny
 from search_env.cpu.hf_generate import HFGenerator
 
-MODES = {
+MODES: dict[str, dict[str, Any] | None] = {
+    "0 previous": None,
     "a one-at-a-time": {"max_batch_size": 1, "prefix_cache_mb": 0},
     "b batched": {"prefix_cache_mb": 0},
     "c batched+prefix": {},
@@ -77,11 +84,9 @@ def build_workload(
             prompts.append(list(prompt))
             rollout_tools = []
             for turn in range(turns):
-                passage = passages[(q * group * turns + member * turns + turn) % len(passages)][:tool_chars]
-                text = (
-                    "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
-                    f"{passage}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-                )
+                passage = passages[(q * group * turns + member * turns + turn) % len(passages)]
+                chunk = protocol.cap_chunk(passage, cap=tool_chars)
+                text = protocol.tool_turn_text(protocol.tool_response_text([chunk]))
                 rollout_tools.append(tokenizer.encode(text, add_special_tokens=False))
             tools.append(rollout_tools)
     return prompts, tools
@@ -89,26 +94,56 @@ def build_workload(
 
 def sampling_params(tokenizer: Any, turn_tokens: int) -> dict[str, Any]:
     """The agent loop's per-turn parameters (verl AgentLoopWorker + SearchAgentLoop keys)."""
-    stop_ids = {
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-        tokenizer.convert_tokens_to_ids("</tool_call>"),
-    }
+    stops = protocol.stop_sampling_params(tokenizer)
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id, *stops["stop_token_ids"]}
     return {
         "temperature": 1.0,
         "top_p": 1.0,
         "top_k": -1,
         "repetition_penalty": 1.0,
         "logprobs": True,
-        "stop_token_ids": sorted(stop_ids),
-        "stop": ["</tool_call>", "</answer>"],
-        "include_stop_str_in_output": True,
+        **stops,
+        "stop_token_ids": sorted(ends),
         "max_tokens": turn_tokens,
     }
 
 
+class PreviousGenerator:
+    """The generator this project had before continuous batching (kept here as the baseline):
+    requests take a lock in turn; each runs its prompt through the model with every position's
+    logits, then one token per forward pass, sampling with ``torch.multinomial``."""
+
+    def __init__(self, model_dir: str, seed: int):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
+        self.lock = threading.Lock()
+        self.rng = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], params: dict[str, Any]) -> list[int]:
+        stop_ids = self.eos | set(params.get("stop_token_ids") or [])
+        with self.lock:
+            step, past, out = torch.tensor([prompt_ids]), None, []
+            for _ in range(params["max_tokens"]):
+                result = self.model(input_ids=step, past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                probs = torch.softmax(result.logits[0, -1].float() / params["temperature"], dim=-1)
+                out.append(int(torch.multinomial(probs, 1, generator=self.rng)))
+                if out[-1] in stop_ids:
+                    break
+                step = torch.tensor([[out[-1]]])
+        return out
+
+    async def agenerate(self, prompt_ids: list[int], params: dict[str, Any]) -> SimpleNamespace:
+        return SimpleNamespace(token_ids=await asyncio.to_thread(self.generate, prompt_ids, params))
+
+
 async def _rollouts(
-    generator: HFGenerator, prompts: list[list[int]], tools: list[list[list[int]]], params: dict[str, Any]
+    generator: HFGenerator | PreviousGenerator,
+    prompts: list[list[int]],
+    tools: list[list[list[int]]],
+    params: dict[str, Any],
 ) -> list[list[int]]:
     async def one(prompt: list[int], tool_turns: list[list[int]]) -> list[int]:
         sampled: list[int] = []
@@ -121,26 +156,41 @@ async def _rollouts(
     return await asyncio.gather(*(one(p, t) for p, t in zip(prompts, tools, strict=True)))
 
 
-def run_mode(model_dir: str, options: dict[str, Any], prompts, tools, params, seed: int) -> dict[str, Any]:
-    """Time the whole workload on a fresh generator; returns its numbers and the sampled tokens."""
-    generator = HFGenerator(model_dir, max_new_tokens=params["max_tokens"], seed=seed, **options)
-    try:
-        generator.generate(prompts[0][:8], {"max_tokens": 2})  # first-call set-up, not timed
-        before = generator.stats()
+def run_mode(
+    model_dir: str, options: dict[str, Any] | None, prompts, tools, params, seed: int
+) -> dict[str, Any]:
+    """Time the whole workload on a fresh generator (``options`` None = ``PreviousGenerator``);
+    returns its numbers and the sampled tokens."""
+    if options is None:
+        previous = PreviousGenerator(model_dir, seed)
+        previous.generate(prompts[0][:8], {"max_tokens": 2, "temperature": 1.0})  # first-call set-up
         start, cpu_start = time.perf_counter(), time.process_time()
-        sampled = asyncio.run(_rollouts(generator, prompts, tools, params))
+        sampled = asyncio.run(_rollouts(previous, prompts, tools, params))
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-        after = generator.stats()
-    finally:
-        generator.close()
-    delta = {k: after[k] - before[k] for k in after if k != "mean_batch"}
+        delta = {
+            key: float("nan")
+            for key in ("decode_steps", "prefill_tokens", "reused_tokens", "prefill_s", "decode_s")
+        }
+        delta["decoded_rows"] = float("nan")
+    else:
+        generator = HFGenerator(model_dir, max_new_tokens=params["max_tokens"], seed=seed, **options)
+        try:
+            generator.generate(prompts[0][:8], {"max_tokens": 2})  # first-call set-up, not timed
+            before = generator.stats()
+            start, cpu_start = time.perf_counter(), time.process_time()
+            sampled = asyncio.run(_rollouts(generator, prompts, tools, params))
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+            after = generator.stats()
+        finally:
+            generator.close()
+        delta = {k: after[k] - before[k] for k in after if k != "mean_batch"}
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "rollouts_per_s": len(prompts) / seconds,
         "rollouts_per_cpu_s": len(prompts) / cpu_seconds,
         "sampled_tokens": sum(len(s) for s in sampled),
-        "mean_batch": delta["decoded_rows"] / max(1, delta["decode_steps"]),
+        "mean_batch": delta["decoded_rows"] / max(1, delta["decode_steps"]) if options is not None else 1.0,
         "sampled": sampled,
         **delta,
     }
@@ -198,12 +248,15 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
         )
     base = results["a one-at-a-time"]
-    same = all(r["sampled"] == base["sampled"] for found in runs.values() for r in found)
-    print(f"identical samples in all runs: {same}")
-    for name in ("b batched", "c batched+prefix"):
-        wall = results[name]["rollouts_per_s"] / base["rollouts_per_s"]
-        cpu = results[name]["rollouts_per_cpu_s"] / base["rollouts_per_cpu_s"]
-        print(f"ratio {name[0]}/a: {wall:.1f}x rollouts/s (wall), {cpu:.1f}x rollouts per CPU-second")
+    same = all(
+        r["sampled"] == base["sampled"] for name, found in runs.items() if name != "0 previous" for r in found
+    )
+    print(f"identical samples in all runs of a, b, c: {same}")
+    for name, over in (("b batched", "a"), ("c batched+prefix", "a"), ("c batched+prefix", "0")):
+        ref = base if over == "a" else results["0 previous"]
+        wall = results[name]["rollouts_per_s"] / ref["rollouts_per_s"]
+        cpu = results[name]["rollouts_per_cpu_s"] / ref["rollouts_per_cpu_s"]
+        print(f"ratio {name[0]}/{over}: {wall:.1f}x rollouts/s (wall), {cpu:.1f}x rollouts per CPU-second")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

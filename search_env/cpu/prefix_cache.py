@@ -66,12 +66,12 @@ class PrefixCache:
     def longest_prefix(self, tokens: tuple[int, ...]) -> Snapshot | None:
         """The stored snapshot of the longest sequence that ``tokens`` starts with (or equals)."""
         best: Snapshot | None = None
+        size = len(tokens)
         for key, snapshot in self._entries.items():
-            if (
-                len(key) <= len(tokens)
-                and (best is None or len(key) > len(best.tokens))
-                and tokens[: len(key)] == key
-            ):
+            n = len(key)
+            if n > size or (best is not None and n <= len(best.tokens)) or tokens[n - 1] != key[-1]:
+                continue  # cheap rejections first: most keys differ in their last token
+            if tokens[:n] == key:
                 best = snapshot
         if best is not None:
             self._entries.move_to_end(best.tokens)
