@@ -176,3 +176,30 @@ def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
     ]
     weights = AutoModelForImageTextToText.from_pretrained(old / "huggingface").state_dict()
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_preflight_refuses_to_resume_from_a_pruned_checkpoint(tmp_path: Path):
+    import importlib.util
+    import sys
+
+    if "launch_preflight" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("launch_preflight", ROOT / "launch" / "preflight.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["launch_preflight"] = module
+        spec.loader.exec_module(module)
+    preflight = sys.modules["launch_preflight"]
+    _step(tmp_path, 1, hf_weights=True, world=1)
+    _step(tmp_path, 2, hf_weights=True, world=1)
+    policy.prune(tmp_path, 2)
+    for step, refused in ((1, True), (2, False)):
+        cfg = OmegaConf.create(
+            {
+                "trainer": {
+                    "resume_mode": "resume_path",
+                    "resume_from_path": str(tmp_path / f"global_step_{step}"),
+                }
+            }
+        )
+        plan = preflight.Plan()
+        preflight.check_resume(cfg, plan)
+        assert bool(plan.problems) == refused and all("weights only" in p for p in plan.problems)
