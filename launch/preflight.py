@@ -228,9 +228,8 @@ def check_resume(cfg: DictConfig, plan: Plan) -> None:
 def check_model(cfg: DictConfig, plan: Plan) -> None:
     model = str(cfg.actor_rollout_ref.model.path)
     path = repo_path(model)
-    assets = cfg.launch.get("assets") or {}
-    if cfg.launch.build_demo_assets and assets.get("tiny_model") and repo_path(assets.tiny_model) == path:
-        plan.env["BUILD_TINY_MODEL"] = "" if (path / "config.json").is_file() else str(path)
+    if demo_asset(cfg, path):
+        pass  # launch/run.sh builds (or refreshes) it before the trainer starts
     elif not (path / "config.json").is_file():
         plan.problems.append(
             f"model: no config.json in {path} (actor_rollout_ref.model.path={model}); "
@@ -241,8 +240,6 @@ def check_model(cfg: DictConfig, plan: Plan) -> None:
 
 
 def check_data(cfg: DictConfig, plan: Plan) -> None:
-    assets = cfg.launch.get("assets") or {}
-    build = bool(cfg.launch.build_demo_assets and assets.get("questions"))
     for key in ("train_files", "val_files"):
         value = cfg.data[key]
         if not isinstance(value, str):
@@ -250,19 +247,41 @@ def check_data(cfg: DictConfig, plan: Plan) -> None:
             continue
         path = repo_path(value)
         plan.env[key.upper()] = str(path)
-        if build:
-            plan.env[f"BUILD_{key.upper()}"] = "" if path.is_file() else str(path)
-        else:
-            plan.need(
-                path.is_file(),
-                f"data.{key}: {path} is missing; run `{PREPARE} data` (MuSiQue train + validation "
-                f"parquet via python -m search_env.data) or pass data.{key}=<parquet>",
-            )
-    if build:
-        questions = repo_path(assets.questions)
-        plan.need(questions.is_file(), f"launch.assets.questions: {questions} is missing (a FlashRAG jsonl)")
-        plan.env["QUESTIONS"] = str(questions)
-        plan.env["QUESTIONS_SOURCE"] = str(assets.get("data_source", "nq"))
+        plan.need(
+            demo_asset(cfg, path) or path.is_file(),
+            f"data.{key}: {path} is missing; run `{PREPARE} data` (MuSiQue train + validation "
+            f"parquet via python -m search_env.data) or pass data.{key}=<parquet>",
+        )
+
+
+def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
+    """True when ``path`` lies in a demo asset folder (``launch.assets.world``/``warm_start``) that
+    launch/run.sh builds for ``launch.build_demo_assets`` recipes (python -m search_env.cpu.demo assets)."""
+    assets = cfg.launch.get("assets") or {}
+    if not cfg.launch.build_demo_assets or path is None:
+        return False
+    folders = [repo_path(assets.get(k)) for k in ("world", "warm_start")]
+    return any(f is not None and path.is_relative_to(f) for f in folders)
+
+
+def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
+    """``DEMO_ASSETS``: the ``python -m search_env.cpu.demo assets`` arguments run.sh passes (demo recipes)."""
+    assets = cfg.launch.get("assets") or {}
+    if not cfg.launch.build_demo_assets:
+        return
+    missing = [k for k in ("world_seed", "world", "warm_start") if assets.get(k) is None]
+    if plan.need(not missing, f"launch.build_demo_assets needs launch.assets.{{{','.join(missing)}}}"):
+        plan.env["DEMO_ASSETS"] = shlex.join(
+            [
+                "--world-seed",
+                str(assets.world_seed),
+                "--world",
+                str(repo_path(assets.world)),
+                "--warm-start",
+                str(repo_path(assets.warm_start)),
+                *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") else []),
+            ]
+        )
 
 
 def retriever_urls(cfg: DictConfig) -> list[str]:
@@ -297,7 +316,7 @@ def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
     )
     corpus = repo_path(r.corpus)
     plan.need(
-        corpus is not None and corpus.is_file(),
+        demo_asset(cfg, corpus) or (corpus is not None and corpus.is_file()),
         f"retriever.corpus: {corpus} is missing; run `{PREPARE} corpus` (wiki-18, 21M passages)",
     )
     args = [
@@ -356,6 +375,7 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
         cfg = compose_recipe(recipe, overrides + extra)
     validate(cfg)
     plan.config = cfg
+    plan_demo_assets(cfg, plan)
     check_kernels(cfg, plan)
     check_resume(cfg, plan)
     check_model(cfg, plan)
