@@ -207,6 +207,23 @@ def test_cancelled_and_closed_requests(tiny_model_dir):
         generator.submit(prompt, {})
 
 
+def test_an_engine_error_fails_its_requests_and_the_engine_keeps_serving(tiny_model_dir, monkeypatch):
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=4, seed=0)
+    prompt = _prompts(8, 1, 10, 11)[0]
+    try:
+
+        def broken(parts):
+            raise RuntimeError("merge broke")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(CacheRows, "merge", staticmethod(broken))
+            with pytest.raises(RuntimeError, match="merge broke"):
+                generator.generate(prompt, {"max_tokens": 4})
+        assert len(generator.generate(prompt, {"max_tokens": 4}).token_ids) == 4
+    finally:
+        generator.close()
+
+
 @pytest.mark.parametrize(
     ("params", "match"),
     [

@@ -232,9 +232,14 @@ class HFGenerator:
                     room = self.max_batch_size - len(self._active)
                     joining = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
                 with self._step_lock:
-                    self._admit(joining)
-                    if self._active:
-                        self._decode_step()
+                    try:
+                        self._admit(joining)
+                        if self._active:
+                            self._decode_step()
+                    except Exception as error:  # noqa: BLE001  (a bug must not hang every caller)
+                        for request in itertools.chain(joining, self._active):
+                            _resolve(request.future, error=error)
+                        self._active, self._rows = [], None
 
     def _admit(self, joining: list[_Request]) -> None:
         """Prefill each joining request alone, sample its first token, add the unfinished to the batch."""
