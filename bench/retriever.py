@@ -6,27 +6,31 @@ tokenize -> forward -> masked mean pool -> L2 code path as E5, ~9x fewer FLOPs p
 e5-base). Settings:
 
   (a) the in-process bound: a child process builds the retriever with the server's own code
-      (`search_env.__main__.build_retriever` on the same serve arguments: same encoder dtype, batch
-      size, torch/faiss threads) and runs the server's batch function (`lookup_hits`: encode, index
-      search, passage lookups) in one worker thread, as the server does, on batches of the size the
-      server formed in (b), and on batches of all `--clients` in-flight queries at 1 query/request;
+      (`search_env.retrieval.factory.build_retriever` on the same serve arguments: same encoder
+      dtype, batch size, torch/faiss threads) and runs the server's batch function (`lookup_hits`:
+      encode, index search, passage lookups) in one worker thread on batches of the mean size the
+      server formed in the (b) window just before, and on batches of all `--clients` in-flight
+      queries at 1 query/request;
   (b) the server (`python -m search_env serve --backend dense`, micro-batching on, cache off) under
       `--clients` concurrent closed-loop clients, at 1 and at 5 queries per request;
   (c) the same server with micro-batching off (`--max-batch 1`, the Search-R1/FlashRAG design);
   (d) a GRPO-like load: clients in groups of `--group` (= one question's rollouts) whose first search
       is the group's question, sent by every member, then `--followups` distinct searches per rollout;
-      the server with its query cache on, then off;
+      the server with its query cache on, and the (b) server with it off;
   (e) time-to-ready and memory of the server on a >= 1M-vector IVF-SQ8 index (`--ready-n` x
       `--ready-dim`), memory-mapped (the default) vs read into RAM (`--index-load read`), each started
       with the index file evicted from the page cache (posix_fadvise DONTNEED).
 
-The clients are a minimal HTTP/1.1 keep-alive client on asyncio (one connection per client,
-pre-encoded bodies, every response parsed and checked): in training the clients are the rollout
-workers, not the retriever's cores, so the load generator is kept as cheap as possible on this
-shared machine. Prints q/s, p50/p99 latency, mean batch, b/a (target >= 0.8 at 1 query/request),
-b/c, d(on)/d(off) (target >= 1.5), the cache hit rate, and time-to-ready / RSS mapped vs read.
+(a)-(d) run in `--rounds` interleaved rounds of `--seconds` each against servers started once, so
+load from other jobs on a shared machine drifts over all settings alike; q/s are totals over the
+rounds, and the ratios' per-round spread is printed. The clients are a minimal HTTP/1.1 keep-alive
+client on asyncio (one connection per client, pre-encoded bodies, every response parsed and
+checked): in training the clients are the rollout workers, not the retriever's cores, so the load
+generator is kept as cheap as possible. Prints q/s, p50/p99 latency, mean batch, b/a (target >= 0.8
+at 1 query/request), b/c, d(on)/d(off) (target >= 1.5), the cache hit rate, and time-to-ready / RSS
+mapped vs read.
 
-    .venv/bin/python bench/retriever.py [--n 200000] [--seconds 15]    # ~6-8 min on 2 cores
+    .venv/bin/python bench/retriever.py [--n 200000] [--seconds 10] [--rounds 3]   # ~8-10 min, 2 cores
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -192,14 +195,7 @@ async def _closed_loop(url: str, body_fn: BodyFn, clients: int, seconds: float) 
     started = time.perf_counter()
     await asyncio.gather(*(client(k) for k in range(clients)))
     elapsed = time.perf_counter() - started  # includes draining the requests in flight at the deadline
-    latencies.sort()
-    return {
-        "qps": queries / elapsed,
-        "queries": queries,
-        "errors": errors,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-    }
+    return {"queries": queries, "seconds": elapsed, "errors": errors, "latencies": latencies}
 
 
 def run_load(url: str, body_fn: BodyFn, clients: int, seconds: float) -> dict:
@@ -247,58 +243,112 @@ def start_server(args: list[str], port: int, log: Path) -> ServerProcess:
     return spawn_server(args, port=port, startup_timeout_s=600, log_path=log)
 
 
-def measure_server(args: list[str], body_fn: BodyFn, warm_fn: BodyFn, opts, port: int, log: Path) -> dict:
-    with start_server(args, port, log) as server:
-        run_load(server.url, warm_fn, opts.clients, opts.warmup)
-        before = httpx.get(f"{server.url}/health").json()
-        result = run_load(server.url, body_fn, opts.clients, opts.seconds)
-        after = httpx.get(f"{server.url}/health").json()
-    batches = after["batches"] - before["batches"]
-    hits = after["cache"]["hits"] - before["cache"]["hits"]
-    misses = after["cache"]["misses"] - before["cache"]["misses"]
-    result["mean_batch"] = (after["queries_searched"] - before["queries_searched"]) / max(1, batches)
-    result["hit_rate"] = hits / max(1, hits + misses)
-    result["health"] = after
+def measure_window(server: ServerProcess, body_fn: BodyFn, opts, seconds: float) -> dict:
+    """One window of closed-loop load on a running server, with the /health counters' deltas."""
+    before = httpx.get(f"{server.url}/health").json()
+    result = run_load(server.url, body_fn, opts.clients, seconds)
+    after = httpx.get(f"{server.url}/health").json()
+    result["batches"] = after["batches"] - before["batches"]
+    result["searched"] = after["queries_searched"] - before["queries_searched"]
+    result["hits"] = after["cache"]["hits"] - before["cache"]["hits"]
+    result["misses"] = after["cache"]["misses"] - before["cache"]["misses"]
     return result
 
 
-def inprocess_bound(serve: list[str], questions: list[str], batch: int, seconds: float) -> dict:
-    """Child process: the server's retriever and batch function on batches of `batch` queries."""
-    from search_env.__main__ import build_parser, build_retriever
+def inprocess_worker(serve: list[str], questions: list[str]) -> None:
+    """Child process of (a): builds the server's retriever, then per stdin line `{"batch", "seconds",
+    "tag"}` runs the server's batch function on batches of that size in one worker thread (as the
+    server does) and prints a JSON line with the rate."""
+    from search_env.__main__ import build_parser
+    from search_env.retrieval.factory import build_retriever
     from search_env.retrieval.server import lookup_hits
 
-    args = build_parser().parse_args(["serve", *serve])
-    retriever = build_retriever(args)
+    retriever = build_retriever(build_parser().parse_args(["serve", *serve]))
     worker = ThreadPoolExecutor(max_workers=1)  # the server searches in one worker thread
-
-    def run(i: int) -> None:
-        chunk = [f"{questions[(i * batch + j) % len(questions)]} inproc" for j in range(batch)]
-        worker.submit(lookup_hits, retriever, chunk, TOPK).result()
-
-    run(0)  # warm-up
-    done, i, started = 0, 1, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        run(i)
-        done += batch
-        i += 1
-    elapsed = time.perf_counter() - started
     facts = retriever.describe()
     keys = ("encoder_dtype", "encoder_batch_size", "torch_threads", "faiss_threads")
-    return {
-        "qps": done / elapsed,
-        "batch": batch,
-        "batch_ms": 1000 * elapsed / (i - 1),
-        **{k: facts[k] for k in keys},
-    }
+    print(json.dumps({k: facts[k] for k in keys}), flush=True)
+    for line in sys.stdin:
+        spec = json.loads(line)
+        batch, tag = spec["batch"], spec["tag"]
+        done, i, started = 0, 0, time.perf_counter()
+        while time.perf_counter() - started < spec["seconds"]:
+            chunk = [f"{questions[(i * batch + j) % len(questions)]} {tag}" for j in range(batch)]
+            worker.submit(lookup_hits, retriever, chunk, TOPK).result()
+            done += batch
+            i += 1
+        print(json.dumps({"queries": done, "seconds": time.perf_counter() - started}), flush=True)
 
 
-def measure_inprocess(serve: list[str], batch: int, opts) -> dict:
-    """Run `inprocess_bound` in a fresh child whose OpenMP starts with the server's thread count."""
-    spec = json.dumps({"serve": serve, "batch": batch, "seconds": opts.seconds})
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {})}
-    command = [sys.executable, __file__, "--inprocess", spec]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=1200, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class InProcess:
+    """The long-lived (a) child: same serve arguments, and OpenMP started with the server's threads."""
+
+    def __init__(self, serve: list[str], opts) -> None:
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {})}
+        command = [sys.executable, __file__, "--inprocess", json.dumps(serve)]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        self.facts = json.loads(self._line())
+
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"in-process bound exited with code {self.process.wait()}")
+        return line
+
+    def measure(self, batch: int, seconds: float, tag: str) -> dict:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"batch": batch, "seconds": seconds, "tag": tag}) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self._line())
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+class Tally:
+    """Windows of one setting summed over rounds: q/s = all queries / all seconds; per-round q/s kept
+    for the spread of the ratios."""
+
+    def __init__(self) -> None:
+        self.queries = self.seconds = self.batches = self.searched = self.hits = self.misses = 0.0
+        self.errors = 0
+        self.latencies: list[float] = []
+        self.per_round: list[float] = []
+
+    def add(self, window: dict) -> None:
+        self.queries += window["queries"]
+        self.seconds += window["seconds"]
+        self.per_round.append(window["queries"] / window["seconds"])
+        for key in ("batches", "searched", "hits", "misses"):
+            setattr(self, key, getattr(self, key) + window.get(key, 0))
+        self.errors += window.get("errors", 0)
+        self.latencies += window.get("latencies", [])
+
+    @property
+    def qps(self) -> float:
+        return self.queries / self.seconds
+
+    @property
+    def mean_batch(self) -> float:
+        return self.searched / max(1, self.batches)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / max(1, self.hits + self.misses)
+
+    def percentile_ms(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def spread(numerator: Tally, denominator: Tally) -> str:
+    ratios = [a / b for a, b in zip(numerator.per_round, denominator.per_round, strict=True)]
+    return f"rounds {min(ratios):.2f}-{max(ratios):.2f}"
 
 
 def process_memory(pid: int) -> dict:
@@ -328,21 +378,14 @@ def measure_ready(assets: dict, opts, mode: str, questions: list[str], port: int
     with start_server(serve_args(assets, opts, "--index-load", mode), port, log) as server:
         ready_s = time.perf_counter() - started
         health = httpx.get(f"{server.url}/health").json()
-        at_ready = process_memory(server.process.pid)
+        at_ready = process_memory(health["search_process"])  # the child holding encoder + index
         run_load(server.url, plain_load(questions, 8, 1, f"ready-{mode}"), 8, 3.0)
-        after = process_memory(server.process.pid)
+        after = process_memory(health["search_process"])
     return {"ready_s": ready_s, "index_load_s": health["index_load_s"], "mapped": health["index_mapped"],
             "at_ready": at_ready, "after_queries": after}  # fmt: skip
 
 
 # ---------------------------------------------------------------- report
-
-
-def row(name: str, r: dict) -> str:
-    return (
-        f"{name:60s} {r['qps']:8.1f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['mean_batch']:6.1f} "
-        f"{100 * r['hit_rate']:5.1f}% {r['errors']:6d}"
-    )
 
 
 def main() -> None:
@@ -366,7 +409,12 @@ def main() -> None:
         help="serve --threads for every server and the in-process bound (default 1: on 2 shared cores one "
         "intra-op thread encodes 2-4x faster than two; 0 = library default)",
     )
-    parser.add_argument("--seconds", type=float, default=15.0, help="measurement time per setting")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="measurement window per setting and round"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds over all settings (default 3)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up load before each measurement (s)")
     parser.add_argument("--group", type=int, default=5, help="(d): rollouts per GRPO group")
     parser.add_argument("--followups", type=int, default=1, help="(d): distinct searches after the first one")
@@ -383,8 +431,7 @@ def main() -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if opts.inprocess is not None:  # child process of (a)
-        spec = json.loads(opts.inprocess)
-        print(json.dumps(inprocess_bound(spec["serve"], load_questions(), spec["batch"], spec["seconds"])))
+        inprocess_worker(json.loads(opts.inprocess), load_questions())
         return
 
     with tempfile.TemporaryDirectory(prefix="bench-retriever-") as tmp:
@@ -393,64 +440,91 @@ def main() -> None:
         main_assets = build_assets(work, opts.n, opts.dim, opts.factory, opts.seed, "bench")
         ready_assets = build_assets(work, opts.ready_n, opts.ready_dim, opts.factory, opts.seed, "ready")
         questions = load_questions()
-        load_before = os.getloadavg()
+        c, w = opts.clients, opts.seconds
         base = serve_args(main_assets, opts, "--cache-size", "0")
-        port = iter(range(FIRST_PORT, FIRST_PORT + 100))
-
-        def server(args: list[str], body: BodyFn, warm: BodyFn, name: str) -> dict:
-            return measure_server(args, body, warm, opts, next(port), work / f"server_{name}.log")
-
-        c = opts.clients
-        b1 = server(base, plain_load(questions, c, 1, "b1"), plain_load(questions, c, 1, "w1"), "b1")
-        a_obs = measure_inprocess(base, max(1, round(b1["mean_batch"])), opts)
-        a_full = measure_inprocess(base, c, opts)
-        b5 = server(base, plain_load(questions, c, 5, "b5"), plain_load(questions, c, 5, "w5"), "b5")
-        a5_obs = measure_inprocess(base, max(1, round(b5["mean_batch"])), opts)
-        single = server([*base, "--max-batch", "1", "--max-wait-ms", "0"], plain_load(questions, c, 1, "c"),
-                        plain_load(questions, c, 1, "wc"), "c")  # fmt: skip
-        grpo = grpo_load(questions, opts.group, opts.followups, "d")
-        warm = grpo_load(questions, opts.group, opts.followups, "wd")
-        d_on = server(serve_args(main_assets, opts), grpo, warm, "d_on")
-        d_off = server(base, grpo, warm, "d_off")
+        load_before = os.getloadavg()
+        servers = {
+            "batched": start_server(base, FIRST_PORT, work / "server_batched.log"),
+            "single": start_server([*base, "--max-batch", "1", "--max-wait-ms", "0"], FIRST_PORT + 1, work / "server_single.log"),
+            "cached": start_server(serve_args(main_assets, opts), FIRST_PORT + 2, work / "server_cached.log"),
+        }  # fmt: skip
+        inproc = InProcess(base, opts)
+        try:
+            for server in servers.values():  # warm-up (JIT, page cache, connection pools)
+                for n in (1, 5):
+                    measure_window(server, plain_load(questions, c, n, f"warm{n}"), opts, opts.warmup)
+            inproc.measure(c, opts.warmup, "warm")
+            tally = {k: Tally() for k in ("a1", "a64", "a5", "b1", "b5", "c", "d_on", "d_off")}
+            shapes: dict[int, list[int]] = {1: [], 5: []}
+            for r in range(opts.rounds):  # interleaved, so drifting load from other jobs hits all alike
+                for n in (1, 5):  # (b), then (a) on batches of the mean size the server just formed
+                    window = measure_window(
+                        servers["batched"], plain_load(questions, c, n, f"b{n}.{r}"), opts, w
+                    )
+                    tally[f"b{n}"].add(window)
+                    shapes[n].append(max(1, round(window["searched"] / max(1, window["batches"]))))
+                    tally[f"a{n}"].add(inproc.measure(shapes[n][-1], w, f"a{n}.{r}"))
+                tally["a64"].add(inproc.measure(c, w, f"a64.{r}"))
+                tally["c"].add(
+                    measure_window(servers["single"], plain_load(questions, c, 1, f"c.{r}"), opts, w)
+                )
+                grpo = grpo_load(questions, opts.group, opts.followups, f"d.{r}")
+                tally["d_on"].add(measure_window(servers["cached"], grpo, opts, w))
+                tally["d_off"].add(measure_window(servers["batched"], grpo, opts, w))
+            health = httpx.get(f"{servers['batched'].url}/health").json()
+        finally:
+            inproc.stop()
+            for server in servers.values():
+                server.stop()
+        load_mid = os.getloadavg()
         ready = {}
-        for mode in ("read", "mmap", "read", "mmap"):
+        for i, mode in enumerate(("read", "mmap", "read", "mmap")):
             result = measure_ready(
-                ready_assets, opts, mode, questions, next(port), work / f"ready_{mode}.log"
+                ready_assets, opts, mode, questions, FIRST_PORT + 10 + i, work / f"ready_{mode}.log"
             )
             ready.setdefault(mode, []).append(result)
         load_after = os.getloadavg()
         index_mb = ready_assets["index"].stat().st_size / 2**20
 
-    health = b1["health"]
+    t = tally
     print(
         f"\nretrieval benchmark: {opts.n} x {opts.dim}-d synthetic vectors, {opts.factory}, nprobe {opts.nprobe}, "
         f"tiny BERT encoder (2 layers, {opts.dim}-d, {health['encoder_dtype']}, batch <= {health['encoder_batch_size']}, "
         f"{health['torch_threads']} torch / {health['faiss_threads']} faiss threads), {c} clients, "
-        f"{opts.seconds:.0f} s per setting, {os.cpu_count()} CPUs, faiss {faiss.__version__}; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+        f"{opts.rounds} interleaved rounds x {w:.0f} s per setting, {os.cpu_count()} CPUs, faiss {faiss.__version__}; "
+        f"load average {load_before[0]:.1f} before, {load_mid[0]:.1f} after (a)-(d), {load_after[0]:.1f} at the end"
     )
+    print(f"in-process child: {inproc.facts}")
     print(
         f"{'setting':60s} {'q/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'batch':>6s} {'hits':>6s} {'errors':>6s}"
     )
-    for name, a in (
-        (f"(a) in-process, batches of {a_obs['batch']} (the server's mean batch in b1)", a_obs),
-        (f"(a) in-process, batches of {c} (every in-flight query, 1 q/req)", a_full),
-        (f"(a) in-process, batches of {a5_obs['batch']} (the server's mean batch in b5)", a5_obs),
+    for key, name in (
+        ("a1", f"(a) in-process, batches of {'/'.join(map(str, shapes[1]))} (b1's mean batch per round)"),
+        ("a64", f"(a) in-process, batches of {c} (all in-flight queries at 1 q/req)"),
+        ("a5", f"(a) in-process, batches of {'/'.join(map(str, shapes[5]))} (b5's mean batch per round)"),
     ):
-        print(f"{name:60s} {a['qps']:8.1f} {'':>8s} {'':>8s} {a['batch']:6d}  [{a['encoder_dtype']}, "
-              f"{a['torch_threads']}/{a['faiss_threads']} threads]")  # fmt: skip
-    print(row(f"(b1) server, micro-batched, {c} clients x 1 query/request", b1))
-    print(row(f"(b5) server, micro-batched, {c} clients x 5 queries/request", b5))
-    print(row("(c) server, micro-batching off (--max-batch 1), 1 q/request", single))
-    print(row(f"(d) GRPO-like (groups of {opts.group}, {opts.followups} follow-up), cache on", d_on))
-    print(row(f"(d) GRPO-like (groups of {opts.group}, {opts.followups} follow-up), cache off", d_off))
-    print(
-        f"b1/a = {b1['qps'] / a_obs['qps']:.2f} at the server's batch shape (target >= 0.8), "
-        f"{b1['qps'] / a_full['qps']:.2f} vs batches of {c};  b5/a = {b5['qps'] / a5_obs['qps']:.2f} at its batch shape;  b1/c = {b1['qps'] / single['qps']:.2f};  d(on)/d(off) = {d_on['qps'] / d_off['qps']:.2f} "
-        f"(target >= 1.5), cache hit rate {100 * d_on['hit_rate']:.1f}% (ideal {100 * (opts.group - 1) / (opts.group * (1 + opts.followups)):.1f}%)"
-    )
+        print(f"{name:60s} {t[key].qps:8.1f}")
+    for key, name in (
+        ("b1", f"(b1) server, micro-batched, {c} clients x 1 query/request"),
+        ("b5", f"(b5) server, micro-batched, {c} clients x 5 queries/request"),
+        ("c", "(c) server, micro-batching off (--max-batch 1), 1 q/request"),
+        ("d_on", f"(d) GRPO-like (groups of {opts.group}, {opts.followups} follow-up), cache on"),
+        ("d_off", f"(d) GRPO-like (groups of {opts.group}, {opts.followups} follow-up), cache off"),
+    ):
+        x = t[key]
+        print(
+            f"{name:60s} {x.qps:8.1f} {x.percentile_ms(0.5):8.1f} {x.percentile_ms(0.99):8.1f} "
+            f"{x.mean_batch:6.1f} {100 * x.hit_rate:5.1f}% {x.errors:6d}"
+        )
+    ideal = (opts.group - 1) / (opts.group * (1 + opts.followups))
+    print(f"b1/a = {t['b1'].qps / t['a1'].qps:.2f} at the server's batch shape ({spread(t['b1'], t['a1'])}; target >= 0.8), "
+          f"{t['b1'].qps / t['a64'].qps:.2f} vs batches of {c}")  # fmt: skip
+    print(f"b5/a = {t['b5'].qps / t['a5'].qps:.2f} at its batch shape ({spread(t['b5'], t['a5'])});  "
+          f"b1/c = {t['b1'].qps / t['c'].qps:.2f} ({spread(t['b1'], t['c'])})")  # fmt: skip
+    print(f"d(on)/d(off) = {t['d_on'].qps / t['d_off'].qps:.2f} ({spread(t['d_on'], t['d_off'])}; target >= 1.5), "
+          f"cache hit rate {100 * t['d_on'].hit_rate:.1f}% (ideal {100 * ideal:.1f}%: the bound is {1 / (1 - ideal):.2f}x)")  # fmt: skip
     print(f"\n(e) time-to-ready on {opts.ready_n} x {opts.ready_dim}-d {opts.factory} ({index_mb:.0f} MiB file, evicted "
-          f"from the page cache before each start):")  # fmt: skip
+          f"from the page cache before each start; memory of the search process, which holds encoder and index):")  # fmt: skip
     print(
         f"{'mode':6s} {'ready s':>8s} {'index s':>8s} {'RSS MiB':>8s} {'anon':>8s} {'file':>8s}   after 3 s of queries: RSS / anon / file"
     )

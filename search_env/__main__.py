@@ -14,18 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 from search_env import DEMO_CORPUS
+from search_env.retrieval.factory import GPU_CHOICES, use_gpu
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
 DEFAULT_NPROBE = 64
-
-
-GPU_CHOICES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
-"""`--gpu` values; true/false are accepted (any case) so a YAML boolean can be passed through."""
 
 
 def _gpu_choice(text: str) -> str:
@@ -135,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(see docs/retrieval.md)",
     )
     serve.add_argument(
+        "--search-process",
+        choices=["on", "off"],
+        default="on",
+        help="run encode + index search in a child process (on, default: the HTTP event loop never "
+        "competes with the encoder for the GIL) or in a thread of the server process (off)",
+    )
+    serve.add_argument(
         "--stats-interval-s",
         type=float,
         default=60.0,
@@ -196,61 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _use_gpu(flag: str) -> bool | None:
-    return GPU_CHOICES[flag]
-
-
-def set_cpu_threads(threads: int) -> None:
-    """Use `threads` CPU threads in torch and faiss (0: leave the defaults). Call before torch or faiss
-    is imported: OpenMP reads OMP_NUM_THREADS when it loads, and that is the only setting that also
-    reaches faiss calls made from other threads (the server searches in a worker thread)."""
-    if threads < 0:
-        raise SystemExit(f"--threads must be >= 0 (0 = library default), got {threads}")
-    if threads:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-        if "torch" in sys.modules:  # already loaded (e.g. by a caller): its intra-op pool too
-            sys.modules["torch"].set_num_threads(threads)
-
-
-def build_retriever(args: argparse.Namespace):
-    """The `Retriever` that `serve` runs for parsed `serve` arguments (also used by
-    bench/retriever.py, so its in-process bound has exactly the server's encoder, index and threads).
-    Sets the CPU threads first (see `set_cpu_threads`)."""
-    from search_env.retrieval.corpus import Corpus
-
-    set_cpu_threads(args.threads)
-
-    corpus = Corpus(args.corpus)
-    if args.backend == "bm25":
-        from search_env.retrieval.bm25 import BM25Retriever
-
-        if args.bm25_index is not None and (args.bm25_index / "params.index.json").is_file():
-            return BM25Retriever.load(args.bm25_index, corpus)
-        retriever = BM25Retriever.build(corpus, show_progress=len(corpus) > 100_000)
-        if args.bm25_index is not None:
-            retriever.save(args.bm25_index)
-        return retriever
-    if args.index is None or args.encoder is None:
-        raise SystemExit(
-            "serve --backend dense needs --index PATH and --encoder PATH "
-            "(build an index with `python -m search_env build-index`)"
-        )
-    from search_env.retrieval.encoder import Encoder
-    from search_env.retrieval.index import DenseRetriever, load_index
-
-    encoder = Encoder(args.encoder, use_gpu=_use_gpu(args.gpu), query_max_length=args.query_max_length)
-    loaded = load_index(
-        args.index, nprobe=args.nprobe, use_gpu=_use_gpu(args.gpu), mmap=args.index_load == "mmap"
-    )
-    return DenseRetriever(corpus, encoder, loaded)
-
-
 def cmd_serve(args: argparse.Namespace) -> None:
+    from search_env.retrieval.factory import build_retriever
     from search_env.retrieval.server import create_app, serve
 
     if args.cache_size < 0:
         raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
-    retriever = build_retriever(args)
+    if args.search_process == "on":
+        from search_env.retrieval.worker import ProcessRetriever
+
+        retriever = ProcessRetriever(build_retriever, (args,), str(args.corpus))
+    else:
+        retriever = build_retriever(args)
     app = create_app(
         retriever,
         default_topk=args.topk,
@@ -279,7 +239,7 @@ def _index_options(args: argparse.Namespace) -> dict:
         "train_size": args.train_size,
         "chunk_size": args.chunk_size,
         "seed": args.seed,
-        "use_gpu": _use_gpu(args.gpu),
+        "use_gpu": use_gpu(args.gpu),
     }
 
 
@@ -290,7 +250,7 @@ def cmd_build_index(args: argparse.Namespace) -> None:
 
     encoder = Encoder(
         args.encoder,
-        use_gpu=_use_gpu(args.gpu),
+        use_gpu=use_gpu(args.gpu),
         batch_size=args.batch_size,
         passage_max_length=args.passage_max_length,
     )
@@ -318,7 +278,7 @@ def cmd_recall(args: argparse.Namespace) -> None:
         n_queries=args.queries,
         seed=args.seed,
         out=args.out,
-        use_gpu=_use_gpu(args.gpu),
+        use_gpu=use_gpu(args.gpu),
     )
     print(json.dumps(report, indent=2))
 

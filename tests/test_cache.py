@@ -147,3 +147,22 @@ def test_without_cache_every_query_is_searched() -> None:
     answers = _run(batcher, group)
     assert calls == [(["same"] * 5, 2)] and all(a == answers[0] for a in answers)
     assert batcher.cache.stats.hits == 0 and batcher.cache.stats.misses == 5
+
+
+def test_hit_rate_is_logged_per_interval(caplog) -> None:
+    from search_env.retrieval.server import log_stats_every
+
+    calls: list = []
+    batcher = MicroBatcher(_recording_search(calls), 256, 5, QueryCache(100, 10**7))
+
+    async def traffic():
+        logger = asyncio.create_task(log_stats_every(batcher, 0.2))
+        await asyncio.gather(*(batcher.submit(["same"], 1) for _ in range(4)), batcher.submit(["other"], 1))
+        await asyncio.sleep(0.3)  # one interval with traffic
+        logger.cancel()
+
+    with caplog.at_level("INFO", logger="search_env.retrieval.server"):
+        _run(batcher, traffic)
+    (line,) = [r.getMessage() for r in caplog.records if "cache hits" in r.getMessage()]
+    assert "5 queries" in line and "cache hits 3 / misses 2 (hit rate 60.0%)" in line
+    assert "1 batches" in line and "cache 2 entries" in line

@@ -125,6 +125,8 @@ class _RandomEncoder:
     model_path = "random"
     is_e5 = False
     device = "cpu"
+    fp16 = False
+    batch_size = 256
 
     def __init__(self, dim: int) -> None:
         self.dim = dim

@@ -435,3 +435,39 @@ def test_draining_an_oversized_body_stops_at_its_time_bound() -> None:
 
     sent, calls = _guard_call({"max_bytes": 1000}, complete(), [(b"content-length", b"2400")])
     assert calls == 3 and sent[0]["status"] == 413 and (b"connection", b"close") not in sent[0]["headers"]
+
+
+# ---------------------------------------------------------------- search child process
+
+
+def test_search_child_process_death_makes_health_503_and_searches_500(tmp_path) -> None:
+    import os
+    import signal
+
+    with spawn_server(
+        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)], log_path=tmp_path / "s.log"
+    ) as server:
+        health = httpx.get(f"{server.url}/health").json()
+        child = health["search_process"]
+        assert child != server.process.pid and health["status"] == "healthy"
+        ok = httpx.post(f"{server.url}/retrieve", json={"queries": ["Evan Morris"], "topk": 1})
+        assert ok.status_code == 200
+        os.kill(child, signal.SIGKILL)  # the search child this test's server started
+        failed = httpx.post(f"{server.url}/retrieve", json={"queries": ["something new"], "topk": 1})
+        assert failed.status_code == 500 and "search process" in failed.json()["error"]
+        after = httpx.get(f"{server.url}/health")
+        assert after.status_code == 503 and after.json()["status"] == "unhealthy"
+
+
+def test_search_child_build_error_reaches_the_command_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    missing = tmp_path / "missing.index"
+    result = subprocess.run(
+        [sys.executable, "-m", "search_env", "serve", "--backend", "dense", "--index", str(missing),
+         "--encoder", str(tmp_path), "--port", "18399"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"error: --index: no such faiss index file {missing}" in result.stderr

@@ -36,6 +36,14 @@ class Retriever(ABC):
     def describe(self) -> dict:
         """Facts for `GET /health`: at least `index_type` and `nprobe` (None when not applicable)."""
 
+    def healthy(self) -> bool:
+        """False when the backend can no longer search (`GET /health` then answers 503)."""
+        return True
+
+    def close(self) -> None:
+        """Release what the backend holds beyond memory (the server calls it on shutdown)."""
+        return None
+
     def search_hits(self, queries: list[str], topk: int) -> list[list[tuple[int, float]]]:
         rows, scores = self.search_rows(queries, topk)
         return hits_per_query(rows, scores)

@@ -298,7 +298,7 @@ async def log_stats_every(batcher: MicroBatcher, interval_s: float) -> None:
         if not served:
             continue
         log.info(
-            "last %.0f s: %d queries (%.1f/s), cache hits %d / misses %d (hit rate %.1f%%), %d batches "
+            "last %g s: %d queries (%.1f/s), cache hits %d / misses %d (hit rate %.1f%%), %d batches "
             "(mean %.1f queries searched), cache %d entries / %.1f MiB",
             interval_s,
             served,
@@ -479,6 +479,7 @@ def create_app(
             if stats_task is not None:
                 stats_task.cancel()
             await batcher.stop()
+            retriever.close()
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
     app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes)
@@ -496,6 +497,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
+        if not retriever.healthy():
+            return _json({"status": "unhealthy", "error": "the retrieval backend cannot search"}, status=503)
         return _json(
             {
                 "status": "healthy",
