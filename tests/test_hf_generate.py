@@ -207,6 +207,25 @@ def test_cancelled_and_closed_requests(tiny_model_dir):
         generator.submit(prompt, {})
 
 
+def test_idle_engine_thread_exits_and_restarts(tiny_model_dir, monkeypatch):
+    import search_env.cpu.hf_generate as hf_generate
+
+    monkeypatch.setattr(hf_generate, "IDLE_EXIT_S", 0.05)
+    generator = HFGenerator(str(tiny_model_dir), max_new_tokens=2, seed=0)
+    prompt = _prompts(9, 1, 5, 6)[0]
+    first = generator.generate(prompt, {"max_tokens": 2}).token_ids
+    thread = generator._thread
+    thread.join(timeout=60)
+    assert not thread.is_alive() and generator._thread is None  # nothing holds the generator now
+    again = (
+        HFGenerator(str(tiny_model_dir), max_new_tokens=2, seed=0)
+        .generate(prompt, {"max_tokens": 2})
+        .token_ids
+    )
+    assert generator.generate(prompt, {"max_tokens": 2}).token_ids != [] and first == again
+    generator.close()
+
+
 def test_an_engine_error_fails_its_requests_and_the_engine_keeps_serving(tiny_model_dir, monkeypatch):
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=4, seed=0)
     prompt = _prompts(8, 1, 10, 11)[0]

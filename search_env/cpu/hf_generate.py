@@ -47,6 +47,9 @@ from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
 
 MIB = 1 << 20
+IDLE_EXIT_S = 10.0
+"""Seconds the engine thread waits without work before it exits (it holds the generator, so an
+unclosed, unused generator can be garbage-collected); the next request starts a new one."""
 
 
 def request_seed(base_seed: int, prompt_ids: Sequence[int], occurrence: int) -> int:
@@ -211,8 +214,9 @@ class HFGenerator:
         with self._cv:
             self._closed = True
             self._cv.notify()
-        if self._thread is not None:
-            self._thread.join()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
     # ---- engine -----------------------------------------------------------------------------
 
@@ -221,7 +225,9 @@ class HFGenerator:
             while True:
                 with self._cv:
                     while not self._pending and not self._active and not self._closed:
-                        self._cv.wait()
+                        if not self._cv.wait(timeout=IDLE_EXIT_S) and not self._pending:
+                            self._thread = None  # idle: exit; the next submit starts a new thread
+                            return
                     if self._closed:
                         error = RuntimeError("HFGenerator closed before the request finished")
                         for request in itertools.chain(self._pending, self._active):
