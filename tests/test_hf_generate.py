@@ -167,6 +167,11 @@ def test_identical_prompts_get_distinct_reproducible_streams(tiny_model_dir):
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=10, seed=0)
     try:
         seeded = [generator.generate(prompt, {**params, "seed": 11}).token_ids for _ in range(2)]
+        assert tuple(generator.generate(prompt, params).token_ids) == first[0]
+        generator.load_weights({k: v.clone() for k, v in generator.model.state_dict().items()})
+        assert (
+            tuple(generator.generate(prompt, params).token_ids) == first[0]
+        )  # counts restart per weight version
     finally:
         generator.close()
     assert seeded[0] == seeded[1]  # vLLM's per-request seed fixes the stream

@@ -13,8 +13,8 @@ attends over their padded keys). Each request has its own sampling parameters, s
 budget, cache row and random stream.
 
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
-tokens and how many earlier requests sent the same prompt (or from the request's own ``seed``
-parameter), so what it samples does not depend on arrival order or batch mates. Batched and
+tokens and how many earlier requests sent the same prompt since the last weight load (or from
+the request's own ``seed`` parameter), so what it samples does not depend on arrival order or batch mates. Batched and
 one-at-a-time forward passes agree to float rounding (~1e-6 in log-prob) and sampling is an
 exponential race (``search_env.cpu.sampling``), so a token can differ only when its two best
 perturbed scores tie to that rounding (about once in 1e6 tokens); nothing else differs.
@@ -184,8 +184,9 @@ class HFGenerator:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Copy weights in (names as in the HF state dict) between two steps; returns how many
-        tensors were loaded. Cached prefix states are dropped (they belong to the old weights);
-        requests still decoding continue on the new weights."""
+        tensors were loaded. Cached prefix states are dropped (they belong to the old weights) and
+        the per-prompt request counts restart (see ``request_seed``); requests still decoding
+        continue on the new weights."""
         own = self.model.state_dict()
         missing = [k for k in state_dict if k not in own]
         if missing:
@@ -196,6 +197,8 @@ class HFGenerator:
             self.prefix_cache.clear()
             if global_steps is not None:
                 self.global_steps = global_steps
+        with self._cv:
+            self._seen.clear()  # streams restart per weight version (so a resumed run repeats them)
         return len(state_dict)
 
     def stats(self) -> dict[str, float]:
