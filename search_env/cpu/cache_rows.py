@@ -46,8 +46,10 @@ def layer_kinds(config: object) -> tuple[str, ...]:
 
 
 def _with_spare(batch: int, like: torch.Tensor, width: int) -> torch.Tensor:
-    """A zeroed [batch, heads, width + SPARE_COLUMNS, head_dim] buffer shaped after ``like``."""
-    return like.new_zeros(batch, like.shape[1], width + SPARE_COLUMNS, like.shape[3])
+    """An uninitialised [batch, heads, width + SPARE_COLUMNS, head_dim] buffer shaped after
+    ``like``. Callers fill its first ``width`` columns (pads with zeros: a masked key still meets
+    the softmax weights, so it must be finite); the spare ones are written before being read."""
+    return like.new_empty(batch, like.shape[1], width + SPARE_COLUMNS, like.shape[3])
 
 
 class AppendLayer(DynamicLayer):
@@ -219,9 +221,10 @@ class CacheRows:
             keys, values = _with_spare(batch, used[0][0], width), _with_spare(batch, used[0][1], width)
             row = 0
             for part, (a, b) in zip(parts, used, strict=True):
-                rows = slice(row, row + part.batch_size)
-                keys[rows, :, width - part.width : width] = a
-                values[rows, :, width - part.width : width] = b
+                rows, pad = slice(row, row + part.batch_size), width - part.width
+                for buffer, data in ((keys, a), (values, b)):
+                    buffer[rows, :, :pad] = 0.0
+                    buffer[rows, :, pad:width] = data
                 row += part.batch_size
             layers.append((keys, values))
         mask = torch.zeros(batch, width, dtype=torch.long)
