@@ -425,3 +425,46 @@ def test_decode_attention_equals_sdpa_with_padding_and_strided_keys():
         want, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=0.3)
         assert got.shape == want.shape == (3, 1, 4, 8)
         assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("length", [1, 5, 64, 130])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_delta_rule_equals_the_transformers_fallback(length, with_state):
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    from search_env.cpu.delta_rule import chunk_gated_delta_rule
+
+    torch.manual_seed(length)
+    query, key, value = (torch.randn(2, length, 4, 16) for _ in range(3))
+    g, beta = -2 * torch.rand(2, length, 4), torch.rand(2, length, 4)
+    state = torch.randn(2, 4, 16, 16) if with_state else None
+    kwargs = {"initial_state": state, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+    want = torch_chunk_gated_delta_rule(query, key, value, g, beta, **kwargs)
+    got = chunk_gated_delta_rule(query, key, value, g, beta, **kwargs)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+
+
+def test_generator_model_scores_like_the_stock_transformers_model(model_dir):
+    """The generator's attention and delta-rule replacements leave the model's numbers as they were."""
+    from transformers import AutoModelForCausalLM
+
+    from search_env.cpu.delta_rule import chunk_gated_delta_rule
+
+    generator = HFGenerator(model_dir, max_new_tokens=4, seed=0)
+    assert any(
+        getattr(m, "chunk_gated_delta_rule", None) is chunk_gated_delta_rule
+        for m in generator.model.modules()
+    )
+    stock = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    prompt, tokens = _prompts(10, 1, 150, 151)[0], _prompts(11, 1, 20, 21)[0]
+    out = generator.generate(prompt, {"temperature": 0.0, "max_tokens": 4})
+    with torch.inference_mode():
+        logits = stock(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        want = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+        first = torch.log_softmax(stock(input_ids=torch.tensor([prompt])).logits[0, -1].float(), -1)
+    assert torch.allclose(torch.tensor(generator.score(prompt, tokens)), want, atol=1e-5)
+    assert out.token_ids[0] == int(first.argmax()) and out.log_probs[0] == pytest.approx(
+        float(first.max()), abs=1e-5
+    )
+    generator.close()

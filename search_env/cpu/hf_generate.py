@@ -9,7 +9,7 @@ queue requests; between two decoding steps the engine admits queued requests (on
 prefill each, starting from the longest cached prefix state) and drops finished ones, and every
 step decodes one token for all running requests in a single forward pass
 (``search_env.cpu.cache_rows`` keeps their hybrid cache rows; ``search_env.cpu.decode_attention``
-attends over their padded keys). Each request has its own sampling parameters, stop rules, token
+attends over their padded keys; ``search_env.cpu.delta_rule`` speeds up the DeltaNet prefill). Each request has its own sampling parameters, stop rules, token
 budget, cache row and random stream.
 
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
@@ -41,7 +41,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from verl.workers.rollout.replica import TokenOutput
 
-from search_env.cpu import decode_attention
+from search_env.cpu import decode_attention, delta_rule
 from search_env.cpu.cache_rows import CacheRows, layer_kinds
 from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
@@ -103,6 +103,7 @@ class HFGenerator:
             model_path, dtype=getattr(torch, dtype), attn_implementation=decode_attention.NAME
         )
         self.model.eval()
+        delta_rule.install(self.model)
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max_batch_size
         self.seed = seed
