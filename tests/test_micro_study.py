@@ -1,0 +1,295 @@
+"""The micro study (launch/micro_study.sh, docs/micro_study/): its committed report is exactly what
+`python -m eval report` regenerates from the committed raw results, its cells mirror the GPU cells,
+and the report options it relies on (`--matched-horizon auto`, `--val-results`, the zero-variance
+outputs, the search profile of a suite without the paper's multi-hop benchmarks) work."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from eval.report import main as report_main
+from eval.select import horizon_arg, resolve_matched_horizon
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY = ROOT / "docs" / "micro_study"
+RECIPES = ROOT / "recipes"
+SHAPES = ("em_only", "f1_only", "f1_format")
+GPU_CAPS = {42: 180, 43: 230, 44: 312}
+
+
+needs_committed_run = pytest.mark.skipif(
+    not (STUDY / "report_args.txt").is_file(),
+    reason="docs/micro_study/ holds no run yet: EXPORT=docs/micro_study bash launch/micro_study.sh writes it",
+)
+
+
+def _committed_command() -> list[str]:
+    """The `python -m eval report` arguments recorded with the committed report (report_args.txt)."""
+    return shlex.split((STUDY / "report_args.txt").read_text())
+
+
+@needs_committed_run
+def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path, monkeypatch):
+    args = _committed_command()
+    out = tmp_path / "report"
+    monkeypatch.chdir(ROOT)  # the recorded paths are relative to the repository root
+    assert report_main([*args, "--out", str(out)]) == 0
+    committed = STUDY / "report"
+    tables = sorted(p.name for p in committed.iterdir() if p.suffix in {".md", ".csv"})
+    assert {"table1.md", "table1.csv", "statistics.md", "ranking_test.csv", "table1_val.md"} <= set(tables)
+    for name in tables:
+        assert (out / name).read_text() == (committed / name).read_text(), f"{name} differs when regenerated"
+    figures = {p.name for p in committed.glob("*.png")}
+    assert figures == {p.name for p in out.glob("*.png")}
+
+
+@needs_committed_run
+def test_committed_raw_results_are_complete_and_checkpoint_free():
+    raw = STUDY / "raw"
+    for split in ("test", "val"):
+        runs = sorted(p.name for p in (raw / split).iterdir() if p.is_dir())
+        assert runs == sorted(f"{shape}_s{seed}" for shape in SHAPES for seed in GPU_CAPS)
+        for run in runs:
+            info = json.loads((raw / split / run / "run.json").read_text())
+            steps = sorted(int(p.name.split("_")[-1]) for p in (raw / split / run).glob("global_step_*"))
+            assert steps and steps[-1] == info["horizon"], f"{split}/{run}: last step is not the cap"
+            for step in steps:
+                summary = json.loads((raw / split / run / f"global_step_{step}" / "summary.json").read_text())
+                assert summary["complete"] and summary["step"] == step
+    for run in (p.name for p in (raw / "test").iterdir() if p.is_dir()):
+        assert (raw / "logs" / run / "metrics.jsonl").stat().st_size > 0
+    assert not [p for p in STUDY.rglob("*") if p.suffix in {".pt", ".safetensors", ".bin"}]
+
+
+def _cell(shape: str, seed: int) -> dict:
+    return yaml.safe_load((RECIPES / f"micro_{shape}_s{seed}.yaml").read_text())
+
+
+def test_micro_cells_differ_only_in_shape_seed_and_a_proportional_cap():
+    caps = {}
+    for shape in SHAPES:
+        for seed in GPU_CAPS:
+            raw = _cell(shape, seed)
+            assert raw["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}
+            assert raw["defaults"] == ["micro", "_self_"]
+            rest = {k: v for k, v in raw.items() if k not in ("hydra", "defaults")}
+            assert set(rest) == {"shape", "seed", "trainer"} and set(rest["trainer"]) == {
+                "total_training_steps"
+            }
+            assert (rest["shape"], rest["seed"]) == (shape, seed)
+            caps.setdefault(seed, set()).add(rest["trainer"]["total_training_steps"])
+    assert all(len(c) == 1 for c in caps.values()), "every shape of a seed has the same cap"
+    cap = {seed: next(iter(c)) for seed, c in caps.items()}
+    scale = cap[42] / GPU_CAPS[42]
+    for seed, gpu in GPU_CAPS.items():  # the GPU proportion 180 : 230 : 312 up to rounding to whole steps
+        assert abs(cap[seed] - gpu * scale) <= 0.5 + 1e-9, (seed, cap[seed], gpu * scale)
+
+
+def _dotted(tree: dict, prefix: str = "") -> list[str]:
+    """``{"a": {"b": 1}}`` -> ``["a.b=1"]`` (hydra overrides of every leaf)."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+    return out
+
+
+def test_micro_cells_are_the_demo_recipe_plus_their_own_keys():
+    """Each cell composes to exactly the demo recipe with micro.yaml's keys and the cell's shape,
+    seed and step cap applied on top: same model, data, world, rollout and optimiser."""
+    micro = {k: v for k, v in yaml.safe_load((RECIPES / "micro.yaml").read_text()).items() if k != "defaults"}
+    with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
+        for shape in SHAPES:
+            for seed in GPU_CAPS:
+                cap = _cell(shape, seed)["trainer"]["total_training_steps"]
+                cell_keys = {"shape": shape, "seed": seed, "trainer": {"total_training_steps": cap}}
+                cfg = compose(config_name=f"micro_{shape}_s{seed}")
+                demo = compose(config_name="demo_cpu", overrides=_dotted(micro) + _dotted(cell_keys))
+                assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(demo, resolve=True)
+                assert cfg.trainer.experiment_name == f"{shape}_s{seed}" and cfg.data.seed == seed
+
+
+def test_matched_horizon_auto_is_the_smallest_known_cap():
+    assert resolve_matched_horizon("auto", [9, 7, None, 12]) == 7
+    assert resolve_matched_horizon(180, [7]) == 180
+    assert horizon_arg("auto") == "auto" and horizon_arg("15") == 15
+    with pytest.raises(ValueError, match="known horizon"):
+        resolve_matched_horizon("auto", [None])
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(Exception, match="positive step count"):
+            horizon_arg(bad)
+
+
+# ---- a small synthetic study with a world-like suite (no paper benchmark) ----------------------
+
+CAPS = {42: 4, 43: 5, 44: 7}
+# (shape, seed) -> {step: correct answers out of 4 per benchmark}; step 0 only in the first shape
+TEST_TREE = {
+    ("em_only", 42): {0: 1, 3: 1, 4: 2},
+    ("f1_only", 42): {3: 2, 4: 3},
+    ("f1_format", 42): {3: 3, 4: 2},
+    ("em_only", 43): {0: 1, 3: 1, 5: 1},
+    ("f1_only", 43): {3: 3, 5: 2},
+    ("f1_format", 43): {3: 2, 5: 4},
+    ("em_only", 44): {0: 1, 3: 2, 6: 1, 7: 4},
+    ("f1_only", 44): {3: 3, 6: 3, 7: 3},
+    ("f1_format", 44): {3: 3, 6: 2, 7: 2},
+}
+BENCHES = ("single_hop", "two_hop")
+
+
+def _write_tree(root: Path, tree: dict, prefix: str) -> None:
+    for (shape, seed), steps in tree.items():
+        run = f"{shape}_s{seed}"
+        (root / run).mkdir(parents=True)
+        info = {"run": run, "shape": shape, "seed": seed, "horizon": CAPS[seed], "config": {}}
+        (root / run / "run.json").write_text(json.dumps(info))
+        for step, right in steps.items():
+            d = root / run / f"global_step_{step}"
+            d.mkdir()
+            rows, summary = [], {}
+            for bench in BENCHES:
+                part = []
+                for i in range(4):
+                    ok = i < right
+                    part.append(
+                        {
+                            "benchmark": bench,
+                            "id": f"{bench}-{i}",
+                            "question": f"{prefix} {bench} {i}?",
+                            "prediction": "a" if ok else ("b" if i % 2 else None),
+                            "em": float(ok),
+                            "f1": 1.0 if ok else 0.25,
+                            "acc": float(ok),
+                            "searches": 1 + i % 2 + (bench == "two_hop"),
+                            "termination": "answer" if ok or i % 2 else "turn_cap",
+                        }
+                    )
+                rows += part
+                summary[bench] = {
+                    "n": 4,
+                    **{k: sum(r[k] for r in part) / 4 for k in ("em", "f1", "acc")},
+                    "abort_rate": sum(r["prediction"] is None for r in part) / 4,
+                    "searches_mean": sum(r["searches"] for r in part) / 4,
+                }
+            macro = {k: sum(s[k] for s in summary.values()) / len(summary) for k in ("em", "f1", "acc")}
+            (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / "summary.json").write_text(
+                json.dumps({"benchmarks": summary, "macro": macro, "step": step, "complete": True})
+            )
+
+
+def _write_logs(root: Path) -> None:
+    for shape, seed in TEST_TREE:
+        zero = {"em_only": 0.75, "f1_only": 0.25, "f1_format": 0.5}[shape]
+        lines = [
+            {
+                "step": s,
+                "data": {"reward/mean": s / 10, "grpo/zero_variance_group_frac": zero + (s % 2) * 0.25},
+            }
+            for s in range(1, CAPS[seed] + 1)
+        ]
+        (root / f"{shape}_s{seed}").mkdir(parents=True)
+        (root / f"{shape}_s{seed}" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory):
+    base = tmp_path_factory.mktemp("micro")
+    _write_tree(base / "test", TEST_TREE, "t")
+    # validation prefers the earliest trained checkpoint of every run (3 right at step 3, fewer later)
+    val_tree = {key: {s: (3 if s == 3 else 1) for s in steps} for key, steps in TEST_TREE.items()}
+    _write_tree(base / "val", val_tree, "v")
+    _write_logs(base / "logs")
+    out = base / "report"
+    argv = ["--results", str(base / "test"), "--val-results", str(base / "val"), "--logs", str(base / "logs")]
+    assert report_main([*argv, "--matched-horizon", "auto", "--bootstrap", "50", "--out", str(out)]) == 0
+    return base, out
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_auto_matched_horizon_selects_within_the_smallest_cap(small_report):
+    _, out = small_report
+    matched = {
+        (r["row"], r["seed"]): int(r["step"]) for r in _csv(out / "table1.csv") if r["rule"] == "matched"
+    }
+    own = {(r["row"], r["seed"]): int(r["step"]) for r in _csv(out / "table1.csv") if r["rule"] == "own"}
+    assert max(matched.values()) <= 4  # smallest cap (seed 42)
+    assert matched[("em_only", "44")] == 3 and own[("em_only", "44")] == 7
+    assert matched[("f1_format", "43")] == 3 and own[("f1_format", "43")] == 5
+    assert "matched horizon (step <= 4)" in (out / "table1.md").read_text()
+
+
+def test_validation_selected_table(small_report):
+    _, out = small_report
+    rows = {(r["rule"], r["run"]): r for r in _csv(out / "table1_val.csv")}
+    assert len(rows) == 18
+    for r in rows.values():
+        assert int(r["val_step"]) == 3 and float(r["val_em"]) == 0.75
+    r = rows[("val_own", "em_only_s44")]
+    assert (int(r["test_step"]), float(r["test_pick_em"]), float(r["test_em"])) == (7, 1.0, 0.5)
+    text = (out / "table1_val.md").read_text()
+    assert "0.500 @3 (test-chosen: 1.000 @7)" in text
+
+
+def test_zero_variance_per_shape(small_report):
+    _, out = small_report
+    per_run = {r["run"]: r for r in _csv(out / "zero_variance.csv")}
+    assert len(per_run) == 9
+    r = per_run["f1_only_s44"]  # steps 1..7: 0.5, 0.25, 0.5, 0.25, 0.5, 0.25, 0.5
+    assert int(r["steps"]) == 7
+    assert float(r["mean"]) == pytest.approx((4 * 0.5 + 3 * 0.25) / 7)
+    assert float(r["first_half"]) == pytest.approx((0.5 + 0.25 + 0.5) / 3)
+    assert (out / "fig_zero_variance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| em_only |" in (out / "zero_variance.md").read_text()
+
+
+def test_search_profile_pools_every_benchmark_without_multi_hop_ones(small_report):
+    _, out = small_report
+    profile = _csv(out / "search_profile.csv")
+    assert {int(r["searches"]) for r in profile} == {1, 2, 3}
+    assert "pools every benchmark" in (out / "index.md").read_text()
+
+
+def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tmp_path):
+    """Every cell marked done: the script neither trains nor evaluates, only reports (resume path)."""
+    base, _ = small_report
+    runs = tmp_path / "runs"
+    for shape, seed in TEST_TREE:
+        cell = runs / f"{shape}_s{seed}"
+        cell.mkdir(parents=True)
+        for marker in (".micro_trained", ".micro_eval_test", ".micro_eval_val"):
+            (cell / marker).write_text("done in an earlier run\n")
+        (cell / "metrics.jsonl").write_text((base / "logs" / cell.name / "metrics.jsonl").read_text())
+    env = {
+        **os.environ,
+        "RUNS": str(runs),
+        "RESULTS": str(base),
+        "REPORT": str(tmp_path / "report"),
+        "BOOTSTRAP": "20",
+    }
+    proc = subprocess.run(
+        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "done before" in line]
+    assert len(lines) == 27  # 9 cells x (train, eval test, eval val)
+    assert (tmp_path / "report" / "table1.md").is_file() and (tmp_path / "report" / "table1_val.md").is_file()
+    assert (runs / "progress.log").read_text().count("done before") == 27
