@@ -14,10 +14,11 @@ budget, cache row and random stream.
 
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
 tokens and how many earlier requests sent the same prompt since the last weight load (or from
-the request's own ``seed`` parameter), so what it samples does not depend on arrival order or batch mates. Batched and
-one-at-a-time forward passes agree to float rounding (~1e-6 in log-prob) and sampling is an
-exponential race (``search_env.cpu.sampling``), so a token can differ only when its two best
-perturbed scores tie to that rounding (about once in 1e6 tokens); nothing else differs.
+the request's own ``seed`` parameter), so what it samples does not depend on arrival order or
+batch mates. Batched and one-at-a-time forward passes agree to float rounding (~1e-6 in
+log-prob) and sampling is an exponential race (``search_env.cpu.sampling``), so a token can
+differ only when its two best perturbed scores tie to that rounding (rare: none in the runs of
+``bench/hf_generate.py``); nothing else differs.
 The k-th of several identical concurrent prompts (a GRPO group) gets the k-th stream in
 submission order, so a group's set of outputs is fixed but not which rollout gets which.
 """
