@@ -60,8 +60,9 @@ from search_env.rollout_stats import TERMINATIONS
 
 TOOL_TEXT_CHAR_LIMIT = 1 << 20
 """verl's ``max_tool_response_length`` (characters) in evaluation: SearchTool caps every passage."""
-DEFAULT_IN_FLIGHT = {"hf": 8, "vllm": 512}
-"""Rollouts kept in flight per backend (``--max-in-flight``)."""
+DEFAULT_IN_FLIGHT = {"hf": 32, "vllm": 512}
+"""Rollouts kept in flight per backend (``--max-in-flight``). ``hf``: the CPU generator batches
+concurrent requests (up to 64); 32 rows give most of its speed-up (bench/hf_generate.py)."""
 FLUSH_ROWS = 64
 FLUSH_S = 2.0
 """rows.jsonl gets the finished prefix (one write + fsync) every FLUSH_ROWS rows or FLUSH_S seconds."""
