@@ -26,8 +26,10 @@ test: venv
 	$(PY) -m ruff format --check .
 	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q
 
+# World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
+# launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.
 demo: venv
-	PYTHON=$(abspath $(PY)) bash launch/run.sh recipes/demo_cpu.yaml
+	PYTHON=$(abspath $(PY)) $(PY) -m search_env.cpu.demo run
 
 lint: venv
 	$(PY) -m ruff check --fix .

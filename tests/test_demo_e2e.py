@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 CI_OVERRIDES = (
-    "launch.assets.warm_start=.demo/warm_start_ci_w0",  # a shorter SFT than the demo's own warm start
+    "launch.assets.warm_start=.demo/warm_start_ci",  # a shorter SFT than the demo's own warm start
     f"launch.assets.sft_steps={CI_SFT_STEPS}",
     "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",

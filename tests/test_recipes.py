@@ -257,7 +257,7 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
     )
     env = dict(line.split("=", 1) for line in (tmp_path / "launch.env").read_text().splitlines())
     assert env["DEVICE"] == "cpu" and env["RETRIEVER_URLS"] == f"http://127.0.0.1:{port}"
-    assert env["MODEL_PATH"].endswith(".demo/warm_start_w0") and env["TRAIN_FILES"].startswith("/")
+    assert env["MODEL_PATH"].endswith(".demo/warm_start") and env["TRAIN_FILES"].startswith("/")
     assert "--world-seed 0" in env["DEMO_ASSETS"] and ".demo/world_s0" in env["DEMO_ASSETS"]
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]

@@ -54,7 +54,7 @@ def cmd_assets(args: argparse.Namespace) -> int:
 
     world_dir = ensure_world(args.world_seed, args.world)
     cfg = WarmStartConfig(steps=args.sft_steps) if args.sft_steps else WarmStartConfig()
-    model = ensure_warm_start(world_dir, args.warm_start, cfg, log=lambda m: print(m, flush=True))
+    model = ensure_warm_start(args.warm_start, cfg, log=lambda m: print(m, flush=True))
     stamp = json.loads((model / "warm_start.json").read_text())
     print(
         f"demo assets ready: world {world_dir} (seed {args.world_seed}), warm start {model} (key {stamp['key']})"
@@ -198,6 +198,7 @@ def evaluate(
 
 def cmd_run(args: argparse.Namespace, overrides: list[str]) -> int:
     run_dir = args.run_dir.resolve()
+    os.environ.setdefault("PYTHON", sys.executable)  # launch/*.sh use this interpreter
     env = {**os.environ, "RLVR_RUN_DIR": str(run_dir)}
     train = ["bash", "launch/run.sh", str(RECIPE), f"retriever.port={args.port}", *overrides]
     print(f"+ {' '.join(train)}", flush=True)

@@ -1,0 +1,91 @@
+"""The demo warm start: teacher turns rendered by the protocol + chat template, demonstrations from
+verl's agent loop against a real BM25 server, the cache key, the SFT loss mask."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from search_env import protocol, world
+from search_env.cpu import tiny, warm_start
+
+
+@pytest.fixture(scope="module")
+def demo_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sizes = {
+        "train": world.RegionSize(countries=2, cities=4, people=12, companies=4),
+        "val": world.RegionSize(countries=1, cities=2, people=3, companies=1),
+        "test": world.RegionSize(countries=1, cities=2, people=4, companies=2),
+    }
+    return world.write_world(world.build_world(4, sizes), tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture(scope="module")
+def random_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tokenizer = tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
+    return tiny.build_random_model(tmp_path_factory.mktemp("model"), tokenizer, tiny.DEMO_TEXT_CONFIG, seed=0)
+
+
+def _row(qtype: str) -> dict:
+    return next(r for r in world.build_world(0).questions["train"] if r["type"] == qtype)
+
+
+def test_turn_text_continues_each_generation_prompt_and_stops_like_a_generator():
+    row = _row("two_hop")
+    first_prompt = "<|im_start|>assistant\n<think>\n"  # thinking on: the first generation prompt
+    call = warm_start.turn_text(first_prompt, warm_start.assistant_message(row, 0), row["question"])
+    assert call.endswith(protocol.render_search_call(row["hops"][0]["subject"]))
+    assert "<think>" not in call and "</think>" in call  # the prompt already opened the think block
+    later = warm_start.turn_text(
+        "<|im_start|>assistant\n", warm_start.assistant_message(row, 2), row["question"]
+    )
+    assert later.startswith("<think>") and later.endswith(protocol.render_answer(row["golden_answers"][0]))
+    assert protocol.find_stop(later) == len(later)  # cut right after </answer>, nothing sampled past it
+
+
+def test_rendered_trajectory_scores_as_a_correct_answer():
+    from reward_fns.compute_score import compute_score
+
+    row = _row("single_hop")
+    text = warm_start.render_trajectory(row, [['"A"\nsome passage.']])
+    response = text.split("<|im_start|>assistant\n", 1)[1]
+    scored = compute_score(
+        data_source="world",
+        solution_str=response,
+        ground_truth={"target": row["golden_answers"]},
+        shape="f1_format",
+    )
+    assert scored["em"] == 1.0 and scored["well_formed"]
+
+
+def test_demonstrations_come_from_the_agent_loop_and_mask_only_the_model_turns(demo_world, random_demo_model):
+    from transformers import AutoTokenizer
+
+    cfg = replace(warm_start.WarmStartConfig(), single_hop=6, two_hop=4)  # per world
+    with warm_start.bm25_server(demo_world / "corpus.jsonl") as url:
+        samples, counts = warm_start.demonstrations(random_demo_model, demo_world, cfg, url)
+    assert counts["single_hop"] + counts["two_hop"] + counts["dropped"] == 10 and len(samples) >= 6
+    tok = AutoTokenizer.from_pretrained(random_demo_model)
+    for sample in samples:
+        assert len(sample["ids"]) == len(sample["mask"])
+        model_text = tok.decode([t for t, m in zip(sample["ids"], sample["mask"], strict=True) if m])
+        full = tok.decode(sample["ids"])
+        assert "<tool_call>" in model_text and "<answer>" in model_text
+        assert "<tool_response>" in full and "<tool_response>" not in model_text  # retrieved text unmasked
+        assert model_text.rstrip().endswith("</answer>")
+
+
+def test_cache_key_follows_the_inputs():
+    base = warm_start.WarmStartConfig()
+    key = warm_start.cache_key(base)
+    assert warm_start.cache_key(base) == key
+    assert warm_start.cache_key(replace(base, steps=base.steps + 1)) != key
+
+
+def test_pretraining_worlds_are_not_demo_worlds():
+    """Same inventory, other draws: a demo passage appears there only by chance (a short country line)."""
+    passages = set(warm_start.pretrain_passages())
+    demo = {p["contents"] for p in world.build_world(0).passages}
+    assert len(passages) > 10 * len(demo) and len(passages & demo) < 0.05 * len(demo)
