@@ -30,7 +30,7 @@ generator is kept as cheap as possible. Prints q/s, p50/p99 latency, mean batch,
 at 1 query/request), b/c, d(on)/d(off) (target >= 1.5), the cache hit rate, and time-to-ready / RSS
 mapped vs read.
 
-    .venv/bin/python bench/retriever.py [--n 200000] [--seconds 10] [--rounds 3]   # ~8-10 min, 2 cores
+    .venv/bin/python bench/retriever.py [--n 200000] [--seconds 10] [--rounds 3]   # ~12 min on 2 cores
 """
 
 from __future__ import annotations

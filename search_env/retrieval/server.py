@@ -8,6 +8,8 @@ batch), waits up to `max_wait_ms` for more when the batch is not full, and runs 
 (= one encode + one index search for the dense backend) plus the passage lookups in a dedicated worker
 thread, so the event loop keeps accepting requests meanwhile. Requests that arrive during a search form
 the next batch. With `max_batch=1` each request is searched alone (the Search-R1/FlashRAG design).
+`python -m search_env serve` passes a `worker.ProcessRetriever`, so that thread only waits for a child
+process doing the encode + search (no GIL shared with the event loop).
 
 Query cache (`cache.QueryCache`, shared by all dialects): a request's queries are looked up by
 (query text, topk) when it arrives; a request answered entirely from the cache skips the queue. The

@@ -98,7 +98,7 @@ class ProcessRetriever(Retriever):
         self.pid = next(iter(self._pool._processes))  # the one worker (read for /health)
 
     def healthy(self) -> bool:
-        process = self._pool._processes.get(self.pid)
+        process = (self._pool._processes or {}).get(self.pid)  # None once the pool is shut down
         return process is not None and process.is_alive()
 
     def search_rows(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
