@@ -15,6 +15,8 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -393,7 +395,41 @@ def test_preflight_names_missing_kernels(tmp_path: Path):
     assert plan.problems == [], "the CPU demo needs neither (sdpa, no remove-padding)"
 
 
+@contextmanager
+def _qwen35_classes_restored() -> Iterator[None]:
+    """Undo verl's ``apply_monkey_patch`` afterwards: it replaces methods on transformers' Qwen3.5
+    classes (the Gated-DeltaNet forward among them) for the whole process, and the patched forward
+    cannot run with a generation cache, which every later test in this process would inherit."""
+    import transformers.integrations.flash_attention as flash_attention
+    import transformers.models.qwen3_5.modeling_qwen3_5 as dense
+    import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as moe
+
+    classes = [
+        c
+        for m in (dense, moe)
+        for c in vars(m).values()
+        if isinstance(c, type) and c.__module__ == m.__name__
+    ]
+    saved = [(c, {k: v for k, v in vars(c).items() if not k.startswith("__")}) for c in classes]
+    attention = flash_attention._flash_attention_forward
+    try:
+        yield
+    finally:
+        for cls, attrs in saved:
+            for name in [k for k in vars(cls) if not k.startswith("__") and k not in attrs]:
+                delattr(cls, name)
+            for name, value in attrs.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
+        flash_attention._flash_attention_forward = attention
+
+
 def test_packed_sequences_need_fla_and_the_smoke_harness_runs(tmp_path: Path, capsys):
+    with _qwen35_classes_restored():
+        _check_packed_sequences(tmp_path, capsys)
+
+
+def _check_packed_sequences(tmp_path: Path, capsys) -> None:
     """Why check_kernels asks for fla: without it verl 0.9.1 passes cu_seqlens to transformers'
     torch Gated-DeltaNet fallback, which takes **kwargs and ignores them, so a packed sequence sees
     the ones before it. With the split verl does when the kernel does NOT accept cu_seqlens, packed
