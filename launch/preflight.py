@@ -106,6 +106,19 @@ def driver_version() -> str | None:
     return None
 
 
+def no_cuda_reason() -> str:
+    """:func:`cuda_diagnosis` for this interpreter's torch, this node's driver and environment."""
+    import torch
+
+    return cuda_diagnosis(
+        torch.__version__,
+        torch.version.cuda,
+        driver_version(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        sys.executable,
+    )
+
+
 def cuda_diagnosis(
     torch_version: str, torch_cuda: str | None, driver: str | None, visible_devices: str | None, python: str
 ) -> str:
@@ -162,15 +175,7 @@ def check_gpus(cfg: DictConfig, overrides: list[str], plan: Plan, recipe: Path) 
         return []
     gpus = visible_gpus()
     if gpus == 0:
-        import torch
-
-        why = cuda_diagnosis(
-            torch.__version__,
-            torch.version.cuda,
-            driver_version(),
-            os.environ.get("CUDA_VISIBLE_DEVICES"),
-            sys.executable,
-        )
+        why = no_cuda_reason()
         plan.problems.append(
             f"recipe {recipe.name} trains on GPUs (launch.device=gpu) but torch sees no CUDA device: {why}. "
             "On a CPU machine run `bash launch/run.sh recipes/demo_cpu.yaml` instead"
@@ -279,7 +284,12 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
                 str(repo_path(assets.world)),
                 "--warm-start",
                 str(repo_path(assets.warm_start)),
-                *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") else []),
+                *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") is not None else []),
+                *(
+                    ["--pretrain-steps", str(assets.pretrain_steps)]
+                    if assets.get("pretrain_steps") is not None
+                    else []
+                ),
             ]
         )
 

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-WORLD_VERSION = 1
+WORLD_VERSION = 2
 """Bumped whenever the generator's output for a seed changes (part of the demo cache key)."""
 SPLITS = ("train", "val", "test")
 TYPES = ("single_hop", "two_hop")
@@ -260,12 +260,12 @@ def _passages(regions: Sequence[Region], rng: random.Random) -> list[tuple[str, 
             out.append((city, f"{city} is a city in {country}. It is known for its {feature}."))
             if rng.random() < 0.4:  # distractor: names the city, says nothing about its country
                 out.append(
-                    (f"{city} Festival", f"The {city} Festival is held every summer near the {feature}.")
+                    (f"{city} Festival", f"Every summer the {city} Festival is held near the {feature}.")
                 )
         for p in r.people:
             text = f"{p.name} was a {p.occupation}. {p.name} was born in {p.born_in}."
             if p.lived_in:
-                text += f" Later {p.name.split()[0]} lived in {p.lived_in}."
+                text += f" Later, {p.name.split()[0]} lived in {p.lived_in}."
             out.append((p.name, text))
             surnames.setdefault(p.name.split()[1], []).append(p.name)
         for c in r.companies:

@@ -111,8 +111,17 @@ def test_demo_tokenizer_covers_every_name():
     lengths = {w: len(tok.encode(w, add_special_tokens=False)) for w in world.INVENTORY.words()}
     assert max(lengths.values()) <= 2, [w for w, n in lengths.items() if n > 2][:10]
     # a name has the same tokens wherever it stands (question, query line, passage, answer)
-    name = "Ilsa " + world.INVENTORY.last_names[0]
-    alone = tok.encode(world.INVENTORY.last_names[0], add_special_tokens=False)
-    for context in (f"Where was {name} born?", f"\n{name}\n", f"<answer> {name} </answer>"):
-        ids = tok.encode(context, add_special_tokens=False)
-        assert any(ids[i : i + len(alone)] == alone for i in range(len(ids))), context
+    for name in (
+        f"{world.INVENTORY.first_names[3]} {world.INVENTORY.last_names[5]}",
+        world.INVENTORY.places[7],
+    ):
+        alone = tok.encode(name, add_special_tokens=False)
+        assert len(alone) == len(name.split())  # one token per word
+        for context in (
+            f"Where was {name} born?",
+            f"\n{name}\n",
+            f"<answer> {name} </answer>",
+            f"{name} was a poet.",
+        ):
+            ids = tok.encode(context, add_special_tokens=False)
+            assert any(ids[i : i + len(alone)] == alone for i in range(len(ids))), context

@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,11 @@ def cmd_assets(args: argparse.Namespace) -> int:
     from search_env.cpu.warm_start import WarmStartConfig, ensure_warm_start
 
     world_dir = ensure_world(args.world_seed, args.world)
-    cfg = WarmStartConfig(steps=args.sft_steps) if args.sft_steps else WarmStartConfig()
+    cfg = WarmStartConfig()
+    if args.sft_steps is not None:
+        cfg = replace(cfg, steps=args.sft_steps)
+    if args.pretrain_steps is not None:
+        cfg = replace(cfg, pretrain_steps=args.pretrain_steps)
     model = ensure_warm_start(args.warm_start, cfg, log=lambda m: print(m, flush=True))
     stamp = json.loads((model / "warm_start.json").read_text())
     print(
@@ -245,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     assets.add_argument("--warm-start", type=Path, required=True, help="warm-start model folder")
     assets.add_argument(
         "--sft-steps", type=int, default=None, help="SFT steps (default: WarmStartConfig.steps)"
+    )
+    assets.add_argument(
+        "--pretrain-steps", type=int, default=None, help="pretraining steps (default: WarmStartConfig)"
     )
     run = sub.add_parser("run", help="train (launch/run.sh), evaluate (launch/eval.sh), print the report")
     run.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")

@@ -285,8 +285,9 @@ def build_tokenizer(seed: int = 0) -> PreTrainedTokenizerFast:
     return _wrap_tokenizer(_train_bpe(_training_texts(), pre_tokenizers.ByteLevel(add_prefix_space=False)))
 
 
-DEMO_NAME_PATTERN = r"[A-Z][a-z]+"
-"""Capitalised words (every name of ``search_env.world.INVENTORY``) are pre-tokens of their own."""
+DEMO_NAME_PATTERN = r"[A-Z][a-z]+(?: [A-Z][a-z]+)*"
+"""A run of capitalised words (a name of ``search_env.world.INVENTORY``: "Ilsa Marren", "Velmora",
+"Dornby Press") is one pre-token, then split before each later word: "Ilsa" + " Marren" wherever it stands."""
 
 
 def build_demo_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
@@ -294,14 +295,15 @@ def build_demo_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
 
     Unlike ``build_tokenizer`` it may merge across spaces (no GPT-2 word split), so the fixed chat
     template, instruction and passage phrasing shrink to a few long tokens and a demo sequence is
-    ~2.5x shorter; capitalised words are split out first (``DEMO_NAME_PATTERN``), so a name has the
-    same tokens wherever it stands (question, query, passage, answer) and copying it is one
-    pattern. Same texts -> identical tokenizer. Qwen3.5's special/added tokens and chat template
+    ~2.5x shorter; names are split out first (``DEMO_NAME_PATTERN``), so a name has the same
+    tokens wherever it stands (question, query, passage, answer), and the second word of a name is
+    one token with its space (" Marren"): copying a name is "the token that followed this one". Same texts -> identical tokenizer. Qwen3.5's special/added tokens and chat template
     as in ``build_tokenizer``.
     """
     pre = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(DEMO_NAME_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(" [A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

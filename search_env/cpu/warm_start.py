@@ -64,8 +64,8 @@ from search_env import protocol, world
 
 WARM_START_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""
-REFERENCE_WORLD_SEED = 0
-"""The world whose rendered trajectories (with the inventory) train the demo tokenizer."""
+REFERENCE_WORLD_SEED = -1000
+"""The world whose rendered trajectories (with the inventory) train the demo tokenizer (< 0: no demo world)."""
 STAMP = "warm_start.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
