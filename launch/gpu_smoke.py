@@ -57,22 +57,13 @@ def result(ok: bool, text: str) -> int:
 
 
 def cmd_cuda(_: argparse.Namespace) -> int:
-    import os
-
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return 0
-    from preflight import cuda_diagnosis, driver_version
+    from preflight import no_cuda_reason
 
-    why = cuda_diagnosis(
-        torch.__version__,
-        torch.version.cuda,
-        driver_version(),
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
-        sys.executable,
-    )
-    print(f"no CUDA device: {why}", file=sys.stderr)
+    print(f"no CUDA device: {no_cuda_reason()}", file=sys.stderr)
     return 2
 
 

@@ -295,16 +295,20 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
 # ---- launch/gpu_smoke.sh --------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
-def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
-    done = subprocess.run(
+def _run_gpu_smoke(smoke_dir: Path, timeout_s: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
         ["bash", "launch/gpu_smoke.sh"],
         cwd=ROOT,
-        env={**os.environ, "SMOKE_DIR": str(tmp_path / "smoke")},
+        env={**os.environ, "SMOKE_DIR": str(smoke_dir)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
+def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
+    done = _run_gpu_smoke(tmp_path / "smoke", 120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
     assert not (tmp_path / "smoke").exists(), "nothing may run without a GPU"
 
@@ -312,14 +316,7 @@ def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU smoke run needs a CUDA GPU (none here)")
 def test_gpu_smoke_passes(tmp_path: Path):
-    done = subprocess.run(
-        ["bash", "launch/gpu_smoke.sh"],
-        cwd=ROOT,
-        env={**os.environ, "SMOKE_DIR": str(tmp_path / "smoke")},
-        capture_output=True,
-        text=True,
-        timeout=700,
-    )
+    done = _run_gpu_smoke(tmp_path / "smoke", 700)
     assert done.returncode == 0, done.stdout[-4000:]
 
 
