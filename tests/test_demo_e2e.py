@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 900  # per invocation, lock wait included; the recipe's own trainer limit is 900 s
-CI_SFT_STEPS = 100
+CI_SFT_STEPS = 200
 
 
 def _free_port() -> int:
@@ -42,8 +42,8 @@ CI_OVERRIDES = (
     "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
 )
-"""The demo recipe, smaller: 4 prompts x 5 rollouts a step, a warm start of 100 SFT steps and no
-pretraining (~1 min: it learns the format - search, then answer - not yet to copy names)."""
+"""The demo recipe, smaller: 4 prompts x 5 rollouts a step, a warm start of 200 SFT steps and no
+pretraining (~1.5 min: it learns the format - search, then answer - not yet to copy names)."""
 
 
 def _demo_cmd(port: int, *overrides: str) -> list[str]:
@@ -160,9 +160,17 @@ def _private_ray_leftovers() -> set[str]:
     return found
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
+def _port_free(port: int, wait_s: float = 15.0) -> bool:
+    """Nothing listens on the port (within ``wait_s``: a SIGKILLed server's socket closes when the
+    kernel reaps it, which can lag on a loaded machine)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) != 0:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 @pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)

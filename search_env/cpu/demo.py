@@ -15,6 +15,8 @@ Subcommands::
            (new names, new corpus: the search skill alone);
         4. prints the reward of every step and the before/after table, and writes both to
            ``RUN/demo_report.md`` and ``RUN/demo_report.json``.
+    python -m search_env.cpu.demo evaluate --run-dir RUN [--limit N] [--also-world-seed S2]
+        steps 2-4 on a trained run.
     python -m search_env.cpu.demo report --run-dir RUN
         step 4 again from the files.
 """
@@ -176,9 +178,10 @@ def report(run_dir: Path) -> dict[str, Any]:
 
 
 def _composed(run_dir: Path) -> dict[str, Any]:
-    import yaml
+    """The run's composed recipe (``RUN/recipe.yaml``, written by the preflight), interpolations resolved."""
+    from omegaconf import OmegaConf
 
-    return yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    return OmegaConf.to_container(OmegaConf.load(run_dir / "recipe.yaml"), resolve=True)
 
 
 def evaluate(
@@ -210,6 +213,13 @@ def cmd_run(args: argparse.Namespace, overrides: list[str]) -> int:
     done = subprocess.run(train, cwd=REPO_ROOT, env=env)
     if done.returncode != 0:
         return done.returncode
+    return cmd_evaluate(args)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Steps 2-4 of ``run`` on a trained run directory."""
+    os.environ.setdefault("PYTHON", sys.executable)
+    run_dir = args.run_dir.resolve()
     cfg = _composed(run_dir)
     world_dir = Path(cfg["launch"]["assets"]["world"])
     world_dir = world_dir if world_dir.is_absolute() else REPO_ROOT / world_dir
@@ -265,6 +275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument(
         "--also-world-seed", type=int, default=None, help="also evaluate on the world of this seed"
     )
+    ev = sub.add_parser("evaluate", help="steps 2-4 of run (evaluate + report) on a trained run")
+    ev.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
+    ev.add_argument("--port", type=int, default=18450, help="evaluation retriever port - 1")
+    ev.add_argument("--limit", type=int, default=100, help="test questions per type")
+    ev.add_argument(
+        "--also-world-seed", type=int, default=None, help="also evaluate on the world of this seed"
+    )
     rep = sub.add_parser("report", help="print the report of a finished demo run")
     rep.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
     args, rest = parser.parse_known_args(argv)
@@ -272,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_assets(args)
     if args.command == "run":
         return cmd_run(args, rest)
+    if args.command == "evaluate":
+        return cmd_evaluate(args)
     report(args.run_dir)
     return 0
 
