@@ -186,7 +186,9 @@ def test_demo_cpu_recipe():
         "fsdp2",
     )
     assert a.model.override_config.attn_implementation == "sdpa"
-    assert cfg.trainer.total_training_steps >= 10 and cfg.trainer.save_freq == cfg.trainer.total_training_steps
+    assert (
+        cfg.trainer.total_training_steps >= 10 and cfg.trainer.save_freq == cfg.trainer.total_training_steps
+    )
     assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.trainer.n_gpus_per_node == 1
     assets = cfg.launch.assets  # built by launch/run.sh: the synthetic world and the SFT warm start
     assert cfg.launch.build_demo_assets and a.model.path == assets.warm_start
