@@ -13,19 +13,16 @@ retrieval server.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from hypothesis import settings
 
 from search_env import DEMO_CORPUS
+from search_env.retrieval.server import spawn_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -48,56 +45,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny_qwen35"), seed=0)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    """A real BM25 server over the bundled wiki-18 sample, for the whole session."""
     log_path = tmp_path_factory.mktemp("retrieval_server") / "server.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "search_env",
-        "serve",
-        "--backend",
-        "bm25",
-        "--corpus",
-        str(DEMO_CORPUS),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"retrieval server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"retrieval server not healthy after {SERVER_START_TIMEOUT_S} s:\n{log_path.read_text()}"
-                )
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with spawn_server(
+        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)],
+        startup_timeout_s=SERVER_START_TIMEOUT_S,
+        log_path=log_path,
+    ) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

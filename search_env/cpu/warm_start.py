@@ -50,9 +50,6 @@ import json
 import math
 import os
 import random
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -240,36 +237,10 @@ class TeacherClient:
 @contextlib.contextmanager
 def bm25_server(corpus: Path, port: int | None = None) -> Iterator[str]:
     """A real BM25 retrieval server (``python -m search_env serve``) over ``corpus``; yields its URL."""
-    import httpx
+    from search_env.retrieval.server import spawn_server
 
-    if port is None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "search_env", "serve", "--backend", "bm25", "--corpus", str(corpus)]
-    proc = subprocess.Popen(
-        [*cmd, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the BM25 server exited: {proc.stderr.read().decode()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the BM25 server on {url} did not become healthy in 120 s")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with spawn_server(["--backend", "bm25", "--corpus", str(corpus)], port=port) as server:
+        yield server.url
 
 
 def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dict[str, Any]]:
