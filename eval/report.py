@@ -33,7 +33,7 @@ from eval.results import (
     load_training_logs,
 )
 from eval.select import MATCHED_HORIZON, horizon_arg, resolve_matched_horizon, select
-from eval.stats import bootstrap_macro, percentile_interval, ranking_test
+from eval.stats import RankingTest, bootstrap_macro, percentile_interval, ranking_test
 from eval.tables import (
     FLOOR,
     MATCHED,
@@ -177,12 +177,7 @@ def statistics_markdown(
                 ]
             else:
                 k, s = len(test.shapes), len(test.seeds)
-                last = "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
-                verdict = (
-                    f"**{test.last_everywhere[0]}** is strictly last at every one of the {s} seeds."
-                    if test.last_everywhere
-                    else "No shape is strictly last at every seed."
-                )
+                last, verdict = _last_per_seed(test), _verdict(test)
                 lines += [
                     f"- k = {k} shapes ({', '.join(test.shapes)}), s = {s} seeds with every shape "
                     f"({', '.join(map(str, test.seeds))})"
@@ -192,7 +187,7 @@ def statistics_markdown(
                         else ""
                     ),
                     f"- strictly last per seed: {last}",
-                    f"- {verdict}",
+                    f"- {verdict[0].upper()}{verdict[1:]}.",
                     f"- P(a pre-specified shape is last at all {s} seeds | exchangeable) = (1/{k})^{s} = "
                     f"**{test.p_given_shape}** ≈ {float(test.p_given_shape):.4f}",
                     f"- P(some shape is last at all {s} seeds | exchangeable) = {k}·(1/{k})^{s} = "
@@ -353,18 +348,24 @@ def validation_selection(
         lines += [f"## {label}", "", markdown_table(["reward", *[f"seed {s}" for s in seeds], "mean"], rows)]
         test = ranking_test(table, shapes)
         if test.p_given_shape is not None:
-            last = "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
-            verdict = (
-                f"**{test.last_everywhere[0]}** is strictly last at every seed"
-                if test.last_everywhere
-                else "no shape is strictly last at every seed"
-            )
             lines += [
-                f"- strictly last per seed: {last}; {verdict} "
+                f"- strictly last per seed: {_last_per_seed(test)}; {_verdict(test)} "
                 f"(P = {test.p_given_shape} for a pre-specified shape, {test.p_any_shape} for any).",
                 "",
             ]
     return "\n".join(lines), frame
+
+
+def _last_per_seed(test: RankingTest) -> str:
+    """``seed 42: em_only; seed 43: tie for last; ...`` of a ranking test."""
+    return "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
+
+
+def _verdict(test: RankingTest) -> str:
+    """Whether one shape is strictly last at every complete seed (lower case, no full stop)."""
+    if test.last_everywhere:
+        return f"**{test.last_everywhere[0]}** is strictly last at every one of the {len(test.seeds)} seeds"
+    return "no shape is strictly last at every seed"
 
 
 def _write(path: Path, text: str) -> Path:
