@@ -154,7 +154,13 @@ def test_kill_and_resume_gives_identical_rows(
         proc.kill()
         proc.wait()
     assert not (out / "f1_only_s3" / "global_step_5" / "summary.json").exists()
-    with open(rows_path, "a") as f:
+    # Tear the last line of the checkpoint the kill interrupted: the one with rows but no summary
+    # (global_step_0 can already be complete: the batched generator may finish it between polls).
+    steps = sorted((out / "f1_only_s3").glob("global_step_*"))
+    unfinished = [d for d in steps if (d / "rows.jsonl").is_file() and not (d / "summary.json").exists()]
+    torn_dir = unfinished[0] if unfinished else out / "f1_only_s3" / "global_step_5"
+    torn_dir.mkdir(exist_ok=True)
+    with open(torn_dir / "rows.jsonl", "a") as f:
         f.write('{"benchmark": "nq", "id": "torn')  # as if killed in the middle of a write
     assert main(_args(run_dir, out, retrieval_server_url)) == 0
     for step in (0, 5):
