@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -45,6 +46,44 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("tiny_qwen35"), seed=0)
 
 
+def search_rollout_config(
+    folder: Path,
+    model_dir: Path,
+    retrieval_urls: list[str],
+    *,
+    max_retries: int,
+    response_length: int,
+    max_assistant_turns: int,
+    **loop_options: Any,
+):
+    """A composed in-process rollout config: ``folder``/tools.yaml for ``retrieval_urls`` and
+    ``folder``/agent_loops.yaml with ``search_agent`` (masked) and ``search_agent_unmasked``,
+    both with ``loop_options`` (``SearchAgentLoop`` keyword options)."""
+    import yaml
+
+    from search_env.cpu.local_rollout import compose_rollout_config, write_tool_config
+
+    tools = write_tool_config(folder / "tools.yaml", retrieval_urls, timeout=5.0, max_retries=max_retries)
+    loops = [
+        {
+            "name": name,
+            "_target_": "search_env.agent_loop.SearchAgentLoop",
+            **loop_options,
+            "mask_retrieved": masked,
+        }
+        for name, masked in (("search_agent", True), ("search_agent_unmasked", False))
+    ]
+    (folder / "agent_loops.yaml").write_text(yaml.safe_dump(loops))
+    return compose_rollout_config(
+        model_dir,
+        tools,
+        prompt_length=1024,
+        response_length=response_length,
+        agent_loop_config_path=folder / "agent_loops.yaml",
+        overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
+    )
+
+
 @pytest.fixture(scope="session")
 def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real BM25 server over the bundled wiki-18 sample, for the whole session."""
@@ -68,10 +107,8 @@ def make_local_rollout(
     keep the random model fast; ``retrieval_urls`` defaults to the session's BM25 server.
     Rows choose ``search_agent`` (masked) or ``search_agent_unmasked`` through ``agent_name``.
     """
-    import yaml
-
     from search_env.cpu.hf_generate import HFGenerator
-    from search_env.cpu.local_rollout import LocalRollout, compose_rollout_config, write_tool_config
+    from search_env.cpu.local_rollout import LocalRollout
 
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
     counter = iter(range(10**6))
@@ -85,31 +122,15 @@ def make_local_rollout(
         retrieval_urls: list[str] | None = None,
         max_retries: int = 3,
     ) -> LocalRollout:
-        folder = tmp_path_factory.mktemp(f"rollout_cfg{next(counter)}")
-        tools = write_tool_config(
-            folder / "tools.yaml",
-            retrieval_urls or [retrieval_server_url],
-            timeout=5.0,
-            max_retries=max_retries,
-        )
-        loops = [
-            {
-                "name": name,
-                "_target_": "search_env.agent_loop.SearchAgentLoop",
-                "mask_retrieved": masked,
-                "max_turn_tokens": max_turn_tokens,
-                "max_total_tokens": max_total_tokens,
-            }
-            for name, masked in (("search_agent", True), ("search_agent_unmasked", False))
-        ]
-        (folder / "agent_loops.yaml").write_text(yaml.safe_dump(loops))
-        config = compose_rollout_config(
+        config = search_rollout_config(
+            tmp_path_factory.mktemp(f"rollout_cfg{next(counter)}"),
             tiny_model_dir,
-            tools,
-            prompt_length=1024,
+            retrieval_urls or [retrieval_server_url],
+            max_retries=max_retries,
             response_length=response_length,
-            agent_loop_config_path=folder / "agent_loops.yaml",
-            overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
+            max_assistant_turns=max_assistant_turns,
+            max_turn_tokens=max_turn_tokens,
+            max_total_tokens=max_total_tokens,
         )
         return LocalRollout(config, generator, scripted_first_turn=scripted_first_turn)
 

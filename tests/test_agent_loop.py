@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
+from conftest import search_rollout_config
 from study_reference import study_first_prompt, study_tool_turn
 from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
@@ -74,25 +74,14 @@ def scripted(tmp_path_factory, tiny_model_dir, retrieval_server_url):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def run(turns: list[str], max_assistant_turns: int = 10, rows=None, response_length: int = 8192, **loop):
-        folder = tmp_path_factory.mktemp("scripted")
-        tools = write_tool_config(folder / "tools.yaml", [retrieval_server_url], timeout=5.0, max_retries=0)
-        options = {"mask_retrieved": True, "max_turn_tokens": 1024, "max_total_tokens": 8192, **loop}
-        loops = [
-            {"name": "search_agent", "_target_": "search_env.agent_loop.SearchAgentLoop", **options},
-            {
-                "name": "search_agent_unmasked",
-                "_target_": "search_env.agent_loop.SearchAgentLoop",
-                **{**options, "mask_retrieved": False},
-            },
-        ]
-        (folder / "loops.yaml").write_text(yaml.safe_dump(loops))
-        config = compose_rollout_config(
+        config = search_rollout_config(
+            tmp_path_factory.mktemp("scripted"),
             tiny_model_dir,
-            tools,
-            prompt_length=1024,
+            [retrieval_server_url],
+            max_retries=0,
             response_length=response_length,
-            agent_loop_config_path=folder / "loops.yaml",
-            overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
+            max_assistant_turns=max_assistant_turns,
+            **{"max_turn_tokens": 1024, "max_total_tokens": 8192, **loop},
         )
         client = ScriptedClient(config, tok, turns)
         worker = AgentLoopWorker(config, llm_client=client)
