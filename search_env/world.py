@@ -416,8 +416,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--seed", type=int, required=True, help="world seed (names, relations, question order)"
     )
-    parser.add_argument("--out", required=True, help="output folder (created; files overwritten)")
+    parser.add_argument(
+        "--out", required=True, help="output folder (created; a world of the same seed is rewritten)"
+    )
     args = parser.parse_args(argv)
+    meta = Path(args.out) / "world.json"
+    held = json.loads(meta.read_text()).get("seed") if meta.is_file() else args.seed
+    if held != args.seed:
+        parser.error(
+            f"--out {args.out} already holds the world of seed {held}; "
+            "runs trained or evaluated on it would silently see another corpus: remove that folder "
+            "or choose another --out"
+        )
     world = build_world(args.seed)
     out = write_world(world, args.out)
     counts = ", ".join(f"{s} {len(rows)}" for s, rows in world.questions.items())

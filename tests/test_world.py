@@ -103,6 +103,18 @@ def test_cli_writes_corpus_suite_and_parquet(tmp_path):
     assert len(train) == sum(meta["questions"]["train"].values())
 
 
+def test_cli_refuses_to_overwrite_another_seeds_world(tmp_path, capsys):
+    world.main(["--seed", "3", "--out", str(tmp_path)])
+    corpus = (tmp_path / "corpus.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        world.main(["--seed", "4", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "already holds the world of seed 3" in capsys.readouterr().err
+    assert (tmp_path / "corpus.jsonl").read_bytes() == corpus, "the existing world must be left as it was"
+    world.main(["--seed", "3", "--out", str(tmp_path)])  # the same seed rewrites the same files
+    assert (tmp_path / "corpus.jsonl").read_bytes() == corpus
+
+
 def test_demo_tokenizer_covers_every_name():
     """Every inventory word is one or two tokens, whichever seed's world it appears in."""
     from search_env.cpu import tiny, warm_start
