@@ -275,6 +275,14 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
     if not cfg.launch.build_demo_assets:
         return
     missing = [k for k in ("world_seed", "world", "warm_start") if assets.get(k) is None]
+    base = assets.get("base")
+    if base is not None:
+        plan.need(
+            (repo_path(base) / "base_model.json").is_file(),
+            f"launch.assets.base: {repo_path(base)} holds no demo base model (base_model.json); the "
+            "repository ships assets/demo_base (restore it: git checkout -- assets/demo_base) or "
+            "rebuild it: python -m search_env.cpu.base_model --out assets/demo_base (~30 min on 2 cores)",
+        )
     if plan.need(not missing, f"launch.build_demo_assets needs launch.assets.{{{','.join(missing)}}}"):
         plan.env["DEMO_ASSETS"] = shlex.join(
             [
@@ -285,11 +293,7 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
                 "--warm-start",
                 str(repo_path(assets.warm_start)),
                 *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") is not None else []),
-                *(
-                    ["--pretrain-steps", str(assets.pretrain_steps)]
-                    if assets.get("pretrain_steps") is not None
-                    else []
-                ),
+                *(["--base", str(repo_path(assets.base))] if assets.get("base") is not None else []),
             ]
         )
 

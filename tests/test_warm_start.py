@@ -77,15 +77,16 @@ def test_demonstrations_come_from_the_agent_loop_and_mask_only_the_model_turns(d
         assert model_text.rstrip().endswith("</answer>")
 
 
-def test_cache_key_follows_the_inputs():
-    base = warm_start.WarmStartConfig()
-    key = warm_start.cache_key(base)
-    assert warm_start.cache_key(base) == key
-    assert warm_start.cache_key(replace(base, steps=base.steps + 1)) != key
+def test_cache_key_follows_the_inputs(tmp_path: Path):
+    from search_env.cpu import base_model
 
-
-def test_pretraining_worlds_are_not_demo_worlds():
-    """Same inventory, other draws: a demo passage appears there only by chance (a short country line)."""
-    passages = set(warm_start.pretrain_passages())
-    demo = {p["contents"] for p in world.build_world(0).passages}
-    assert len(passages) > 10 * len(demo) and len(passages & demo) < 0.05 * len(demo)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"")
+    (base / base_model.STAMP).write_text('{"key": "one"}')
+    cfg = warm_start.WarmStartConfig()
+    key = warm_start.cache_key(cfg, base)
+    assert warm_start.cache_key(cfg, base) == key
+    assert warm_start.cache_key(replace(cfg, steps=cfg.steps + 1), base) != key
+    (base / base_model.STAMP).write_text('{"key": "two"}')  # another base model -> another warm start
+    assert warm_start.cache_key(cfg, base) != key

@@ -59,9 +59,7 @@ def cmd_assets(args: argparse.Namespace) -> int:
     cfg = WarmStartConfig()
     if args.sft_steps is not None:
         cfg = replace(cfg, steps=args.sft_steps)
-    if args.pretrain_steps is not None:
-        cfg = replace(cfg, pretrain_steps=args.pretrain_steps)
-    model = ensure_warm_start(args.warm_start, cfg, log=lambda m: print(m, flush=True))
+    model = ensure_warm_start(args.warm_start, cfg, base=args.base, log=lambda m: print(m, flush=True))
     stamp = json.loads((model / "warm_start.json").read_text())
     print(
         f"demo assets ready: world {world_dir} (seed {args.world_seed}), warm start {model} (key {stamp['key']})"
@@ -262,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sft-steps", type=int, default=None, help="SFT steps (default: WarmStartConfig.steps)"
     )
     assets.add_argument(
-        "--pretrain-steps", type=int, default=None, help="pretraining steps (default: WarmStartConfig)"
+        "--base", type=Path, default=None, help="base model folder (default: the shipped assets/demo_base)"
     )
     run = sub.add_parser("run", help="train (launch/run.sh), evaluate (launch/eval.sh), print the report")
     run.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")

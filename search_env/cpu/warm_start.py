@@ -1,15 +1,13 @@
-"""Warm start of the CPU demo: a small ``qwen3_5`` model SFT-trained on protocol trajectories.
+"""Warm start of the CPU demo: the base model SFT-trained, briefly, on protocol trajectories.
 
 ``build_warm_start(out)`` makes the policy the demo's GRPO starts from:
 
-1. **Tokenizer** (``search_env.cpu.tiny.build_demo_tokenizer``), trained on the fixed name
-   inventory of ``search_env.world`` and on trajectories of a fixed reference world rendered by
-   ``search_env.protocol`` and the chat template, so every seed's world is covered.
-2. **Model**: a random ``qwen3_5`` model of ``tiny.DEMO_TEXT_CONFIG`` (the real classes).
-3. **Pretraining** (:func:`pretrain`), the stand-in for an LM's pretraining: next-token loss on
-   passages and rendered oracle trajectories of ``PRETRAIN_WORLDS`` fresh worlds (seeds < 0,
-   never a demo world), which teaches the model to copy a name it has read.
-4. **Demonstrations**: training questions of the ``SFT_WORLD_SEEDS`` worlds are rolled out
+1. **Base model** (``search_env.cpu.base_model``, shipped in ``assets/demo_base``): a 1.4M-parameter
+   ``qwen3_5`` LM that can read an answer out of passages and copy a name into a search, in a plain
+   text format; it has never seen the study's prompt, chat template, tool calls or tool responses.
+   Its tokenizer (the demo tokenizer, trained on the fixed name inventory of ``search_env.world``
+   and on protocol-rendered trajectories) covers every seed's world.
+2. **Demonstrations**: training questions of the ``SFT_WORLD_SEEDS`` worlds are rolled out
    through verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` against a real
    BM25 server over each world's corpus, with :class:`TeacherClient` in place of the LLM: on each
    turn it writes the assistant message the oracle would send (search the hop's subject, then
@@ -17,7 +15,7 @@
    generator. So the token sequences (prompt, tool turns, masks) are exactly those a GRPO
    rollout of the same protocol produces, and they follow any protocol change. A demonstration
    whose retrieved passages miss the passage it needs is dropped.
-5. **SFT** (:func:`sft`): a plain torch loop (AdamW, next-token loss on the model's own tokens
+3. **SFT** (:func:`sft`): a plain torch loop (AdamW, next-token loss on the model's own tokens
    only, i.e. ``response_mask`` 1). Deliberately partial (``WarmStartConfig``): mostly single-hop
    demonstrations and few steps, so the policy searches and answers in the protocol's format but
    often fails, on two-hop questions most, which leaves GRPO something to learn.
@@ -28,15 +26,15 @@ world and the unseen world it is also evaluated on).
 Why not verl's SFT trainer: it needs a torchrun/FSDP process group and its multi-turn dataset
 re-tokenises messages with the chat template, while the protocol's tool turns are hand-built
 (``protocol.tool_turn_text``, the study's format) and the exact rollout tokens come only from the
-agent loop; a few hundred steps on a 1.4M-parameter model also run faster in-process than a
+agent loop; a hundred steps on a 1.4M-parameter model also run faster in-process than a
 trainer start-up on two CPU cores.
 
 Cache: ``out/warm_start.json`` records :func:`cache_key` — a hash of a trajectory rendered by
-the protocol and chat template, the tokenizer's training texts, the model config, the world
-generator version, the SFT/pretraining worlds and the settings. :func:`ensure_warm_start`
-rebuilds only when it differs. Deterministic for a seed. CLI::
+the protocol and chat template, the base model's stamp, the world generator version, the SFT
+worlds and the settings. :func:`ensure_warm_start` rebuilds only when it differs. Deterministic
+for a seed. CLI::
 
-    python -m search_env.cpu.warm_start --out DIR [--seed N] [--steps N] [--force]
+    python -m search_env.cpu.warm_start --out DIR [--base DIR] [--seed N] [--steps N] [--force]
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import math
@@ -76,15 +73,6 @@ class WarmStartConfig:
     """Single-hop training questions demonstrated per SFT world (at most the split's count)."""
     two_hop: int = 16
     """Two-hop training questions demonstrated per SFT world: few, so two-hop stays weak."""
-    pretrain_steps: int = 300
-    """Language-model steps on passages of fresh worlds (reading and copying names), before SFT."""
-    pretrain_batch_size: int = 8
-    """Passage sequences per pretraining step."""
-    pretrain_trajectories: int = 8
-    """Rendered oracle trajectories of the pretraining worlds per pretraining step."""
-    pretrain_passages: int = 6
-    """Passages per pretraining sequence."""
-    pretrain_lr: float = 3e-3
     steps: int = 150
     batch_size: int = 8
     lr: float = 1e-3
@@ -321,81 +309,6 @@ def demonstrations(
     return samples, counts
 
 
-# ---- pretraining on passages ----------------------------------------------------------------------
-
-PRETRAIN_WORLDS = 24
-"""Fresh worlds (seeds -1 .. -24; demo worlds use seeds >= 0) whose passages the model reads first."""
-
-
-@functools.cache
-def _pretrain_worlds() -> tuple[world.World, ...]:
-    return tuple(world.build_world(-k) for k in range(1, PRETRAIN_WORLDS + 1))
-
-
-def pretrain_passages() -> list[str]:
-    """Passages (wiki-18 ``contents``) of the pretraining worlds: no demo world's facts, only its names."""
-    return [p["contents"] for w in _pretrain_worlds() for p in w.passages]
-
-
-def pretrain_trajectories(rng: random.Random, count: int) -> list[str]:
-    """``count`` oracle trajectories over the pretraining worlds (:func:`render_trajectory`), each
-    search answered by its subject's passage among ``protocol.TOPK - 1`` others of the same world."""
-    worlds = _pretrain_worlds()
-    out = []
-    for _ in range(count):
-        w = rng.choice(worlds)
-        by_title = {p["contents"].split("\n", 1)[0].strip('"'): p["contents"] for p in w.passages}
-        contents = list(by_title.values())
-        row = rng.choice(w.questions[rng.choice(world.SPLITS)])
-        chunks = []
-        for hop in row["hops"]:
-            others = rng.sample(contents, protocol.TOPK - 1)
-            others.insert(rng.randrange(3), by_title[hop["subject"]])
-            chunks.append(others)
-        out.append(render_trajectory(row, chunks))
-    return out
-
-
-def pretrain(model: Any, tokenizer: Any, cfg: WarmStartConfig, log: Any = print) -> list[float]:
-    """Next-token training on sequences of ``cfg.pretrain_passages`` random passages; losses per step.
-
-    The stand-in for an LM's pretraining: a random model has no notion of copying a name it has
-    just read, and the few hundred demonstrations are too few to find it (SFT alone plateaus at
-    predicting the most frequent name). Each passage repeats its subject's name ("X was a poet.
-    X was born in Y."), so predicting the repeat teaches attention to copy: held-out copy accuracy
-    goes from 0 to > 0.9 in ~200 steps. The worlds are not the demo's (seeds < 0, facts drawn
-    afresh), so nothing here answers a demo question.
-    """
-    import torch
-
-    texts = pretrain_passages()
-    rng = random.Random(f"pretrain:{cfg.seed}")
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
-    sep = "\n\n"
-    losses = []
-    model.train()
-    for step in range(cfg.pretrain_steps):
-        for group in optim.param_groups:
-            group["lr"] = cfg.pretrain_lr * min(1.0, (step + 1) / cfg.warmup_steps)
-        docs = [sep.join(rng.sample(texts, cfg.pretrain_passages)) for _ in range(cfg.pretrain_batch_size)]
-        docs += pretrain_trajectories(rng, cfg.pretrain_trajectories)
-        seqs = [tokenizer.encode(doc, add_special_tokens=False) for doc in docs]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-        for j, seq in enumerate(seqs):
-            ids[j, : len(seq)] = labels[j, : len(seq)] = torch.tensor(seq)
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if step % 50 == 0 or step == cfg.pretrain_steps - 1:
-            log(f"pretrain step {step + 1}/{cfg.pretrain_steps}: loss {losses[-1]:.3f}")
-    return losses
-
-
 # ---- SFT ---------------------------------------------------------------------------------------
 
 
@@ -470,10 +383,22 @@ SFT_WORLD_SEEDS = range(-101, -107, -1)
 worlds, so no small set of names recurs in the answers: the model has to copy, not recall."""
 
 
-def cache_key(cfg: WarmStartConfig) -> str:
-    """Hash of everything the warm start depends on (see the module docstring)."""
-    from search_env.cpu import tiny
+def base_stamp(base: Path) -> dict[str, Any]:
+    """The base model's stamp (``base_model.json``); a clear error when ``base`` holds no base model."""
+    from search_env.cpu import base_model
 
+    stamp = Path(base) / base_model.STAMP
+    if not stamp.is_file() or not (Path(base) / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"{base} holds no demo base model ({base_model.STAMP} + model.safetensors); the repository "
+            f"ships one in {base_model.SHIPPED} (restore it with `git checkout -- assets/demo_base`) "
+            "or rebuild it with `python -m search_env.cpu.base_model --out DIR` (~30 min on 2 cores)"
+        )
+    return json.loads(stamp.read_text())
+
+
+def cache_key(cfg: WarmStartConfig, base: Path) -> str:
+    """Hash of everything the warm start depends on (see the module docstring)."""
     ref = world.build_world(REFERENCE_WORLD_SEED)
     sample = next(r for r in ref.questions["train"] if r["type"] == "two_hop")
     chunks = [[ref.passages[0]["contents"], ref.passages[1]["contents"]]] * 2
@@ -482,36 +407,53 @@ def cache_key(cfg: WarmStartConfig) -> str:
         "format": render_trajectory(sample, chunks),
         "stops": list(protocol.STOP_STRINGS),
         "tool_format": protocol.TOOL_FORMAT,
-        "texts": hashlib.sha256("\x00".join(tokenizer_texts()).encode()).hexdigest(),
-        "model": tiny.DEMO_TEXT_CONFIG,
-        "world": {
-            "version": world.WORLD_VERSION,
-            "sft_seeds": list(SFT_WORLD_SEEDS),
-            "pretrain": PRETRAIN_WORLDS,
-        },
+        "base": base_stamp(base)["key"],
+        "world": {"version": world.WORLD_VERSION, "sft_seeds": list(SFT_WORLD_SEEDS)},
         "config": asdict(cfg),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_warm_start(out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), log: Any = print) -> Path:
+def _warn_if_base_stale(base: Path, log: Any) -> None:
+    from search_env.cpu import base_model
+
+    stamp = base_stamp(base)
+    if stamp.get("key") != base_model.cache_key(base_model.BaseConfig(**stamp.get("config", {}))):
+        log(
+            f"note: the base model in {base} was built from other inputs (tokenizer texts, model "
+            "config or curriculum changed since); it still works, its own tokenizer is used. "
+            "Rebuild it with `python -m search_env.cpu.base_model` to match the code."
+        )
+
+
+def build_warm_start(
+    out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), base: Path | None = None, log: Any = print
+) -> Path:
     """Build the warm-started model into ``out`` (HF folder + ``warm_start.json``); returns ``out``.
 
-    The model depends on no demo world: its demonstrations come from ``SFT_WORLD_SEEDS``, its
-    pretraining from ``PRETRAIN_WORLDS`` others, so one warm start serves every demo world.
+    Starts from the base model in ``base`` (default: the shipped ``assets/demo_base``). The model
+    depends on no demo world (demonstrations come from ``SFT_WORLD_SEEDS``, the base model's
+    curriculum from others), so one warm start serves every demo world.
     """
+    import shutil
+
     import torch
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-    from search_env.cpu import tiny
+    from search_env.cpu import base_model
 
+    base = Path(base or base_model.SHIPPED)
     out = Path(out)
     started = time.monotonic()
-    key = cache_key(cfg)
+    key = cache_key(cfg, base)
+    _warn_if_base_stale(base, log)
     stage = out.with_name(out.name + ".partial")
-    tokenizer = tiny.build_demo_tokenizer(tokenizer_texts())
-    tiny.build_random_model(stage, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=cfg.seed)
-    log(f"warm start {key}: tokenizer + random {tiny.DEMO_TEXT_CONFIG['hidden_size']}-wide model in {stage}")
+    if stage.exists():
+        shutil.rmtree(stage)
+    shutil.copytree(base, stage)
+    (stage / base_model.STAMP).unlink()
+    tokenizer = AutoTokenizer.from_pretrained(stage)
+    log(f"warm start {key}: from the base model {base} (key {base_stamp(base)['key']})")
     samples: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -524,37 +466,39 @@ def build_warm_start(out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), 
     log(f"warm start: {len(samples)} demonstrations {counts} ({time.monotonic() - started:.0f} s)")
     torch.set_num_threads(1)  # 3-8x faster than 2 threads on 2 busy cores; this model is too small to split
     model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
-    pre = pretrain(model, tokenizer, cfg, log=log) if cfg.pretrain_steps else [float("nan")]
     losses = sft(model, samples, cfg, tokenizer.pad_token_id, log=log)
     model.save_pretrained(stage)
     stamp = {
         "key": key,
         "config": asdict(cfg),
+        "base": str(base),
+        "base_key": base_stamp(base)["key"],
         "sft_worlds": list(SFT_WORLD_SEEDS),
         "demonstrations": counts,
         "tokens_per_demo": sum(len(s["ids"]) for s in samples) / len(samples),
-        "pretrain_loss_last": pre[-1],
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "seconds": round(time.monotonic() - started, 1),
     }
     (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     os.replace(stage, out)
     log(f"warm start written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})")
     return out
 
 
-def ensure_warm_start(out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), log: Any = print) -> Path:
+def ensure_warm_start(
+    out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), base: Path | None = None, log: Any = print
+) -> Path:
     """``out`` if its stamp matches :func:`cache_key`, else a fresh :func:`build_warm_start`."""
+    from search_env.cpu import base_model
+
     out = Path(out)
     stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("key") == cache_key(cfg):
+    if stamp.is_file() and json.loads(stamp.read_text()).get("key") == cache_key(cfg, Path(base or base_model.SHIPPED)):
         return out
-    return build_warm_start(out, cfg, log=log)
+    return build_warm_start(out, cfg, base=base, log=log)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -562,15 +506,16 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m search_env.cpu.warm_start", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--out", required=True, type=Path, help="model folder to write")
+    parser.add_argument("--base", type=Path, default=None, help="base model folder (default: assets/demo_base)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=WarmStartConfig.steps, help="SFT steps")
     parser.add_argument("--force", action="store_true", help="rebuild even if the cache matches")
     args = parser.parse_args(argv)
     cfg = WarmStartConfig(seed=args.seed, steps=args.steps)
     if args.force:
-        build_warm_start(args.out, cfg)
+        build_warm_start(args.out, cfg, base=args.base)
     else:
-        ensure_warm_start(args.out, cfg)
+        ensure_warm_start(args.out, cfg, base=args.base)
 
 
 if __name__ == "__main__":

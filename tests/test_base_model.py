@@ -1,0 +1,75 @@
+"""The demo's base model: the reading curriculum (formats, loss weights, worlds) and the shipped model."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from search_env import world
+from search_env.cpu import base_model, tiny, warm_start
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
+
+
+def test_curriculum_worlds_are_never_demo_worlds():
+    assert all(seed < 0 for seed in base_model.BASE_WORLD_SEEDS)
+    assert base_model.HELD_OUT_SEED < 0 and base_model.HELD_OUT_SEED not in base_model.BASE_WORLD_SEEDS
+    assert not set(base_model.BASE_WORLD_SEEDS) & set(warm_start.SFT_WORLD_SEEDS)
+
+
+def test_read_and_search_samples_weight_the_written_tokens(tokenizer):
+    cfg = base_model.BaseConfig()
+    got = base_model.curriculum_samples(base_model.BASE_WORLD_SEEDS[0], tokenizer, cfg)
+    w = world.build_world(base_model.BASE_WORLD_SEEDS[0])
+    n_single = sum(r["type"] == "single_hop" for s in world.SPLITS for r in w.questions[s])
+    assert len(got["read"]) == n_single and len(got["search"]) == sum(len(v) for v in w.questions.values())
+    for kind in ("read", "search"):
+        row, (ids, weights, answer) = next(x for x in got[kind] if x[0]["type"] == "single_hop")
+        assert len(ids) == len(weights) == len(answer)
+        answer_text = tokenizer.decode([t for t, a in zip(ids, answer, strict=True) if a])
+        assert answer_text.strip() == row["golden_answers"][0]
+        context = [wt for wt, a in zip(weights, answer, strict=True) if not a]
+        assert min(context) == cfg.context_weight and min(wt for wt, a in zip(weights, answer) if a) >= 1.0
+        text = tokenizer.decode(ids)
+        assert row["question"] in text and row["hops"][0]["subject"] in text
+    row, (ids, weights, _) = next(x for x in got["search"] if x[0]["type"] == "two_hop")
+    text = tokenizer.decode(ids)
+    assert text.count("Search:") == 2 and f"Search: {row['hops'][1]['subject']}" in text  # the bridge
+
+
+def test_training_lowers_the_weighted_loss(tokenizer, tmp_path: Path):
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    cfg = replace(base_model.BaseConfig(), batch_size=4, warmup_steps=1)
+    tiny.build_random_model(tmp_path, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=0)
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path, dtype=torch.float32)
+    samples = [s for _, s in base_model.curriculum_samples(base_model.HELD_OUT_SEED, tokenizer, cfg)["read"][:4]]
+    seen = []
+    losses = base_model.train_steps(
+        model, lambda r: samples, 8, cfg, random.Random(0), tokenizer.pad_token_id, lambda s, l: seen.append(s), every=4
+    )
+    assert seen == [4, 8] and losses[-1] < losses[0]
+
+
+def test_the_shipped_base_model_loads_and_covers_the_inventory():
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    stamp = json.loads((base_model.SHIPPED / base_model.STAMP).read_text())
+    assert stamp["key"] and stamp["held_out_accuracy"]
+    tok = AutoTokenizer.from_pretrained(base_model.SHIPPED)
+    assert all(len(tok.encode(name, add_special_tokens=False)) == 1 for name in world.INVENTORY.words())
+    model = AutoModelForImageTextToText.from_pretrained(base_model.SHIPPED)
+    assert model.config.text_config.hidden_size == tiny.DEMO_TEXT_CONFIG["hidden_size"]
+
+
+def test_a_missing_base_model_names_the_fix(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="git checkout -- assets/demo_base"):
+        warm_start.base_stamp(tmp_path)
