@@ -36,7 +36,10 @@ def test_read_and_search_samples_weight_the_written_tokens(tokenizer):
         answer_text = tokenizer.decode([t for t, a in zip(ids, answer, strict=True) if a])
         assert answer_text.strip() == row["golden_answers"][0]
         context = [wt for wt, a in zip(weights, answer, strict=True) if not a]
-        assert min(context) == cfg.context_weight and min(wt for wt, a in zip(weights, answer) if a) >= 1.0
+        assert (
+            min(context) == cfg.context_weight
+            and min(wt for wt, a in zip(weights, answer, strict=True) if a) >= 1.0
+        )
         text = tokenizer.decode(ids)
         assert row["question"] in text and row["hops"][0]["subject"] in text
     row, (ids, weights, _) = next(x for x in got["search"] if x[0]["type"] == "two_hop")
@@ -51,10 +54,19 @@ def test_training_lowers_the_weighted_loss(tokenizer, tmp_path: Path):
     cfg = replace(base_model.BaseConfig(), batch_size=4, warmup_steps=1)
     tiny.build_random_model(tmp_path, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=0)
     model = AutoModelForImageTextToText.from_pretrained(tmp_path, dtype=torch.float32)
-    samples = [s for _, s in base_model.curriculum_samples(base_model.HELD_OUT_SEED, tokenizer, cfg)["read"][:4]]
+    samples = [
+        s for _, s in base_model.curriculum_samples(base_model.HELD_OUT_SEED, tokenizer, cfg)["read"][:4]
+    ]
     seen = []
     losses = base_model.train_steps(
-        model, lambda r: samples, 8, cfg, random.Random(0), tokenizer.pad_token_id, lambda s, l: seen.append(s), every=4
+        model,
+        lambda r: samples,
+        8,
+        cfg,
+        random.Random(0),
+        tokenizer.pad_token_id,
+        lambda step, _loss: seen.append(step),
+        every=4,
     )
     assert seen == [4, 8] and losses[-1] < losses[0]
 

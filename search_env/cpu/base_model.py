@@ -157,7 +157,9 @@ def weighted_loss(model: Any, samples: Sequence[Sample], pad_id: int) -> Any:
     return (nll * w).sum() / w.sum().clamp_min(1e-8)
 
 
-def answer_accuracy(model: Any, items: Sequence[tuple[dict, Sample]], pad_id: int, batch: int = 50) -> dict[str, float]:
+def answer_accuracy(
+    model: Any, items: Sequence[tuple[dict, Sample]], pad_id: int, batch: int = 50
+) -> dict[str, float]:
     """Teacher-forced: share of ``items`` whose every answer token is the argmax, per question type."""
     import torch
 
@@ -230,7 +232,9 @@ def cache_key(cfg: BaseConfig) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_base_model(out: str | Path, cfg: BaseConfig = BaseConfig(), log: Callable[[str], None] = print) -> Path:
+def build_base_model(
+    out: str | Path, cfg: BaseConfig = BaseConfig(), log: Callable[[str], None] = print
+) -> Path:
     """Train the base model into ``out`` (HF folder with tokenizer + ``base_model.json``)."""
     import torch
     from transformers import AutoModelForImageTextToText
@@ -260,8 +264,10 @@ def build_base_model(out: str | Path, cfg: BaseConfig = BaseConfig(), log: Calla
     def reporter(stage_name: str) -> Callable[[int, float], None]:
         def report(step: int, loss: float) -> None:
             acc = {k: answer_accuracy(model, v, pad) for k, v in held.items()}
-            log(f"base {stage_name} step {step}: loss {loss:.3f}, held-out answer accuracy {acc} "
-                f"({time.monotonic() - started:.0f} s)")
+            log(
+                f"base {stage_name} step {step}: loss {loss:.3f}, held-out answer accuracy {acc} "
+                f"({time.monotonic() - started:.0f} s)"
+            )
 
         return report
 
@@ -277,8 +283,10 @@ def build_base_model(out: str | Path, cfg: BaseConfig = BaseConfig(), log: Calla
     )
     train_steps(
         model,
-        lambda r: [r.choice(search) for _ in range(cfg.batch_size - cfg.read_mix)]
-        + [r.choice(read) for _ in range(cfg.read_mix)],
+        lambda r: (
+            [r.choice(search) for _ in range(cfg.batch_size - cfg.read_mix)]
+            + [r.choice(read) for _ in range(cfg.read_mix)]
+        ),
         cfg.search_steps,
         cfg,
         random.Random(cfg.seed + 1),
@@ -303,13 +311,19 @@ def build_base_model(out: str | Path, cfg: BaseConfig = BaseConfig(), log: Calla
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m search_env.cpu.base_model", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=SHIPPED, help=f"model folder to write (default {SHIPPED})")
+    parser = argparse.ArgumentParser(
+        prog="python -m search_env.cpu.base_model", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--out", type=Path, default=SHIPPED, help=f"model folder to write (default {SHIPPED})"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--read-steps", type=int, default=BaseConfig.read_steps)
     parser.add_argument("--search-steps", type=int, default=BaseConfig.search_steps)
     args = parser.parse_args(argv)
-    build_base_model(args.out, BaseConfig(seed=args.seed, read_steps=args.read_steps, search_steps=args.search_steps))
+    build_base_model(
+        args.out, BaseConfig(seed=args.seed, read_steps=args.read_steps, search_steps=args.search_steps)
+    )
 
 
 if __name__ == "__main__":
