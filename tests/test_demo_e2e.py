@@ -41,9 +41,9 @@ CI_OVERRIDES = (
     "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
 )
-"""The demo recipe, smaller: 4 prompts x 5 rollouts a step; the demo's warm start (150 SFT steps
-from the shipped base model, ~1.5 min; 60 steps were too few: the policy never called the tool),
-cached in its own folder."""
+"""The demo recipe, smaller: 4 prompts x 5 rollouts a step; a warm start of 150 SFT steps (the
+demo's: 250) from the shipped base model, ~1.5 min, cached in its own folder (60 steps were too
+few: the policy never called the tool)."""
 
 
 def _demo_cmd(port: int, *overrides: str) -> list[str]:
