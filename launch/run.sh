@@ -83,7 +83,7 @@ source "$RUN_DIR/launch.env"
 # (python -m search_env.cpu.warm_start), each rebuilt only when missing or stale.
 if [[ -n "${DEMO_ASSETS:-}" ]]; then
   eval "DEMO_ARGS=($DEMO_ASSETS)"
-  log "demo assets: world + warm start (first build ~1.5 min on 2 cores, then cached; log: $RUN_DIR/assets.log)"
+  log "demo assets: world + warm start (first build ~3 min on 2 cores, then cached; log: $RUN_DIR/assets.log)"
   (
     exec 9>"${TMPDIR:-/tmp}/rlvr_demo_assets.lock"
     flock 9
