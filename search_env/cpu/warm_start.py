@@ -361,6 +361,8 @@ def sft(
     ``name_ids`` (queries and answers) and 1 elsewhere, normalised by the weights' sum."""
     import torch
 
+    from search_env.cpu import base_model
+
     if not samples:
         raise ValueError("no demonstrations to train on (every teacher rollout was dropped)")
     torch.manual_seed(cfg.seed)
@@ -376,25 +378,18 @@ def sft(
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
     losses = []
     for step, batch in enumerate(_batches(samples, cfg)):
-        width = max(len(s["ids"]) for s in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        weights = torch.zeros((len(batch), width))
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for j, s in enumerate(batch):
-            n = len(s["ids"])
-            ids[j, :n] = torch.tensor(s["ids"])
-            attn[j, :n] = 1
-            weights[j, :n] = torch.tensor(
+        weighted = [
+            (
+                s["ids"],
                 [
                     m * (cfg.name_weight if t in name_ids else 1.0)
                     for t, m in zip(s["ids"], s["mask"], strict=True)
-                ]
+                ],
+                [0] * len(s["ids"]),
             )
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-        ).view(ids.shape[0], -1)
-        loss = (nll * weights[:, 1:]).sum() / weights[:, 1:].sum().clamp_min(1e-8)
+            for s in batch
+        ]
+        loss = base_model.weighted_loss(model, weighted, pad_id)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
