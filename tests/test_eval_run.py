@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -172,6 +173,21 @@ def test_kill_and_resume_gives_identical_rows(
         assert (out / "f1_only_s3" / name / "summary.json").read_text() == (
             reference / name / "summary.json"
         ).read_text()
+
+
+def test_torn_tail_after_the_last_row_is_cut(
+    reference: Path, run_dir: Path, retrieval_server_url: str, tmp_path: Path
+):
+    """Killed after its last row but before its summary: the resumed run cuts the torn tail."""
+    out = tmp_path / "eval_torn"
+    shutil.copytree(reference, out / reference.name, ignore=shutil.ignore_patterns("merged"))
+    step_dir = out / reference.name / "global_step_5"
+    (step_dir / "summary.json").unlink()
+    with open(step_dir / "rows.jsonl", "a") as f:
+        f.write('{"benchmark": "nq", "id": "torn')
+    assert main(_args(run_dir, out, retrieval_server_url)) == 0
+    assert (step_dir / "rows.jsonl").read_bytes() == (reference / "global_step_5" / "rows.jsonl").read_bytes()
+    assert (step_dir / "summary.json").read_text() == (reference / "global_step_5" / "summary.json").read_text()
 
 
 def test_changed_settings_are_refused(
