@@ -90,3 +90,24 @@ def test_cache_key_follows_the_inputs(tmp_path: Path):
     assert warm_start.cache_key(replace(cfg, steps=cfg.steps + 1), base) != key
     (base / base_model.STAMP).write_text('{"key": "two"}')  # another base model -> another warm start
     assert warm_start.cache_key(cfg, base) != key
+
+
+def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_hop_questions():
+    rows = world.build_world(0).questions["train"]
+    cfg = replace(warm_start.WarmStartConfig(), two_hop_stop_early=0.5)
+    picked = warm_start._pick_rows(rows, cfg)
+    assert picked == warm_start._pick_rows(rows, cfg)  # a seeded draw
+    two = [r for r in picked if r["type"] == "two_hop"]
+    early = [r for r in two if len(r["hops"]) == 1]
+    assert 0.3 < len(early) / len(two) < 0.7
+    originals = {r["id"]: r for r in rows}
+    for row in early:
+        bridge = originals[row["id"]]["hops"][0]["answer"]
+        assert row["golden_answers"] == [bridge] != originals[row["id"]]["golden_answers"]
+        assert warm_start.assistant_message(row, 0)["tool_calls"][0]["function"]["arguments"] == {
+            "query": originals[row["id"]]["hops"][0]["subject"]
+        }
+        assert warm_start.assistant_message(row, 1)["content"] == protocol.render_answer(bridge)
+    flawless = warm_start._pick_rows(rows, replace(cfg, two_hop_stop_early=0.0))
+    assert [r["id"] for r in flawless] == [r["id"] for r in picked]  # the same questions, in order
+    assert all(r == originals[r["id"]] for r in flawless)

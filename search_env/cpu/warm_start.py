@@ -14,11 +14,15 @@
    answer) as the chat template renders it, cut where the protocol's stop strings stop a
    generator. So the token sequences (prompt, tool turns, masks) are exactly those a GRPO
    rollout of the same protocol produces, and they follow any protocol change. A demonstration
-   whose retrieved passages miss the passage it needs is dropped.
+   whose retrieved passages miss the passage it needs is dropped. The teacher is deliberately
+   flawed: on ``two_hop_stop_early`` of the two-hop questions it answers after one search, with
+   the bridge entity (:func:`stopped_early`).
 3. **SFT** (:func:`sft`): a plain torch loop (AdamW, next-token loss on the model's own tokens
-   only, i.e. ``response_mask`` 1). Deliberately partial (``WarmStartConfig``): mostly single-hop
-   demonstrations and few steps, so the policy searches and answers in the protocol's format but
-   often fails, on two-hop questions most, which leaves GRPO something to learn.
+   only, i.e. ``response_mask`` 1, name tokens weighted). Deliberately partial
+   (``WarmStartConfig``): few steps and the flawed teacher, so the policy searches and answers in
+   the protocol's format but often stops after one search on two-hop questions, a behaviour
+   GRPO, rewarded for the final answer only, can learn away (its samples search twice about half
+   the time, and those are the rollouts that score).
 
 The warm start depends on no demo world, so one model serves every world seed (the demo's GRPO
 world and the unseen world it is also evaluated on).
@@ -73,6 +77,14 @@ class WarmStartConfig:
     """Single-hop training questions demonstrated per SFT world (at most the split's count)."""
     two_hop: int = 64
     """Two-hop training questions demonstrated per SFT world (fewer than single-hop)."""
+    two_hop_stop_early: float = 0.15
+    """Fraction of the two-hop demonstrations in which the teacher answers right after its first
+    search, with the name that search found (the bridge entity: the classic multi-hop error;
+    :func:`stopped_early`). A deliberately flawed teacher: the warm start then searches a second
+    time on about half the two-hop questions when sampled (T=1), so GRPO, rewarded for the final
+    answer, has a behaviour to learn. 0 = a flawless teacher (sampled two-hop answers are then
+    about as often right as the greedy ones: nothing for GRPO to sharpen); 0.3-0.6 suppress the
+    second search almost entirely (5-15 % of sampled two-hop rollouts)."""
     steps: int = 250
     """SFT steps: deliberately partial (400 give held-out EM 0.725, two-hop 0.75; GRPO needs room)."""
     name_weight: float = 5.0
@@ -236,7 +248,15 @@ def bm25_server(corpus: Path, port: int | None = None) -> Iterator[str]:
         yield server.url
 
 
+def stopped_early(row: dict[str, Any]) -> dict[str, Any]:
+    """The flawed teacher's version of a two-hop ``row``: its first hop only, answered with that
+    hop's answer (the bridge entity), which is not the question's answer."""
+    return {**row, "hops": row["hops"][:1], "golden_answers": [row["hops"][0]["answer"]]}
+
+
 def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dict[str, Any]]:
+    """The demonstrated rows of one world, in SFT order; ``cfg.two_hop_stop_early`` of the two-hop
+    ones (a seeded draw) replaced by :func:`stopped_early`."""
     rng = random.Random(f"warm_start:{cfg.seed}")
     single = [r for r in rows if r["type"] == "single_hop"]
     two = [r for r in rows if r["type"] == "two_hop"]
@@ -244,7 +264,11 @@ def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dic
         two, min(cfg.two_hop, len(two))
     )
     rng.shuffle(picked)
-    return picked
+    early = random.Random(f"stop_early:{cfg.seed}")
+    return [
+        stopped_early(r) if r["type"] == "two_hop" and early.random() < cfg.two_hop_stop_early else r
+        for r in picked
+    ]
 
 
 def demonstrations(
