@@ -187,7 +187,9 @@ def test_torn_tail_after_the_last_row_is_cut(
         f.write('{"benchmark": "nq", "id": "torn')
     assert main(_args(run_dir, out, retrieval_server_url)) == 0
     assert (step_dir / "rows.jsonl").read_bytes() == (reference / "global_step_5" / "rows.jsonl").read_bytes()
-    assert (step_dir / "summary.json").read_text() == (reference / "global_step_5" / "summary.json").read_text()
+    assert (step_dir / "summary.json").read_text() == (
+        reference / "global_step_5" / "summary.json"
+    ).read_text()
 
 
 def test_changed_settings_are_refused(
