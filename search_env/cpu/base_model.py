@@ -13,11 +13,17 @@ that is not the protocol's:
 2. **search** (``search_steps``): ``Question: Q`` then, per hop, ``Search: S`` and the BM25
    top-3 passages of S, then ``Answer: A`` — single-hop and two-hop bridge questions (the second
    search copies the bridge entity out of the first passages). Mixed with read samples.
+3. **wide** (``wide_steps``): stages 1 and 2 again, with the protocol's ``protocol.TOPK`` = 5
+   passages per search instead of 3. A model trained on 3 does not read 5 (teacher-forced answer
+   accuracy 1.0 with 3 passages, 0.035 with 5), and the protocol's warm start then copies the first
+   word of a name and invents the second: the flaw that capped the demo's held-out EM near 0.7.
+   Three passages first, because a random model learns to read from them in a few hundred steps.
 
 The result knows *what* to do but not the protocol: not the study's prompt, chat template, tool
 call syntax or ``<tool_response>`` blocks (``search_env.cpu.warm_start`` teaches those, briefly).
 
-Building takes ~25-35 minutes on two CPU cores, which is more than the demo's whole budget, so
+Building takes ~31 minutes on two CPU cores (read + search ~19 min, wide ~12 min), more than the
+demo's whole budget, so
 the built model ships with the repository (``assets/demo_base``, 5.9 MB), the way the GPU recipes
 download theirs; ``python -m search_env.cpu.base_model --out assets/demo_base`` rebuilds it
 (deterministic for a seed on one thread; the stamp ``base_model.json`` records the key and the
@@ -38,9 +44,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from search_env import world
+from search_env import protocol, world
 
-BASE_VERSION = 1
+BASE_VERSION = 2
 """Bumped when this module's output changes for the same inputs."""
 STAMP = "base_model.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +57,7 @@ BASE_WORLD_SEEDS = tuple(range(-301, -313, -1))
 HELD_OUT_SEED = -900
 """The world the curriculum's progress is measured on (in no training sample)."""
 READ_TOPK = 3
-"""Passages per search in the curriculum (the protocol's is 5)."""
+"""Passages per search in the curriculum's first two stages (the wide stage: ``protocol.TOPK``)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class BaseConfig:
     seed: int = 0
     read_steps: int = 500
     search_steps: int = 800
+    wide_steps: int = 400
+    """Steps of the wide stage (search and read samples with ``protocol.TOPK`` passages)."""
     batch_size: int = 32
     read_mix: int = 8
     """Read samples added to each search-stage batch (keeps the reading skill while searching is learnt)."""
@@ -100,12 +108,15 @@ def _encode(tokenizer: Any, segments: Sequence[tuple[str, float, bool]]) -> Samp
     return ids, weights, answer
 
 
-def curriculum_samples(seed: int, tokenizer: Any, cfg: BaseConfig) -> dict[str, list[tuple[dict, Sample]]]:
-    """``{"read": [...], "search": [...]}``: (question row, sample) of every question of world ``seed``."""
+def curriculum_samples(
+    seed: int, tokenizer: Any, cfg: BaseConfig, topk: int = READ_TOPK
+) -> dict[str, list[tuple[dict, Sample]]]:
+    """``{"read": [...], "search": [...]}``: (question row, sample) of every question of world
+    ``seed``, with the BM25 top-``topk`` passages per search."""
     w, contents, bm25 = _world_index(seed)
     rows = [r for split in world.SPLITS for r in w.questions[split]]
     queries = [h["subject"] for r in rows for h in r["hops"]]
-    hits, _ = bm25.search_rows(queries, READ_TOPK)
+    hits, _ = bm25.search_rows(queries, topk)
     low = cfg.context_weight
     out: dict[str, list[tuple[dict, Sample]]] = {"read": [], "search": []}
     k = 0
@@ -232,6 +243,38 @@ def cache_key(cfg: BaseConfig) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def curriculum_pool(tokenizer: Any, cfg: BaseConfig, topk: int) -> tuple[list[Sample], list[Sample]]:
+    """(read samples, search samples) of every curriculum world (``BASE_WORLD_SEEDS``), ``topk`` passages."""
+    read: list[Sample] = []
+    search: list[Sample] = []
+    for seed in BASE_WORLD_SEEDS:
+        got = curriculum_samples(seed, tokenizer, cfg, topk)
+        read += [s for _, s in got["read"]]
+        search += [s for _, s in got["search"]]
+    return read, search
+
+
+def held_out_samples(tokenizer: Any, cfg: BaseConfig) -> dict[str, list[tuple[dict, Sample]]]:
+    """200 read and 200 search items of the held-out world per width: ``{"read": ..., "search": ...,
+    "read@5": ..., "search@5": ...}`` (no suffix: ``READ_TOPK`` passages; ``@5``: ``protocol.TOPK``)."""
+    out = {}
+    for topk, suffix in ((READ_TOPK, ""), (protocol.TOPK, f"@{protocol.TOPK}")):
+        pick = random.Random(HELD_OUT_SEED)
+        got = curriculum_samples(HELD_OUT_SEED, tokenizer, cfg, topk)
+        out |= {k + suffix: pick.sample(v, min(200, len(v))) for k, v in got.items()}
+    return out
+
+
+def mixed_draw(
+    read: Sequence[Sample], search: Sequence[Sample], cfg: BaseConfig
+) -> Callable[[random.Random], list[Sample]]:
+    """A batch drawer: ``batch_size - read_mix`` search samples + ``read_mix`` read samples."""
+    return lambda r: (
+        [r.choice(search) for _ in range(cfg.batch_size - cfg.read_mix)]
+        + [r.choice(read) for _ in range(cfg.read_mix)]
+    )
+
+
 def build_base_model(
     out: str | Path, cfg: BaseConfig = BaseConfig(), log: Callable[[str], None] = print
 ) -> Path:
@@ -249,16 +292,12 @@ def build_base_model(
     stage = out.with_name(out.name + ".partial")
     tiny.build_random_model(stage, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=cfg.seed)
     model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
-    read: list[Sample] = []
-    search: list[Sample] = []
-    for seed in BASE_WORLD_SEEDS:
-        got = curriculum_samples(seed, tokenizer, cfg)
-        read += [s for _, s in got["read"]]
-        search += [s for _, s in got["search"]]
-    held = curriculum_samples(HELD_OUT_SEED, tokenizer, cfg)
-    pick = random.Random(HELD_OUT_SEED)
-    held = {k: pick.sample(v, min(200, len(v))) for k, v in held.items()}
-    log(f"base model: {len(read)} read + {len(search)} search samples ({time.monotonic() - started:.0f} s)")
+    pools = {k: curriculum_pool(tokenizer, cfg, k) for k in (READ_TOPK, protocol.TOPK)}
+    held = held_out_samples(tokenizer, cfg)
+    log(
+        f"base model: {len(pools[READ_TOPK][0])} read + {len(pools[READ_TOPK][1])} search samples "
+        f"per width {sorted(pools)} ({time.monotonic() - started:.0f} s)"
+    )
     torch.manual_seed(cfg.seed)
 
     def reporter(stage_name: str) -> Callable[[int, float], None]:
@@ -271,6 +310,7 @@ def build_base_model(
 
         return report
 
+    read, search = pools[READ_TOPK]
     train_steps(
         model,
         lambda r: [r.choice(read) for _ in range(cfg.batch_size)],
@@ -283,15 +323,21 @@ def build_base_model(
     )
     train_steps(
         model,
-        lambda r: (
-            [r.choice(search) for _ in range(cfg.batch_size - cfg.read_mix)]
-            + [r.choice(read) for _ in range(cfg.read_mix)]
-        ),
+        mixed_draw(read, search, cfg),
         cfg.search_steps,
         cfg,
         random.Random(cfg.seed + 1),
         pad,
         reporter("search"),
+    )
+    train_steps(
+        model,
+        mixed_draw(*pools[protocol.TOPK], cfg),
+        cfg.wide_steps,
+        cfg,
+        random.Random(cfg.seed + 2),
+        pad,
+        reporter("wide"),
     )
     model.save_pretrained(stage)
     stamp = {
@@ -320,10 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--read-steps", type=int, default=BaseConfig.read_steps)
     parser.add_argument("--search-steps", type=int, default=BaseConfig.search_steps)
+    parser.add_argument("--wide-steps", type=int, default=BaseConfig.wide_steps)
     args = parser.parse_args(argv)
-    build_base_model(
-        args.out, BaseConfig(seed=args.seed, read_steps=args.read_steps, search_steps=args.search_steps)
+    cfg = BaseConfig(
+        seed=args.seed, read_steps=args.read_steps, search_steps=args.search_steps, wide_steps=args.wide_steps
     )
+    build_base_model(args.out, cfg)
 
 
 if __name__ == "__main__":
