@@ -482,8 +482,7 @@ def evaluate_step(
     store = RowStore(step_dir / "rows.jsonl")
     # A kill can leave a torn last line even when every row is in (killed before the summary was
     # written): cut it now, since no append may follow to do it.
-    store.repair()
-    done = store.done_keys() & wanted
+    done = store.recover() & wanted
     if summary_path.is_file() and len(done) == len(wanted):
         return read_json(summary_path)
     todo = [q for qs in plan.suite.benchmarks.values() for q in qs if q.key not in done]

@@ -122,15 +122,20 @@ class RowStore:
                 os.fsync(f.fileno())
         return size - good
 
+    def recover(self) -> set[RowKey]:
+        """:meth:`repair` the file and return the keys it stores; appends then reuse them."""
+        self.repair()
+        self._done = self.done_keys()
+        return set(self._done)
+
     def append(self, rows: Iterable[dict[str, Any]]) -> int:
         """Append rows (skipping keys already stored), then flush and fsync; returns rows written.
 
-        The first call repairs the file and reads the stored keys; later calls reuse them, so
-        this store object must be the file's only writer.
+        Unless :meth:`recover` ran, the first call runs it; later calls reuse the stored keys,
+        so this store object must be the file's only writer.
         """
         if self._done is None:
-            self.repair()
-            self._done = self.done_keys()
+            self.recover()
         done = self._done
         lines = []
         for row in rows:

@@ -33,6 +33,19 @@ def test_torn_last_line_is_cut_and_duplicates_dropped(tmp_path: Path):
     assert [(r["id"], r["em"]) for r in RowStore(store.path).rows()] == [("1", 0.0), ("2", 0.0), ("3", 0.0)]
 
 
+def test_recover_cuts_the_tail_and_appends_reuse_its_keys(tmp_path: Path):
+    store = RowStore(tmp_path / "rows.jsonl")
+    store.append([_row("nq", 1)])
+    with open(store.path, "a") as f:
+        f.write('{"benchmark": "nq", "id"')
+    resumed = RowStore(store.path)
+    assert resumed.recover() == {("nq", "1")}
+    assert store.path.read_text().endswith("}\n")  # the torn line is gone before any append
+    store.path.write_text(store.path.read_text() + json.dumps(_row("nq", 9)) + "\n")  # after recover:
+    assert resumed.append([_row("nq", 1), _row("nq", 2)]) == 1  # keys from recover, not re-read
+    assert [r["id"] for r in RowStore(store.path).rows()] == ["1", "9", "2"]
+
+
 def test_atomic_json_and_lock(tmp_path: Path):
     target = tmp_path / "a" / "summary.json"
     write_json_atomic(target, {"x": 1})
