@@ -23,9 +23,9 @@ The result knows *what* to do but not the protocol: not the study's prompt, chat
 call syntax or ``<tool_response>`` blocks (``search_env.cpu.warm_start`` teaches those, briefly).
 
 Building takes ~31 minutes on two CPU cores (read + search ~19 min, wide ~12 min), more than the
-demo's whole budget, so
-the built model ships with the repository (``assets/demo_base``, 5.9 MB), the way the GPU recipes
-download theirs; ``python -m search_env.cpu.base_model --out assets/demo_base`` rebuilds it
+demo's whole budget, so the built model ships with the repository (``assets/demo_base``, 5.9 MB),
+the way the GPU recipes download theirs; ``python -m search_env.cpu.base_model --out
+assets/demo_base`` rebuilds it
 (deterministic for a seed on one thread; the stamp ``base_model.json`` records the key and the
 held-out accuracies measured at the end).
 """

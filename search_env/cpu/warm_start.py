@@ -4,7 +4,8 @@
 
 1. **Base model** (``search_env.cpu.base_model``, shipped in ``assets/demo_base``): a 1.4M-parameter
    ``qwen3_5`` LM that can read an answer out of the protocol's 5 passages and copy a name into a
-   search, in a plain text format; it has never seen the study's prompt, chat template, tool calls or tool responses.
+   search, in a plain text format; it has never seen the study's prompt, chat template, tool
+   calls or tool responses.
    Its tokenizer (the demo tokenizer, trained on the fixed name inventory of ``search_env.world``
    and on protocol-rendered trajectories) covers every seed's world.
 2. **Demonstrations**: training questions of the ``SFT_WORLD_SEEDS`` worlds are rolled out
