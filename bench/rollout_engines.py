@@ -18,7 +18,6 @@ the CPU default at >= 0.8) and its verdict.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import tempfile
 import time

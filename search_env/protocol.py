@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from reward_fns import extract_answer
+from reward_fns.answer import last_close_end
 
 if TYPE_CHECKING:
     from search_env.retrieval.corpus import Passage
@@ -156,7 +157,6 @@ STUDY_EVAL_PRESET = RolloutPreset(
 )
 PRESETS: dict[str, RolloutPreset] = {p.name: p for p in (TRAIN_PRESET, STUDY_EVAL_PRESET)}
 
-_QUERY = re.compile(r"<tool_call>.*?<parameter=query>\s*(.*?)\s*</parameter>.*?</tool_call>", re.DOTALL)
 _BLOCK = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 __all__ = [
@@ -235,20 +235,35 @@ def render_answer(answer: str) -> str:
 def parse_query(text: str) -> str | None:
     """The search query of one assistant turn, by the study's rule; None when there is none.
 
-    The first ``<tool_call>…<parameter=query>Q</parameter>…</tool_call>`` (the call must be
-    closed), Q stripped of surrounding whitespace; the function name is not checked; an empty Q is
-    no query (``evaluation_qwen35/flashrag/search_r1/parser.py::extract_tool_call_query``, which
-    the training environment re-exports).
+    The study's ``re.search(r"<tool_call>.*?<parameter=query>\\s*(.*?)\\s*</parameter>.*?</tool_call>",
+    re.DOTALL)``, group stripped, an empty one no query
+    (``evaluation_qwen35/flashrag/search_r1/parser.py::extract_tool_call_query``, which the training
+    environment re-exports). Its match, found here with four ``str.find`` (linear time in
+    ``len(text)``; the regex is quadratic on a flood of ``<tool_call>`` or ``<parameter=query>``):
+    Q is the text between the first ``<parameter=query>`` after the first ``<tool_call>`` and the
+    first ``</parameter>`` after it, and counts only if a ``</tool_call>`` follows (the call must be
+    closed; the function name is not checked; later calls are never read, since each of them would
+    need these same tags later still). Returns Q stripped of surrounding whitespace (``str.strip``,
+    the same characters as the regex's ``\\s``), or None when that is empty.
     """
-    match = _QUERY.search(text)
-    if match is None:
+    call = text.find("<tool_call>")
+    if call == -1:
         return None
-    query = match.group(1).strip()
-    return query or None
+    value = text.find("<parameter=query>", call + len("<tool_call>"))
+    if value == -1:
+        return None
+    value += len("<parameter=query>")
+    close = text.find("</parameter>", value)
+    if close == -1 or text.find("</tool_call>", close + len("</parameter>")) == -1:
+        return None
+    return text[value:close].strip() or None
 
 
 def find_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> int | None:
-    """Index just past the earliest occurrence of any stop string in ``text``; None if none occurs."""
+    """Index just past the earliest occurrence of any stop string in ``text``; None if none occurs.
+
+    One ``str.find`` per stop string: linear time in ``len(text)``.
+    """
     ends = [i + len(s) for s in stops if (i := text.find(s)) != -1]
     return min(ends) if ends else None
 
@@ -344,5 +359,9 @@ def tool_turn_text(response_text: str) -> str:
 
 
 def tool_response_contents(text: str) -> list[str]:
-    """The chunk of every ``<tool_response>`` block in ``text`` (e.g. a decoded prompt), in order."""
-    return _BLOCK.findall(text)
+    """The chunk of every ``<tool_response>`` block in ``text`` (e.g. a decoded prompt), in order.
+
+    ``re.findall(r"<tool_response>\\n(.*?)\\n</tool_response>", re.DOTALL)``, searched up to the
+    last closing tag (:func:`reward_fns.answer.last_close_end`): linear time in ``len(text)``.
+    """
+    return _BLOCK.findall(text, 0, last_close_end(text, "\n</tool_response>"))
