@@ -5,7 +5,8 @@ Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentL
 
 - ``hf`` (CPU, tiny models): ``search_env.cpu.local_rollout.HFLLMClient`` over
   ``search_env.cpu.hf_generate.HFGenerator`` (fp32; concurrent requests share its decoding steps).
-- ``vllm`` (GPU): :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLM`` engine, built
+- ``vllm`` (GPU, or CPU with vLLM's CPU build): :class:`VLLMEngineClient` over vLLM's in-process
+  ``AsyncLLM`` engine, built
   text-only (``language_model_only``), without prefix caching unless asked (see
   :class:`EngineSettings`), never asked for log-probs.
 
@@ -16,7 +17,7 @@ others, and their searches reach the micro-batching retrieval server together.
 
 A record is the response decoded as verl's reward manager decodes it
 (``skip_special_tokens=True``) plus the agent loop's records (termination, searches,
-search_errors, model_tokens, retrieved_tokens).
+search_errors, retrieval_failures, model_tokens, retrieved_tokens).
 """
 
 from __future__ import annotations
@@ -31,13 +32,20 @@ from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-RECORD_KEYS = ("termination", "searches", "search_errors", "model_tokens", "retrieved_tokens")
+RECORD_KEYS = (
+    "termination",
+    "searches",
+    "search_errors",
+    "retrieval_failures",
+    "model_tokens",
+    "retrieved_tokens",
+)
 BACKENDS = ("hf", "vllm")
 T = TypeVar("T")
 
 VLLM_MISSING = (
     "the vllm backend needs vLLM, which is not installed here. On a GPU node install the GPU set "
-    "(`pip install -e .[gpu]`, README 'GPU node'), or use `--backend hf` for small models on CPU."
+    "(`pip install -e .[gpu]`, README 'GPU node'); on a CPU `make venv` installs vLLM's CPU build."
 )
 
 
@@ -64,6 +72,10 @@ class EngineSettings:
 
 class Backend(Protocol):
     def run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+    async def generate_sequences(self, batch: Any) -> Any:
+        """verl's ``AgentLoopWorker.generate_sequences`` on ``batch`` (a ``DataProto``)."""
+        return await self._worker.generate_sequences(batch)
 
     async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -97,16 +109,26 @@ class AgentLoopBackend:
         """Run ``coro`` to completion on this backend's event loop."""
         return self._loop.run_until_complete(coro)
 
+    async def generate_sequences(self, batch: Any) -> Any:
+        """verl's ``AgentLoopWorker.generate_sequences`` on ``batch`` (a ``DataProto``)."""
+        return await self._worker.generate_sequences(batch)
+
     async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One greedy (``validate``) rollout of one verl row; its record."""
         from search_env.cpu.local_rollout import rows_to_batch
 
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
-        out = await self._worker.generate_sequences(batch)
+        out = await self.generate_sequences(batch)
         return batch_records(out, self.tokenizer)[0]
 
     def close(self) -> None:
+        """Cancel what still runs on the loop (e.g. vLLM's output handler), then close it."""
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
 
 
@@ -177,10 +199,21 @@ class VLLMEngineClient(LLMServerClient):
         )
 
 
+CPU_ENGINE_KWARGS: dict[str, Any] = {"enforce_eager": True, "mamba_ssm_cache_dtype": "float32"}
+"""What vLLM's CPU build needs on top (the training recipe's ``rollout`` on CPU sets the same):
+no CUDA graphs, and the fp32 recurrent state its Gated-DeltaNet kernel takes (bf16 weights)."""
+
+
 def vllm_engine_kwargs(
-    config: DictConfig, model_dir: str, seed: int, settings: EngineSettings, accepted: set[str]
+    config: DictConfig,
+    model_dir: str,
+    seed: int,
+    settings: EngineSettings,
+    accepted: set[str],
+    cpu: bool = False,
 ) -> dict[str, Any]:
-    """``AsyncEngineArgs`` keyword arguments; ``accepted`` = the field names of that dataclass.
+    """``AsyncEngineArgs`` keyword arguments; ``accepted`` = the field names of that dataclass;
+    ``cpu``: vLLM's CPU build serves (adds :data:`CPU_ENGINE_KWARGS`).
 
     Raises RuntimeError when the installed vLLM lacks ``language_model_only`` (added in the 0.2x
     series; verl 0.9.1 pins 0.24.0): without it vLLM would build and profile the vision tower.
@@ -202,6 +235,8 @@ def vllm_engine_kwargs(
     }
     if settings.max_num_seqs is not None:
         kwargs["max_num_seqs"] = settings.max_num_seqs
+    if cpu:
+        kwargs |= CPU_ENGINE_KWARGS
     return kwargs
 
 
@@ -213,6 +248,7 @@ class VLLMBackend(AgentLoopBackend):
     ):
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as err:
             raise RuntimeError(VLLM_MISSING) from err
@@ -222,7 +258,9 @@ class VLLMBackend(AgentLoopBackend):
 
         accepted = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         args = AsyncEngineArgs(
-            **vllm_engine_kwargs(config, model_dir, seed, settings or EngineSettings(), accepted)
+            **vllm_engine_kwargs(
+                config, model_dir, seed, settings or EngineSettings(), accepted, cpu=current_platform.is_cpu()
+            )
         )
         loop = asyncio.new_event_loop()
         self._engine = loop.run_until_complete(self._start(AsyncLLM, args))
