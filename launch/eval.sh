@@ -5,8 +5,9 @@
 #   GPUS=0,1,2,3 SUITE=test RETRIEVER_URL=http://127.0.0.1:8000 bash launch/eval.sh runs/f1_only_s44/checkpoints
 #
 # RUN_DIR is the run's checkpoint folder (trainer.default_local_dir, holding global_step_N/),
-# e.g. runs/demo_cpu/checkpoints for the CPU demo. Without RETRIEVER_URL a BM25 retriever
-# over CORPUS is started on 127.0.0.1:RETRIEVER_PORT and stopped (by PID) when the script exits;
+# e.g. runs/demo_cpu/checkpoints for the CPU demo. Without RETRIEVER_URL a retriever over CORPUS
+# is started on 127.0.0.1:RETRIEVER_PORT (BM25, or dense with INDEX and ENCODER: its faiss index on
+# the GPU(s) where it fits on a GPU node) and stopped (by PID) when the script exits;
 # every retriever must answer one real POST /retrieve before anything is evaluated.
 # With GPUS, one `python -m eval run` per listed GPU (CUDA_VISIBLE_DEVICES=<id>) works on the same
 # results folder: each takes the checkpoints no other holds (per-checkpoint locks), and the table
@@ -18,9 +19,13 @@
 #   OUT            results root; the run goes to OUT/<run>                           [results/eval_<suite>]
 #   BACKEND        auto | hf | vllm                                                   [auto]
 #   GPUS           comma-separated GPU ids, one evaluation process each; empty = one  []
-#   RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start BM25   []
-#   RETRIEVER_PORT port of the BM25 retriever this script starts                      [8010]
+#   RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start one    []
+#   RETRIEVER_PORT port of the retriever this script starts                           [8010]
 #   CORPUS         corpus of that retriever                                          [search_env/demo/wiki18_sample_1000.jsonl]
+#   INDEX, ENCODER with both: that retriever is dense (this faiss index over CORPUS + this E5
+#                  encoder folder) instead of BM25                                    []
+#   RETRIEVER_GPU  its --gpu: on = the index on the GPU(s) where it fits in free memory (else CPU,
+#                  logged), auto = index on CPU (training's placement), off = all CPU [on when torch sees a GPU, else auto]
 #   TIMEOUT_S      hard wall-clock limit of the evaluation in seconds; 0 = none        [0]
 #   PYTHON         interpreter [the active venv / conda env / python on PATH; the repo's .venv
 #                  only when those cannot import verl] (the first line printed names it)
@@ -48,6 +53,8 @@ GPUS="${GPUS:-}"
 RETRIEVER_URL="${RETRIEVER_URL:-}"
 RETRIEVER_PORT="${RETRIEVER_PORT:-8010}"
 CORPUS="${CORPUS:-$ROOT/search_env/demo/wiki18_sample_1000.jsonl}"
+INDEX="${INDEX:-}"
+ENCODER="${ENCODER:-}"
 TIMEOUT_S="${TIMEOUT_S:-0}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
 
@@ -72,13 +79,27 @@ if [[ -z "$RETRIEVER_URL" ]]; then
     echo "error: port $RETRIEVER_PORT already serves a retriever; set RETRIEVER_URL=http://127.0.0.1:$RETRIEVER_PORT to use it, or RETRIEVER_PORT to another port" >&2
     exit 2
   fi
-  echo "starting BM25 retriever on 127.0.0.1:$RETRIEVER_PORT over $CORPUS"
-  "$PYTHON" -m search_env serve --backend bm25 --corpus "$CORPUS" --host 127.0.0.1 --port "$RETRIEVER_PORT" \
+  SERVE=(--backend bm25)
+  STARTUP_S=60
+  if [[ -n "$INDEX$ENCODER" ]]; then
+    if [[ ! -f "$INDEX" || ! -f "$ENCODER/config.json" ]]; then
+      echo "error: a dense retriever needs INDEX (a faiss index file, got '$INDEX') and ENCODER (a model folder with config.json, got '$ENCODER')" >&2
+      exit 2
+    fi
+    if [[ -z "${RETRIEVER_GPU:-}" ]]; then  # evaluation's placement: the index on the GPU(s) of a GPU node
+      RETRIEVER_GPU=auto
+      if "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then RETRIEVER_GPU=on; fi
+    fi
+    SERVE=(--backend dense --index "$INDEX" --encoder "$ENCODER" --gpu "$RETRIEVER_GPU")
+    STARTUP_S=1800  # reading (and copying to the GPU) the 16 GB wiki-18 index takes minutes
+  fi
+  echo "starting retriever ${SERVE[*]} on 127.0.0.1:$RETRIEVER_PORT over $CORPUS"
+  "$PYTHON" -m search_env serve "${SERVE[@]}" --corpus "$CORPUS" --host 127.0.0.1 --port "$RETRIEVER_PORT" \
     >"$LOG_DIR/retriever.log" 2>&1 &
   RETRIEVER_PID=$!
   RETRIEVER_URL="http://127.0.0.1:$RETRIEVER_PORT"
-  if ! wait_health "$RETRIEVER_URL" 60 "$RETRIEVER_PID"; then
-    echo "error: the retriever did not become healthy within 60 s; its log:" >&2
+  if ! wait_health "$RETRIEVER_URL" "$STARTUP_S" "$RETRIEVER_PID"; then
+    echo "error: the retriever did not become healthy within $STARTUP_S s; its log:" >&2
     cat "$LOG_DIR/retriever.log" >&2
     exit 1
   fi

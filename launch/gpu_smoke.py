@@ -3,8 +3,10 @@
     python launch/gpu_smoke.py cuda                    exit 0 when torch sees a CUDA device, else 2
     python launch/gpu_smoke.py versions                driver, torch, CUDA, vllm, flash-attn, fla, ...
     python launch/gpu_smoke.py tiny OUT [--data DIR]   a tiny random Qwen3.5 with the real 248,320 vocab
-    python launch/gpu_smoke.py dense WORK              E5-path encoder on the GPU + IVF-SQ8 on CPU faiss,
-                                                       built, served and searched as in training
+    python launch/gpu_smoke.py dense WORK              E5-path encoder on the GPU + IVF-SQ8 built with
+                                                       GPU faiss, served from CPU faiss as in training
+    python launch/gpu_smoke.py gpu-index WORK          a real IVF-SQ8 index moved to the GPU as evaluation
+                                                       serves it, searched there and on CPU: same results?
     python launch/gpu_smoke.py packed MODEL            packed (use_remove_padding) vs one-by-one log-probs
     python launch/gpu_smoke.py rollout-logprobs METRICS  vLLM rollout vs FSDP recompute (verl's metrics)
     python launch/gpu_smoke.py checkpoints CKPT_DIR    the checkpoint policy on the smoke run's saves
@@ -12,7 +14,8 @@
                                                        forward+backward at the real 0.8B shape
 
 Each prints Markdown lines for the report (``| item | value |`` rows, then ``RESULT: ...``) and
-exits 0 when its check passes, 1 when it fails.
+exits 0 when its check passes, 1 when it fails; ``cuda`` and ``gpu-index`` exit 2 without a CUDA
+device (nothing to check there).
 """
 
 from __future__ import annotations
@@ -92,19 +95,29 @@ def cmd_versions(_: argparse.Namespace) -> int:
         "fla": "flash-linear-attention",
         "transformers": "transformers",
         "verl": "verl",
-        "faiss": "faiss-cpu",
+        "faiss-gpu": "faiss-gpu",
     }
     found = {name: _version(dist) for name, dist in dists.items()}
     for name, version in found.items():
         row(name, version)
+    second_faiss = _version("faiss-cpu")  # the CPU set's faiss: beside faiss-gpu, one of them wins
+    if second_faiss != "MISSING":
+        row(
+            "faiss-cpu",
+            f"{second_faiss} ALSO INSTALLED: pip uninstall -y faiss-cpu faiss-gpu && pip install -e '.[gpu]'",
+        )
     try:
         import faiss
 
-        row("faiss GPUs", faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0)
+        from search_env.retrieval.index import gpu_unavailable_reason
+
+        row("faiss GPUs", f"{faiss.get_num_gpus()} ({gpu_unavailable_reason() or 'faiss can use them'})")
     except ImportError as err:
         row("faiss import", f"FAILED: {err}")
-    missing = [n for n in ("vllm", "transformers", "verl", "flash-attn", "fla") if found[n] == "MISSING"]
-    return result(torch.version.cuda is not None and not missing, f"missing: {missing or 'none'}")
+    missing = [n for n in dists if found[n] == "MISSING"]
+    ok = torch.version.cuda is not None and not missing and second_faiss == "MISSING"
+    beside = "; faiss-cpu beside faiss-gpu" if second_faiss != "MISSING" else ""
+    return result(ok, f"missing: {missing or 'none'}{beside}")
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
@@ -142,8 +155,9 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_dense(args: argparse.Namespace) -> int:
-    """The E5 code path (a tiny 128-d BERT) on the GPU, IVF-SQ8 on CPU faiss: build-index, serve,
-    /health, a 512-query /retrieve."""
+    """The E5 code path (a tiny 128-d BERT) on the GPU, IVF-SQ8 built with GPU faiss (`--gpu auto`)
+    and served from CPU faiss (`--gpu auto`, the training placement): build-index, serve, /health,
+    a 512-query /retrieve."""
     import subprocess
 
     import httpx
@@ -177,7 +191,97 @@ def cmd_dense(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     ok = str(health.get("encoder_device", "")).startswith("cuda") and len(hits) == 512 and all(hits)
+    ok = ok and health.get("index_on_gpu") is False
     return result(ok, "E5 path on cuda, IVF-SQ8 on CPU faiss, every query answered" if ok else "see rows")
+
+
+GPU_INDEX_SHAPE = {"n": 100_000, "dim": 768, "factory": "IVF1024,SQ8", "nprobe": 16, "queries": 2000, "k": 10}
+"""The gpu-index stage's index: E5's dimension, nprobe 16 of 1024 lists (the 1.6 % of lists that
+nprobe 64 scans of wiki-18's IVF4096), a batch of 2,000 queries."""
+WIKI18_SQ8_BYTES = 21_015_324 * (768 + 8)
+"""The wiki-18 IVF4096,SQ8 index: one 768-byte code and one 64-bit id per passage (16.3 GB)."""
+
+
+def compare_searches(cpu: tuple, gpu: tuple) -> dict[str, float]:
+    """How a GPU search result matches the CPU one, both ``(scores, ids)`` arrays of shape
+    (queries, k): ``overlap`` = mean fraction of each CPU top-k found in the GPU top-k,
+    ``top1`` = fraction of queries with the same first id, ``score_diff`` = largest absolute
+    difference of the first scores where the first ids agree (0.0 when none agree)."""
+    import numpy as np
+
+    from search_env.retrieval.index import recall_at_k
+
+    same = cpu[1][:, 0] == gpu[1][:, 0]
+    diff = np.abs(cpu[0][same, 0] - gpu[0][same, 0])
+    return {
+        "overlap": recall_at_k(gpu[1], cpu[1]),
+        "top1": float(same.mean()),
+        "score_diff": float(diff.max()) if diff.size else 0.0,
+    }
+
+
+def _timed_search(index, queries, k: int) -> tuple[tuple, float]:
+    """((scores, ids), milliseconds per query) of one batched search, after a 100-query warm-up."""
+    index.search(queries[:100], k)
+    start = time.perf_counter()
+    found = index.search(queries, k)
+    return found, (time.perf_counter() - start) * 1000 / len(queries)
+
+
+def cmd_gpu_index(args: argparse.Namespace) -> int:
+    """A real faiss index placed on the GPU as `serve --gpu on` (evaluation) places it: IVF1024,SQ8
+    over 100,000 clustered 768-d unit vectors, built on CPU and written to WORK, loaded twice with
+    `load_index` (CPU, and ``use_gpu=True``), 2,000 queries searched on both. Passes when the index
+    is on the GPU, its top-10 holds >= 99 % of the CPU's and the top-1 scores agree within 1e-3.
+    Reports the copy time, ms per query on each, and where wiki-18's 16.3 GB index would go with the
+    GPUs' free memory now. Exit 2 without a CUDA device."""
+    import faiss
+    import numpy as np
+    import torch
+
+    from search_env.retrieval import index as ix
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: the GPU-index stage needs one (skipped)", file=sys.stderr)
+        return 2
+    reason = ix.gpu_unavailable_reason()
+    if reason:
+        return result(False, f"faiss cannot use the GPU: {reason}")
+    shape = GPU_INDEX_SHAPE
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(1000, shape["dim"])).astype(np.float32)
+    x = centres[rng.integers(0, len(centres), size=shape["n"])]
+    x += 0.35 * rng.normal(size=x.shape).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    built, factory = ix.train_and_fill(
+        shape["factory"], shape["dim"], shape["n"], lambda rows: x[rows], 40 * 1024, 50_000, 0, False, "build"
+    )
+    path = Path(args.work) / "gpu_smoke_IVF1024_SQ8.index"
+    ix.write_index(built, path, {"factory": factory, "source": "gpu_smoke gpu-index"})
+    queries = x[rng.choice(shape["n"], size=shape["queries"], replace=False)] + 0.01
+    cpu = ix.load_index(path, nprobe=shape["nprobe"])
+    gpu = ix.load_index(path, nprobe=shape["nprobe"], use_gpu=True)
+    row("index", f"{factory}, {shape['n']:,} x {shape['dim']} ({path.stat().st_size / 1e6:.0f} MB file)")
+    row("placement", gpu.placement)
+    if not gpu.on_gpu:
+        return result(False, f"the index stayed on CPU: {gpu.placement}")
+    row("copy to GPU (load_index)", f"{gpu.load_s:.2f} s")
+    cpu_found, cpu_ms = _timed_search(cpu.index, queries, shape["k"])
+    gpu_found, gpu_ms = _timed_search(gpu.index, queries, shape["k"])
+    batch = f"{shape['queries']:,} queries batched, nprobe {shape['nprobe']}, k {shape['k']}"
+    row("CPU search", f"{cpu_ms:.3f} ms/query ({batch}, {faiss.omp_get_max_threads()} threads)")
+    row("GPU search", f"{gpu_ms:.4f} ms/query ({batch})")
+    match = compare_searches(cpu_found, gpu_found)
+    row("GPU top-10 holding the CPU top-10", f"{match['overlap']:.4f}")
+    row("same top-1", f"{match['top1']:.4f}; largest top-1 score difference {match['score_diff']:.2e}")
+    free = ix.gpu_free_bytes()
+    wiki = ix.choose_gpus(WIKI18_SQ8_BYTES, free)
+    one_gpu = ix.gpu_bytes_needed(WIKI18_SQ8_BYTES, 1) / 2**30
+    where = f"GPU {','.join(map(str, wiki))}" if wiki else f"CPU (needs {one_gpu:.1f} GiB on one GPU)"
+    row("wiki-18 IVF4096,SQ8 (16.3 GB) with this free memory", where)
+    ok = match["overlap"] >= 0.99 and match["score_diff"] < 1e-3
+    speedup = cpu_ms / max(gpu_ms, 1e-9)
+    return result(ok, f"GPU index = CPU index ({match['overlap']:.4f} of top-10), {speedup:.0f}x faster")
 
 
 def _packed_inputs(lengths: list[int], vocab: int, seed: int = 0):
@@ -334,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("out")
     tiny.add_argument("--data", help="also write DATA/{train,val}.parquet (NQ fixture questions)")
     sub.add_parser("dense").add_argument("work")
+    sub.add_parser("gpu-index").add_argument("work")
     packed = sub.add_parser("packed")
     packed.add_argument("model")
     packed.add_argument("--cpu", action="store_true", help="fp32 + sdpa on CPU (checks the harness itself)")
@@ -346,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": cmd_versions,
         "tiny": cmd_tiny,
         "dense": cmd_dense,
+        "gpu-index": cmd_gpu_index,
         "packed": cmd_packed,
         "rollout-logprobs": cmd_rollout_logprobs,
         "checkpoints": cmd_checkpoints,

@@ -5,16 +5,20 @@
 #   bash launch/gpu_smoke.sh                 # report: runs/gpu_smoke/report.md (SMOKE_DIR overrides)
 #
 # Stages (timeout in seconds; a stage that would pass the 10-minute budget gets what is left):
-#   versions    30   driver, torch + CUDA, GPUs, vllm, flash-attn, fla, transformers, verl, faiss
-#   dense       90   E5-path encoder on the GPU + IVF-SQ8 on CPU faiss: build, serve, one real /retrieve,
-#                    a 512-query burst (the retrieval setting of docs/gpu.md)
+#   versions    30   driver, torch + CUDA, GPUs, vllm, flash-attn, fla, transformers, verl, faiss-gpu
+#   dense       90   E5-path encoder on the GPU + IVF-SQ8 built with GPU faiss and served from CPU faiss
+#                    (retriever.gpu=auto, training's placement): build, serve, one real /retrieve, a
+#                    512-query burst (the retrieval setting of docs/gpu.md)
+#   gpu-index   60   a real IVF1024,SQ8 index (100,000 x 768) moved to the GPU as `serve --gpu on`
+#                    (evaluation) places it: same top-10 as on CPU, copy and search timings
 #   tiny        40   a tiny random Qwen3.5 with the real 248,320-token vocabulary (+ NQ fixture parquet)
 #   grpo       260   2 GRPO steps of it (recipes/gpu_smoke.yaml): vLLM rollout, use_remove_padding,
 #                    flash-attention, dynamic bsz, hf_model saves, the checkpoint policy, searching the
 #                    dense stage's index (its encoder on cuda:0 next to vLLM and FSDP; BM25 if absent)
 #   policy      15   step 1 pruned to HF weights, step 2 complete
 #   logprobs    10   vLLM rollout log-probs vs the FSDP recompute (verl's rollout_probs_diff metrics)
-#   eval       100   launch/eval.sh with the vLLM backend on both checkpoints (1 row per benchmark)
+#   eval       100   launch/eval.sh with the vLLM backend on both checkpoints (1 row per benchmark),
+#                    searching the dense stage's index on the GPU (eval.sh's default there; BM25 if absent)
 #   packed      40   packed (remove-padding, cu_seqlens) vs one-by-one log-probs on a few sequences
 #   memory      90   peak memory of one 16K- and one 32K-token forward+backward at the real 0.8B shape
 # Without a CUDA device it exits 2 at once ("no CUDA device", with the driver/torch diagnosis).
@@ -95,8 +99,12 @@ grpo() {  # with the dense stage's retriever when it was built: its encoder then
     "${retriever[@]}"
 }
 
-evaluate() {
-  BACKEND=vllm SUITE=fixtures LIMIT=1 OUT="$SMOKE_DIR/eval" RETRIEVER_PORT=18292 \
+evaluate() {  # eval.sh starts the dense retriever with --gpu on here: its index on the GPU beside vLLM
+  local index="" encoder=""
+  if [[ -f "$SMOKE_DIR/demo_IVF16_SQ8.index" ]]; then
+    index="$SMOKE_DIR/demo_IVF16_SQ8.index" encoder="$SMOKE_DIR/encoder"
+  fi
+  INDEX="$index" ENCODER="$encoder" BACKEND=vllm SUITE=fixtures LIMIT=1 OUT="$SMOKE_DIR/eval" RETRIEVER_PORT=18292 \
     bash launch/eval.sh "$CKPT" --steps 1 2 --max-turns 2 --max-turn-tokens 64 --response-length 256 \
     --gpu-memory-utilization 0.3 &&
     ls "$SMOKE_DIR"/eval/*/global_step_1/summary.json "$SMOKE_DIR"/eval/*/global_step_2/summary.json
@@ -105,6 +113,7 @@ export -f grpo evaluate
 
 stage versions 30 "$PYTHON" launch/gpu_smoke.py versions
 stage dense 90 "$PYTHON" launch/gpu_smoke.py dense "$SMOKE_DIR"
+stage gpu-index 60 "$PYTHON" launch/gpu_smoke.py gpu-index "$SMOKE_DIR"
 stage tiny 40 "$PYTHON" launch/gpu_smoke.py tiny "$MODEL" --data "$SMOKE_DIR/data"
 stage grpo 260 bash -c grpo
 stage policy 15 "$PYTHON" launch/gpu_smoke.py checkpoints "$CKPT"

