@@ -5,8 +5,11 @@ verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` and a re
 the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_agent_loops.yaml``), exactly
 as a CPU training step rolls out. Both engines serve the same model folder: ``hf`` in fp32, vLLM
 in bf16 (its CPU kernels' dtype; ``eval.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
-Each engine runs ``--rounds`` batches, interleaved (hf, vllm, hf, ...) on the same questions after
-one warm-up batch each; the median round counts (the machine is shared).
+The engines run one at a time, hf -> vllm -> hf (an idle vLLM engine's bound OpenMP threads
+slow a co-running hf 4-10x), ``--rounds`` batches each on the same questions after one warm-up
+batch; the median round counts, hf's over both of its turns (the machine is shared). hf runs
+on one intra-op thread (``--hf-threads``; faster than two for a model this small), vLLM's
+OpenMP threads are bound to every core of the process (``patches.vllm_cpu_env``).
 
 Prints, per engine: start-up seconds, rollouts/s (median and each round), model tokens/s, turns
 searches per rollout; then the ratio vllm / hf in rollouts/s, the decision rule (vLLM becomes
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 from eval.backends import make_backend
 from search_env.cpu.local_rollout import compose_rollout_config, rows_to_batch, write_tool_config
@@ -57,12 +61,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-threads", type=int, default=1, help="torch intra-op threads of the hf engine")
     args = parser.parse_args(argv)
     for path in (args.model / "config.json", args.world / "train.parquet"):
         if not path.is_file():
             raise SystemExit(
                 f"{path} is missing: build the demo assets with `python -m search_env.cpu.demo assets`"
             )
+    torch.set_num_threads(args.hf_threads)
     rows = pd.read_parquet(args.world / "train.parquet").head(args.rollouts).to_dict("records")
     results: dict[str, list[dict[str, float]]] = {"hf": [], "vllm": []}
     startup: dict[str, float] = {}
@@ -76,16 +82,15 @@ def main(argv: list[str] | None = None) -> None:
             agent_loop_config_path=REPO / "recipes/demo_agent_loops.yaml",
             overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"],
         )
-        backends = {}
-        for name in ("hf", "vllm"):
+        # Sandwich, never both alive: an idle vLLM engine keeps its OpenMP threads bound to the cores
+        # and slows a co-running hf engine 4-10x (measured), which would not be a fair comparison.
+        for name in ("hf", "vllm", "hf"):
             started = time.perf_counter()
-            backends[name] = make_backend(name, config, str(args.model), seed=args.seed)
-            startup[name] = time.perf_counter() - started
-            round_once(backends[name], rows)  # warm-up: first-call costs out of the timed rounds
-        for _ in range(args.rounds):
-            for name, backend in backends.items():
+            backend = make_backend(name, config, str(args.model), seed=args.seed)
+            startup.setdefault(name, time.perf_counter() - started)
+            round_once(backend, rows)  # warm-up: first-call costs out of the timed rounds
+            for _ in range(args.rounds):
                 results[name].append(round_once(backend, rows))
-        for backend in backends.values():
             backend.close()
     rate: dict[str, float] = {}
     for name, rounds in results.items():

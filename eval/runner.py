@@ -10,7 +10,8 @@ last ``<answer>``).
 Output (:mod:`eval.store` makes it crash-safe)::
 
     OUT/<run>/run.json                         run, shape, seed, horizon, config, eval settings
-    OUT/<run>/global_step_<N>/rows.jsonl       one line per question, in suite order, append-only
+    OUT/<run>/global_step_<N>/rows.jsonl       one line per question, in suite order (a row redone
+                                               after a failed search comes last), append-only
     OUT/<run>/global_step_<N>/summary.json     written once every row is in (atomic rename)
     OUT/<run>/global_step_<N>/.lock            held (flock) by the process evaluating step N
     OUT/<run>/merged/global_step_<N>/          HF weights merged from FSDP shards (cache)
@@ -20,6 +21,13 @@ any time, and each finished rollout at once starts the next row, so a slow 10-tu
 up no other. Finished rows are appended to ``rows.jsonl`` in suite order (:class:`InOrderWriter`:
 the longest finished prefix, flushed every ``FLUSH_ROWS`` rows or ``FLUSH_S`` seconds, and
 when the pool stops for any reason), so a killed run resumes after the last written row.
+
+A row whose rollout had a failed retrieval (``retrieval_failures`` > 0: the retriever did not
+answer within the search tool's ``retry_budget_s``, so the model read "Retriever failed" texts)
+is never stored: it is rolled out once more at the end of its checkpoint's pass, after the
+retrievers pass :func:`check_retrievers` again; if it fails again, the checkpoint gets no
+summary and the run stops with an error that counts those rows. Running the same command again
+rolls out only the rows still missing, so no score ever comes from a down retriever.
 
 Several processes may evaluate one run into one results folder (one per GPU,
 ``launch/eval.sh`` with ``GPUS=0,1,...``): a process takes each checkpoint whose lock is free,
@@ -66,6 +74,8 @@ concurrent requests (up to 64); 32 rows give most of its speed-up (bench/hf_gene
 FLUSH_ROWS = 64
 FLUSH_S = 2.0
 """rows.jsonl gets the finished prefix (one write + fsync) every FLUSH_ROWS rows or FLUSH_S seconds."""
+RETRIEVAL_RETRY_PASSES = 1
+"""Extra passes over a checkpoint's rows held back for a failed retrieval, before the run stops."""
 
 X = TypeVar("X")
 R = TypeVar("R")
@@ -320,6 +330,7 @@ def _tool_and_loop_files(plan: RunPlan, folder: Path, model_dir: Path) -> tuple[
     if rules.chunk_cap_unit == "tokens":
         cap["tokenizer"] = str(model_dir)
     doc["tools"][0]["config"].update(cap)
+    doc["tools"][0]["config"].pop("max_retries", None)  # tries bounded by retry_budget_s, as in training
     tools.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     loops = [
         {
@@ -408,6 +419,8 @@ class InOrderWriter:
     + fsync) once all are finished and ``flush_rows`` of them are waiting or ``flush_s`` seconds
     have passed since the last write; ``flush()`` writes the finished prefix now. Rows after a gap
     stay in memory until the gap fills, so the file is always a prefix of the uninterrupted one.
+    ``add(i, None)`` marks row ``i`` finished but held back: it fills its place in the order and is
+    never written.
     """
 
     def __init__(
@@ -418,7 +431,7 @@ class InOrderWriter:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.store, self.flush_rows, self.flush_s, self.clock = store, flush_rows, flush_s, clock
-        self._finished: dict[int, dict[str, Any]] = {}
+        self._finished: dict[int, dict[str, Any] | None] = {}
         self._next = 0  # index of the first row not yet written
         self._last_write = clock()
         self.written = 0
@@ -429,16 +442,16 @@ class InOrderWriter:
             end += 1
         return end
 
-    def add(self, index: int, row: dict[str, Any]) -> None:
+    def add(self, index: int, row: dict[str, Any] | None) -> None:
         self._finished[index] = row
         waiting = self._prefix_end() - self._next
         if waiting and (waiting >= self.flush_rows or self.clock() - self._last_write >= self.flush_s):
             self.flush()
 
     def flush(self) -> int:
-        """Write the finished prefix now; returns the rows written."""
+        """Write the finished prefix now (held-back rows skipped); returns the rows written."""
         end = self._prefix_end()
-        rows = [self._finished.pop(i) for i in range(self._next, end)]
+        rows = [row for i in range(self._next, end) if (row := self._finished.pop(i)) is not None]
         self._next = end
         self._last_write = self.clock()
         if rows:
@@ -453,15 +466,31 @@ async def _roll_out(
     question_mark: bool,
     size: int,
     progress: Callable[[Question], None],
-) -> None:
-    """Roll ``questions`` out through ``backend`` in a steady pool, scoring each into ``writer``."""
+) -> list[Question]:
+    """Roll ``questions`` out through ``backend`` in a steady pool, scoring each into ``writer``;
+    returns the questions held back because their rollout had a failed retrieval (not written)."""
     rows = _to_verl_rows(questions, question_mark)
+    held_back: list[Question] = []
     try:
         async for i, record in rollout_pool(rows, backend.rollout_one, size):
+            if int(record.get("retrieval_failures") or 0):
+                held_back.append(questions[i])
+                writer.add(i, None)
+                continue
             writer.add(i, score_row(questions[i], record))
             progress(questions[i])
     finally:
         writer.flush()  # whatever finished in order is kept, also when a rollout failed
+    return held_back
+
+
+def held_back_error(step: int, held_back: int, total: int, why: str) -> RuntimeError:
+    """The error that stops a run whose rows of checkpoint ``step`` are held back for failed searches."""
+    return RuntimeError(
+        f"step {step}: {held_back} of {total} rows had a failed search and were not stored, and {why}; "
+        f"step {step} has no summary. Check the retriever (GET <url>/health, its log), then run the "
+        "same command again: only the missing rows are rolled out"
+    )
 
 
 def evaluate_step(
@@ -472,7 +501,9 @@ def evaluate_step(
 ) -> dict[str, Any]:
     """Evaluate one checkpoint (only its missing rows), then write and return its summary.
 
-    The caller holds the checkpoint folder's lock.
+    Rows held back for a failed retrieval get ``RETRIEVAL_RETRY_PASSES`` more passes (each after
+    :func:`check_retrievers`); RuntimeError when some are still missing. The caller holds the
+    checkpoint folder's lock.
     """
     from tqdm import tqdm
 
@@ -504,18 +535,37 @@ def evaluate_step(
                 bar.update(1)
 
             try:
-                backend.run(
-                    _roll_out(
-                        backend,
-                        todo,
-                        InOrderWriter(store),
-                        plan.limits.rules.question_mark,
-                        plan.max_in_flight,
-                        progress,
+                pending = todo
+                for retry in range(RETRIEVAL_RETRY_PASSES + 1):
+                    if retry:
+                        log(
+                            f"step {ckpt.step}: {len(pending)} rows had a failed search and were not "
+                            "stored; checking the retrievers and rolling them out again"
+                        )
+                        try:
+                            check_retrievers(plan.retriever_urls)
+                        except RuntimeError as err:
+                            raise held_back_error(ckpt.step, len(pending), len(wanted), str(err)) from None
+                    pending = backend.run(
+                        _roll_out(
+                            backend,
+                            pending,
+                            InOrderWriter(store),
+                            plan.limits.rules.question_mark,
+                            plan.max_in_flight,
+                            progress,
+                        )
                     )
-                )
+                    if not pending:
+                        break
             finally:
                 backend.close()
+        if pending:
+            urls = ", ".join(plan.retriever_urls)
+            why = (
+                f"their searches failed again ({urls} did not answer within the search tool's retry_budget_s)"
+            )
+            raise held_back_error(ckpt.step, len(pending), len(wanted), why)
     rows = [r for r in store.rows() if (r["benchmark"], r["id"]) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")

@@ -1,9 +1,10 @@
 # Condenses verl's console output (launch/run.sh pipes train.log through it) to the study's
-# metrics per training step (docs/metrics.md), three lines a step, plus checkpoint/resume events.
+# metrics per training step (docs/metrics.md), three lines a step, plus checkpoint/resume events
+# and the trainer's retriever warnings (steps with failed searches, the retriever-down stop).
 # Input lines may carry Ray prefixes and colours.
 BEGIN {
   groups[1] = "reward/mean reward/em reward/f1 reward/acc actor/grad_norm actor/entropy actor/kl_loss timing_s/step"
-  groups[2] = "rollout/searches_mean rollout/abort_ratio rollout/length_clip_ratio rollout/model_tokens_mean rollout/retrieved_tokens_mean"
+  groups[2] = "rollout/searches_mean rollout/retrieval_failures rollout/abort_ratio rollout/length_clip_ratio rollout/model_tokens_mean rollout/retrieved_tokens_mean"
   groups[3] = "rollout/termination/answer rollout/termination/turn_cap rollout/termination/length_cap rollout/termination/error grpo/group_reward_std_mean grpo/zero_variance_group_frac"
 }
 function pick(line_keys, parts, m,    keys, n, k, i, out) {
@@ -26,6 +27,12 @@ function pick(line_keys, parts, m,    keys, n, k, i, out) {
 /Training from scratch|Resuming from |Saving checkpoint to / {
   line = $0
   sub(/.*INFO:[^:]*:[^:]*:[^:]*:/, "", line)
+  print "  " line
+  fflush()
+}
+/WARNING: step [0-9]+: .* searches failed against |ERROR: retriever down: / {
+  line = $0
+  sub(/^.*(WARNING|ERROR): /, "", line)
   print "  " line
   fflush()
 }

@@ -11,19 +11,37 @@ keys from TransferQueue, drop padding rows, and add :func:`search_env.rollout_st
 to the step's metrics; ``response_length/clip_ratio`` is replaced by the share of rollouts that
 exhausted the token budget (``rollout/length_clip_ratio``). The metrics dict is the one passed on
 to ``self.logger.log``, so every configured logger (console, file, tensorboard, wandb) gets them.
-Active on every platform (it changes no training behaviour).
+
+Stop rule (``search_env.retriever_guard``): a step with failed retrievals
+(``rollout/retrieval_failures`` > 0) prints a warning naming the retriever URLs; at
+``retriever.max_failed_steps`` such steps in a row (recipe key, default 2, 0 = never) the wrapper
+logs that step's metrics itself, then raises ``RetrieverDown`` in the driver, so ``main_ppo``
+exits non-zero with the message instead of training on error texts. Active on every platform
+(it changes no training behaviour while the retriever answers).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 from patches.post_import import when_imported
+from search_env.retriever_guard import (
+    RETRIEVER_LOG_ENV,
+    FailedStepGuard,
+    RetrieverDown,
+    max_failed_steps,
+    tool_retrieval_urls,
+)
 from search_env.rollout_stats import group_of, rollout_metrics
 
 TARGET = "verl.trainer.ppo.v1.trainer_base"
 PATCHED_FLAG = "_rlvr_rollout_metrics"
+GUARD_ATTR = "_rlvr_retriever_guard"
 
 
 def _wrap(original):
@@ -37,14 +55,41 @@ def _wrap(original):
         )
         extra_fields = data.pop("extra_fields").tolist()
         keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
-        ours = rollout_metrics([extra_fields[i] or {} for i in keep], [group_of(batch.keys[i]) for i in keep])
+        rows = [extra_fields[i] or {} for i in keep]
+        ours = rollout_metrics(rows, [group_of(batch.keys[i]) for i in keep])
         metrics.update(ours)
         if "rollout/length_clip_ratio" in ours:
             metrics["response_length/clip_ratio"] = ours["rollout/length_clip_ratio"]
+        check_retriever(self, rows, metrics, global_steps)
         return result
 
     setattr(_compute_metrics, PATCHED_FLAG, True)
     return _compute_metrics
+
+
+def check_retriever(trainer: Any, rows: Sequence[Mapping[str, Any]], metrics: dict, step: int) -> None:
+    """Apply the stop rule to one step (``rows``: its rollouts' records; ``metrics``: the step's,
+    with ``rollout/retrieval_failures``). The guard lives on the trainer (built at the first step
+    from ``trainer.config``); on a stop it logs ``metrics`` through ``trainer.logger`` and raises."""
+    guard = getattr(trainer, GUARD_ATTR, None)
+    if guard is None:
+        tools = trainer.config.actor_rollout_ref.rollout.multi_turn.get("tool_config_path")
+        guard = FailedStepGuard(
+            max_failed_steps(trainer.config), tool_retrieval_urls(tools), os.environ.get(RETRIEVER_LOG_ENV)
+        )
+        setattr(trainer, GUARD_ATTR, guard)
+    failures = int(metrics.get("rollout/retrieval_failures", 0))
+    stop = guard.observe(step, failures, sum(int(r.get("searches") or 0) for r in rows))
+    if failures:
+        print(f"WARNING: {guard.warning()}", file=sys.stderr, flush=True)
+    if stop:
+        from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
+
+        trainer.logger.log(
+            data={k: v for k, v in metrics.items() if k != DAPO_FILTERED_REWARD_COUNTS_KEY}, step=step
+        )
+        print(f"ERROR: {stop}", file=sys.stderr, flush=True)
+        raise RetrieverDown(stop)
 
 
 def _patch(module: ModuleType) -> None:

@@ -42,7 +42,7 @@ Per rollout, ``AgentLoopOutput.extra_fields`` gets (verl passes them to the rewa
   allowed assistant turn still called the tool), ``error`` (the last turn stopped at a
   ``</tool_call>`` with no readable query), else ``answer`` (the last assistant turn called no
   tool; see ``answered``);
-- ``searches``, ``search_errors``: set by ``SearchTool``;
+- ``searches``, ``search_errors``, ``retrieval_failures``: set by ``SearchTool`` (0 when unset);
 - ``model_tokens``: sampled tokens in the response; ``retrieved_tokens``: all other response
   tokens (tool turns, invalid-action notes); they add up to the response length;
 - ``answered``: the last assistant turn holds an ``<answer>…</answer>`` (the study's
@@ -218,6 +218,7 @@ class SearchAgentLoop(ToolAgentLoop):
             termination=self.termination,
             searches=int(output.extra_fields.get("searches", 0)),
             search_errors=int(output.extra_fields.get("search_errors", 0)),
+            retrieval_failures=int(output.extra_fields.get("retrieval_failures", 0)),
             model_tokens=model_tokens,
             retrieved_tokens=len(output.response_ids) - model_tokens,
             answered=self.answered,

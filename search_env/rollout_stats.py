@@ -29,10 +29,12 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
     """Aggregate one step's rollouts into the study's metrics.
 
     ``extra_fields[i]`` is rollout i's agent-loop record (``termination``, ``searches``,
-    ``model_tokens``, ``retrieved_tokens``, ``answered``) with the reward dict under
-    ``reward_extra_info`` (``score``, ``em``, ``f1``, ``acc``); ``groups[i]`` is its prompt uid.
-    Missing fields are skipped, so a metric is absent rather than wrong. Fractions are in [0, 1];
-    token counts are per rollout. Returns {} for an empty step.
+    ``search_errors``, ``retrieval_failures``, ``model_tokens``, ``retrieved_tokens``,
+    ``answered``) with the reward dict under ``reward_extra_info`` (``score``, ``em``, ``f1``,
+    ``acc``); ``groups[i]`` is its prompt uid. Missing fields are skipped, so a metric is absent
+    rather than wrong. Fractions are in [0, 1]; token counts are per rollout;
+    ``rollout/search_errors`` and ``rollout/retrieval_failures`` are counts over the whole step.
+    Returns {} for an empty step.
     """
     if len(extra_fields) != len(groups):
         raise ValueError(f"extra_fields ({len(extra_fields)}) and groups ({len(groups)}) differ in length")
@@ -58,6 +60,13 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
         value = mean_of([r.get(key) for r in records])
         if value is not None:
             metrics[name] = value
+    for name, key in (
+        ("rollout/search_errors", "search_errors"),
+        ("rollout/retrieval_failures", "retrieval_failures"),
+    ):
+        counts = [int(f[key]) for f in extra_fields if f.get(key) is not None]
+        if counts:
+            metrics[name] = float(sum(counts))
     answered = [f.get("answered") for f in extra_fields]
     if any(a is not None for a in answered):
         metrics["rollout/abort_ratio"] = 1.0 - mean_of([bool(a) for a in answered if a is not None])

@@ -5,7 +5,7 @@ Declared in a tool YAML (``rollout.multi_turn.tool_config_path``, see recipes/to
     tools:
       - class_name: search_env.tool.SearchTool
         config: {type: native, retrieval_urls: ["http://127.0.0.1:8000"], topk: 5,
-                 chunk_cap: 1024, chunk_cap_unit: chars, timeout: 30, max_retries: 3}
+                 chunk_cap: 1024, chunk_cap_unit: chars, timeout: 30, retry_budget_s: 60}
 
 The text returned is ``protocol.tool_response_text``: one ``<tool_response>`` block per passage
 with its raw wiki-18 ``contents``, each cut by ``protocol.cap_chunk`` (the study's
@@ -15,9 +15,11 @@ empty result ``Retriever returned no documents for query: ...``, both as one blo
 verl creates ONE instance per agent-loop worker and shares it between all concurrent
 trajectories, running ``create -> execute -> release`` on every call; so the tool keeps no
 per-trajectory state. Per-rollout counters go to ``agent_data.extra_fields``:
-``searches`` (search calls executed) and ``search_errors`` (calls that returned an error text
-instead of passages: a failed retrieval, no passage, or a missing/empty query). A failure never
-raises: the model sees a short error text and the rollout goes on.
+``searches`` (search calls executed), ``search_errors`` (calls that returned an error text
+instead of passages: a failed retrieval, no passage, or a missing/empty query) and
+``retrieval_failures`` (the failed retrievals among them: the retriever did not answer within the
+client's retry budget, or rejected the request; the trainer's stop rule counts these only). A
+failure never raises: the model sees a short error text and the rollout goes on.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ class SearchTool(BaseTool):
     Config keys: ``type: native`` (verl), ``retrieval_urls`` (list of server base URLs, or one
     string; required), ``topk`` (default ``protocol.TOPK``), ``chunk_cap`` (per passage, default
     ``protocol.CHUNK_CHAR_CAP``) in ``chunk_cap_unit`` (``chars``, default, or ``tokens``; tokens
-    need ``tokenizer``: the policy's model folder), ``timeout`` (seconds per HTTP try, default 30),
-    ``max_retries`` (extra tries, default 3), ``backoff`` (seconds, default 0.5).
+    need ``tokenizer``: the policy's model folder), and the ``RetrievalClient`` settings:
+    ``timeout`` (seconds per HTTP try, default 30), ``retry_budget_s`` (seconds from the start of a
+    search after which no new try starts, default 60), ``max_retries`` (extra tries, default none:
+    the budget alone bounds them), ``backoff`` (seconds, default 0.5), ``max_backoff`` (seconds,
+    default 5), ``health_interval_s`` (seconds between ``/health`` probes of a replica marked
+    down, default 5).
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
@@ -81,11 +87,15 @@ class SearchTool(BaseTool):
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(config["tokenizer"]))
+        max_retries = config.get("max_retries")
         self.client = RetrievalClient(
             list(urls) if not isinstance(urls, str) else urls,
             timeout=float(config.get("timeout", 30.0)),
-            max_retries=int(config.get("max_retries", 3)),
+            max_retries=None if max_retries is None else int(max_retries),
             backoff=float(config.get("backoff", 0.5)),
+            retry_budget_s=float(config.get("retry_budget_s", 60.0)),
+            max_backoff=float(config.get("max_backoff", 5.0)),
+            health_interval_s=float(config.get("health_interval_s", 5.0)),
         )
 
     def _text(self, chunks: list[str]) -> str:
@@ -107,6 +117,7 @@ class SearchTool(BaseTool):
         except RetrievalError as err:
             log.warning("search for %r failed: %s", query, err)
             _count(agent_data, "search_errors")
+            _count(agent_data, "retrieval_failures")
             return (
                 ToolResponse(text=self._text([protocol.RETRIEVER_FAILED_TEXT.format(err)])),
                 0.0,

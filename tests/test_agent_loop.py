@@ -216,8 +216,10 @@ def test_retrieval_failure_becomes_the_study_error_text(scripted, tmp_path_facto
     worker = AgentLoopWorker(config, llm_client=ScriptedClient(config, tok, [T1, T3]))
     batch = rows_to_batch([_row()], n=1)
     batch.meta_info["validate"] = False
-    (record,) = rollout_records(asyncio.run(worker.generate_sequences(batch)), tok)
+    out = asyncio.run(worker.generate_sequences(batch))
+    (record,) = rollout_records(out, tok)
     assert record["searches"] == 1 and record["search_errors"] == 1
+    assert out.non_tensor_batch["retrieval_failures"][0] == 1
     assert "<|im_start|>user\n<tool_response>\nRetriever failed: " in record["response"]
     assert record["termination"] == "answer"
 

@@ -13,67 +13,28 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps, port_free
 
 from search_env.rollout_stats import TERMINATIONS, group_metrics, group_of
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT_S = 900  # per invocation, lock wait included; the recipe's own trainer limit is 900 s
-CI_SFT_STEPS = 250  # the demo's; with 150 the sampled policy answered in 40 % of rollouts
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-CI_OVERRIDES = (
-    "launch.assets.warm_start=.demo/warm_start_ci",  # a shorter SFT than the demo's own warm start
-    f"launch.assets.sft_steps={CI_SFT_STEPS}",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "shape=f1_format",
-)
-"""The demo recipe, smaller: 4 prompts x 5 rollouts a step; the demo's warm start (250 SFT steps
-from the shipped base model, ~3 min), cached in its own folder (with 60 steps the policy never
-called the tool, with 150 it answered in 40 % of the sampled rollouts). Reward ``f1_format``, not
-the demo's ``em_only``: its partial credit and format floor tie fewer groups (0.27 against 0.57
-in the micro study), so "rewards varied within groups" holds at every one of 4-prompt steps."""
-
-
-def _demo_cmd(port: int, *overrides: str) -> list[str]:
-    return [
-        "flock",
-        "/tmp/rlvr_heavy.lock",
-        "bash",
-        "launch/run.sh",
-        "recipes/demo_cpu.yaml",
-        f"retriever.port={port}",
-        *CI_OVERRIDES,
-        *overrides,
-    ]
-
-
-def _env(run_dir: Path) -> dict[str, str]:
-    return {**os.environ, "RLVR_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 
 
 def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        _demo_cmd(port, *overrides),
+        demo_cmd(port, *overrides),
         cwd=ROOT,
-        env=_env(run_dir),
+        env=demo_env(run_dir),
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=DEMO_RUN_TIMEOUT_S,
     )
 
 
@@ -97,19 +58,19 @@ def _kill_when_logged(run_dir: Path, port: int, step: int, *overrides: str) -> s
     """
     ray_dirs_before = set(Path("/tmp").glob("rlvr_ray.*"))
     proc = subprocess.Popen(
-        _demo_cmd(port, *overrides),
+        demo_cmd(port, *overrides),
         cwd=ROOT,
-        env=_env(run_dir),
+        env=demo_env(run_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + DEMO_RUN_TIMEOUT_S
     try:
-        while step not in _steps(run_dir):
+        while step not in logged_steps(run_dir):
             assert proc.poll() is None, f"demo ended before logging step {step}: {proc.stderr.read()[-4000:]}"
-            assert time.monotonic() < deadline, f"step {step} was not logged within {RUN_TIMEOUT_S} s"
+            assert time.monotonic() < deadline, f"step {step} was not logged within {DEMO_RUN_TIMEOUT_S} s"
             time.sleep(0.5)
     finally:
         for group in _process_groups_of(run_dir) | {proc.pid}:
@@ -145,11 +106,6 @@ def _check_metrics_plausible(step: int, logged: dict, dump: Path) -> None:
         assert logged[name] == pytest.approx(recomputed[name]), (step, name)
 
 
-def _steps(run_dir: Path) -> dict[int, dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {row["step"]: row["data"] for row in map(json.loads, lines)}
-
-
 def _private_ray_leftovers() -> set[str]:
     """Private Ray temp dirs of launch/run.sh, and processes still using one."""
     found = {str(p) for p in Path("/tmp").glob("rlvr_ray.*")}
@@ -163,22 +119,9 @@ def _private_ray_leftovers() -> set[str]:
     return found
 
 
-def _port_free(port: int, wait_s: float = 15.0) -> bool:
-    """Nothing listens on the port (within ``wait_s``: a SIGKILLed server's socket closes when the
-    kernel reaps it, which can lag on a loaded machine)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) != 0:
-                return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-
-
-@pytest.mark.timeout(3 * RUN_TIMEOUT_S + 60)
+@pytest.mark.timeout(3 * DEMO_RUN_TIMEOUT_S + 60)
 def test_demo_trains_checkpoints_and_resumes(tmp_path):
-    run_dir, port = tmp_path / "demo", _free_port()
+    run_dir, port = tmp_path / "demo", free_port()
     before = _private_ray_leftovers()
     first = _run_demo(
         run_dir,
@@ -193,7 +136,7 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     assert (ckpt / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt").is_file()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     _assert_checkpoint_policy(ckpt, latest=2)  # step 1: weights only; step 2: + optimizer and extra
-    steps = _steps(run_dir)
+    steps = logged_steps(run_dir)
     assert sorted(steps) == [1, 2]
     assert all(math.isfinite(s["actor/grad_norm"]) for s in steps.values())
     for s in steps.values():  # the warm start searches and answers; GRPO gets a signal
@@ -208,13 +151,13 @@ def test_demo_trains_checkpoints_and_resumes(tmp_path):
     for step, logged in steps.items():
         _check_metrics_plausible(step, logged, run_dir / "rollouts" / f"{step}.jsonl")
     assert "rollout/searches_mean" in first.stderr, "the console logger does not print the study's metrics"
-    assert _port_free(port), "the retriever outlived the run"
+    assert port_free(port), "the retriever outlived the run"
 
     # Resume, log step 3 (no checkpoint: save_freq 2), then die by SIGKILL before step 4.
     killed = _kill_when_logged(run_dir, port, 3, "trainer.total_training_steps=4", "trainer.save_freq=2")
     assert re.search(r"Resuming from \S+/global_step_2", killed), killed[-4000:]
     assert not (ckpt / "global_step_3").exists()
-    assert _port_free(port), "the retriever outlived the killed run"
+    assert port_free(port), "the retriever outlived the killed run"
 
     second = _run_demo(run_dir, port, "trainer.total_training_steps=3")
     assert second.returncode == 0, second.stderr[-4000:]
@@ -253,7 +196,7 @@ def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
         "CORPUS": str(world / "corpus.jsonl"),
         "LIMIT": "4",
         "BACKEND": "hf",
-        "RETRIEVER_PORT": str(_free_port()),
+        "RETRIEVER_PORT": str(free_port()),
         "TIMEOUT_S": "600",
     }
     done = subprocess.run(

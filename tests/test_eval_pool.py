@@ -207,6 +207,65 @@ def test_failed_rollout_keeps_the_prefix_and_resume_redoes_only_the_rest(tmp_pat
     assert rows_path.read_bytes() == (fresh_plan.run_root / "global_step_1" / "rows.jsonl").read_bytes()
 
 
+class DownRetrieverBackend(FakeBackend):
+    """FakeBackend whose rollouts of the ``down`` question ids read "Retriever failed" texts (and
+    record ``retrieval_failures``) the first ``times`` times they are rolled out."""
+
+    def __init__(self, down: set[str], times: int):
+        super().__init__()
+        self.left = dict.fromkeys(down, times)
+
+    async def rollout_one(self, row):
+        record = await super().rollout_one(row)
+        qid = f"{row['data_source']}/{row['extra_info']['id']}"
+        if self.left.get(qid, 0) > 0:
+            self.left[qid] -= 1
+            record.update(response="<answer>x</answer>", search_errors=1, retrieval_failures=1)
+        return record
+
+
+def test_rows_with_a_failed_retrieval_are_rolled_out_again(tmp_path: Path, retrieval_server_url):
+    """A retriever that was down for some rollouts: their rows are not stored but redone at the end
+    of the checkpoint's pass, once the retriever answers again; the scores never see the failure."""
+    plan = _plan(tmp_path, [1], urls=(retrieval_server_url,))
+    keys = [f"{q.benchmark}/{q.id}" for qs in plan.suite.benchmarks.values() for q in qs]
+    backend = DownRetrieverBackend({keys[1], keys[4]}, times=1)
+    logged: list[str] = []
+    summary = runner.evaluate_step(plan, plan.checkpoints[0], lambda c, m: backend, log=logged.append)
+    assert summary["complete"] and summary["macro"]["em"] == 1.0 and summary["n"] == 6
+    assert backend.calls == keys + [keys[1], keys[4]]
+    assert any("2 rows had a failed search and were not stored" in line for line in logged)
+    rows = RowStore(plan.run_root / "global_step_1" / "rows.jsonl").rows()
+    assert [f"{r['benchmark']}/{r['id']}" for r in rows] == [
+        k for k in keys if k not in (keys[1], keys[4])
+    ] + [
+        keys[1],
+        keys[4],
+    ]
+
+
+@pytest.mark.parametrize("retriever_up", [True, False])
+def test_rows_failing_again_stop_the_run_and_resume_redoes_only_them(
+    tmp_path: Path, retrieval_server_url, retriever_up: bool
+):
+    url = retrieval_server_url if retriever_up else "http://127.0.0.1:9"
+    plan = _plan(tmp_path, [1], urls=(url,))
+    keys = [f"{q.benchmark}/{q.id}" for qs in plan.suite.benchmarks.values() for q in qs]
+    down = DownRetrieverBackend({keys[0], keys[5]}, times=2)
+    with pytest.raises(
+        RuntimeError, match="step 1: 2 of 6 rows had a failed search and were not stored"
+    ) as info:
+        runner.evaluate_step(plan, plan.checkpoints[0], lambda c, m: down, log=lambda _: None)
+    why = "their searches failed again" if retriever_up else f"retrieval server {url} is not reachable"
+    assert why in str(info.value) and "run the same command again" in str(info.value)
+    step_dir = plan.run_root / "global_step_1"
+    assert not (step_dir / "summary.json").exists()
+    assert len(RowStore(step_dir / "rows.jsonl").rows()) == 4
+    resumed = FakeBackend()
+    summary = runner.evaluate_step(plan, plan.checkpoints[0], lambda c, m: resumed, log=lambda _: None)
+    assert resumed.calls == [keys[0], keys[5]] and summary["macro"]["em"] == 1.0 and summary["n"] == 6
+
+
 def _worker(tmp: str, url: str, tag: str, hold_step: int | None, inside, release, out: str) -> None:
     """One `python -m eval run`-like process: run() with fake backends; holds `hold_step` open
     until `release` is set (after telling `inside`)."""

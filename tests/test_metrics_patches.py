@@ -8,6 +8,7 @@ import pytest
 import verl
 
 from patches import file_logger_resume, training_metrics
+from search_env.retriever_guard import RetrieverDown
 
 
 def test_pinned_verl_version():
@@ -105,8 +106,79 @@ def test_compute_metrics_wrapper_adds_rollout_metrics(monkeypatch):
         tags=[{}, {}, {"is_padding": True}],
     )
     metrics = {}
-    training_metrics._wrap(fake_original)(None, batch, metrics, {}, global_steps=1, epoch=0)
+    trainer = SimpleNamespace(config=_trainer_config())
+    training_metrics._wrap(fake_original)(trainer, batch, metrics, {}, global_steps=1, epoch=0)
     assert metrics["reward/mean"] == pytest.approx(0.5)
     assert metrics["rollout/searches_mean"] == pytest.approx(1.5)
     assert metrics["rollout/length_clip_ratio"] == metrics["response_length/clip_ratio"] == 0.5
     assert metrics["grpo/zero_variance_group_frac"] == 0.0
+
+
+def _trainer_config(max_failed_steps: int = 2, tool_config_path: str | None = None):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(
+        {
+            "retriever": {"max_failed_steps": max_failed_steps},
+            "actor_rollout_ref": {"rollout": {"multi_turn": {"tool_config_path": tool_config_path}}},
+        }
+    )
+
+
+class _Logger:
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, data, step):
+        self.logged.append((step, dict(data)))
+
+
+def _step(trainer, step: int, failures: list[int], capsys) -> str:
+    rows = [{"searches": 2, "search_errors": f, "retrieval_failures": f} for f in failures]
+    metrics = {"rollout/retrieval_failures": float(sum(failures)), "reward/mean": 0.1}
+    training_metrics.check_retriever(trainer, rows, metrics, step)
+    return capsys.readouterr().err
+
+
+def test_retriever_stop_rule_raises_in_the_driver_after_k_failing_steps(tmp_path, monkeypatch, capsys):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - class_name: search_env.tool.SearchTool\n"
+        "    config: {retrieval_urls: ['http://127.0.0.1:18450', 'http://h2:8000']}\n"
+    )
+    monkeypatch.setenv("RLVR_RETRIEVER_LOG", "/runs/demo/retriever.log")
+    trainer = SimpleNamespace(config=_trainer_config(2, str(tools)), logger=_Logger())
+    assert _step(trainer, 1, [0, 0], capsys) == ""
+    warned = _step(trainer, 2, [1, 0], capsys)  # a blip: warned, not stopped
+    assert "step 2: 1 of 4 searches failed against http://127.0.0.1:18450, http://h2:8000" in warned
+    assert _step(trainer, 3, [0, 0], capsys) == ""  # the streak ends
+    _step(trainer, 4, [2, 2], capsys)
+    with pytest.raises(RetrieverDown) as info:
+        _step(trainer, 5, [2, 1], capsys)
+    message = str(info.value)
+    for part in (
+        "2 consecutive training steps",
+        "retriever.max_failed_steps=2",
+        "http://127.0.0.1:18450, http://h2:8000",
+        "steps 4 (4 of 4 searches), 5 (3 of 4 searches)",
+        "/runs/demo/retriever.log",
+        "curl <url>/health",
+        "run the same command again",
+    ):
+        assert part in message, part
+    assert trainer.logger.logged == [(5, {"rollout/retrieval_failures": 3.0, "reward/mean": 0.1})]
+    assert "ERROR: retriever down:" in capsys.readouterr().err
+
+
+def test_retriever_stop_rule_off_only_warns(capsys):
+    trainer = SimpleNamespace(config=_trainer_config(0), logger=_Logger())
+    for step in range(1, 6):
+        assert "retriever.max_failed_steps=0: the run goes on" in _step(trainer, step, [1], capsys)
+    assert trainer.logger.logged == []
+
+
+@pytest.mark.parametrize("bad", [-1, True, "2", 1.5])
+def test_max_failed_steps_must_be_a_count(bad, capsys):
+    trainer = SimpleNamespace(config=_trainer_config(bad))
+    with pytest.raises(ValueError, match="retriever.max_failed_steps must be an integer >= 0"):
+        _step(trainer, 1, [0], capsys)

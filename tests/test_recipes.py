@@ -264,7 +264,21 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]
     assert tools["tools"][0]["config"]["topk"] == protocol.TOPK
+    assert tools["tools"][0]["config"]["retry_budget_s"] == 60 and env["RETRIEVER_MAX_RESTARTS"] == "3"
     assert OmegaConf.load(tmp_path / "recipe.yaml").retriever.port == port
+
+
+def test_preflight_checks_the_retriever_fault_settings(tmp_path):
+    plan = _preflight().make_plan(
+        RECIPES / "demo_cpu.yaml",
+        ["retriever.retry_budget_s=-1", "retriever.max_failed_steps=1.5", "retriever.max_restarts=-2"],
+        tmp_path,
+    )
+    text = "\n".join(plan.problems)
+    for key in ("retry_budget_s", "max_failed_steps", "max_restarts"):
+        assert f"retriever.{key} must be" in text, key
+    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.retry_budget_s=5"], tmp_path)
+    assert yaml.safe_load((tmp_path / "tools.yaml").read_text())["tools"][0]["config"]["retry_budget_s"] == 5
 
 
 def test_preflight_takes_external_retrievers(tmp_path):

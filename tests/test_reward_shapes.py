@@ -1,7 +1,11 @@
 """Answer extraction, the study's format gate (one golden pass/fail pair per rule), the three shapes
 and verl's loader on our entry points."""
 
+import random
 import re
+import string
+from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reward_fns import extract_answer, format_violation, is_well_formed
+from reward_fns import (
+    cover_match,
+    exact_match,
+    extract_answer,
+    format_violation,
+    is_well_formed,
+    normalize_answer,
+    token_f1,
+    train_f1,
+)
 from reward_fns.compute_score import compute_score, em_only, f1_format, f1_only, gold_answers
 
 CASES = Path(__file__).parent / "fixtures" / "search-r1-example" / "case.txt"
@@ -261,3 +274,126 @@ def test_entry_points_load_through_verl():
         fn(data_source="nq", solution_str="t</think><answer>Lyon</answer>", ground_truth="Paris")["score"]
         == 0.1
     )
+
+
+# --- the metrics against the textbook SQuAD / FlashRAG / f1_check code, on seeded random text ---
+
+
+@lru_cache(maxsize=4096)  # the tests call it with the same strings many times
+def _ref_normalize(s: str) -> str:
+    """SQuAD v1.1's ``normalize_answer``, as written there."""
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    return white_space_fix(remove_articles(remove_punc(s.lower())))
+
+
+def _ref_overlap(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    num_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = 1.0 * num_same / len(pred_tokens)
+    recall = 1.0 * num_same / len(gold_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def _ref_em(pred: str, golds: list[str]) -> float:
+    return max((float(_ref_normalize(pred) == _ref_normalize(g)) for g in golds), default=0.0)
+
+
+def _ref_acc(pred: str, golds: list[str]) -> float:
+    return max((float(_ref_normalize(g) in _ref_normalize(pred)) for g in golds), default=0.0)
+
+
+def _ref_f1_check(pred: str, golds: list[str]) -> float:
+    """The study's ``f1_check``: both empty 1.0, one empty 0, else token F1; max over golds."""
+    best = 0.0
+    for gold in golds:
+        p, g = _ref_normalize(pred).split(), _ref_normalize(gold).split()
+        if not p and not g:
+            best = max(best, 1.0)
+        elif p and g:
+            best = max(best, _ref_overlap(p, g))
+    return best
+
+
+def _ref_flashrag_f1(pred: str, golds: list[str]) -> float:
+    """FlashRAG's ``F1_Score``: yes/no/noanswer differing from the other side is skipped."""
+    best = 0.0
+    for gold in golds:
+        p, g = _ref_normalize(pred), _ref_normalize(gold)
+        if p in ["yes", "no", "noanswer"] and p != g:
+            continue
+        if g in ["yes", "no", "noanswer"] and p != g:
+            continue
+        best = max(best, _ref_overlap(p.split(), g.split()))
+    return best
+
+
+_PIECES = (
+    ["the", "The", "THE", "a", "A", "an", "An", "yes", "No", "noanswer", "Paris", "word", "thea", "ant"]
+    + ["théâtre", "Röntgen", "straße", "İstanbul", "ǅ", "²", "Ⅻ", "٣", "日本", "😀", "x_y", "1999"]
+    + list(string.punctuation)
+    + ["—", "–", "“", "”", "’", "…", "\u0301", "\u200b", "\x00", "\x7f", "\ud800", "\udc00", "€"]
+)
+_SPACES = [" ", " ", " ", "  ", "\t", "\n", "\xa0", "\u3000", "\x1c", ""]
+
+
+def _random_text(rng: random.Random, n_pieces: int) -> str:
+    return "".join(rng.choice(_PIECES) + rng.choice(_SPACES) for _ in range(n_pieces))
+
+
+def _random_case(rng: random.Random) -> tuple[str, list[str]]:
+    long = rng.random() < 0.1
+    pred = _random_text(rng, rng.randint(300, 1500) if long else rng.randint(0, 8))
+    golds = [_random_text(rng, rng.randint(0, 4)) for _ in range(rng.randint(0, 3))]
+    roll = rng.random()
+    if roll < 0.15:
+        golds.append(pred.upper() + rng.choice(["", ".", " the", "!!"]))  # normalises to pred, mostly
+    elif roll < 0.3 and pred:
+        start = rng.randrange(len(pred))
+        golds.append(pred[start : start + rng.randint(1, 30)])  # a piece of the prediction
+    rng.shuffle(golds)
+    return pred, golds
+
+
+def test_metrics_equal_the_textbook_definitions_on_random_text():
+    from reward_fns.metrics import evaluation_metrics, training_metrics
+
+    rng = random.Random(20240611)
+    long_preds = 0
+    for _ in range(3000):
+        pred, golds = _random_case(rng)
+        long_preds += len(pred) > 512
+        assert normalize_answer(pred) == _ref_normalize(pred), pred
+        for gold in golds:
+            assert normalize_answer(gold) == _ref_normalize(gold), gold
+        em, acc = _ref_em(pred, golds), _ref_acc(pred, golds)
+        train, flash = _ref_f1_check(pred, golds), _ref_flashrag_f1(pred, golds)
+        # exact float equality: the same operations in the same order, not approximately equal
+        assert (exact_match(pred, golds), cover_match(pred, golds)) == (em, acc), (pred, golds)
+        assert (train_f1(pred, golds), token_f1(pred, golds)) == (train, flash), (pred, golds)
+        assert training_metrics(pred, golds) == (em, train, acc), (pred, golds)
+        assert evaluation_metrics(pred, golds) == (em, flash, acc), (pred, golds)
+        if golds:  # a single gold string is the one-element list
+            assert train_f1(pred, golds[0]) == _ref_f1_check(pred, golds[:1])
+    assert long_preds > 200  # the uncached path for long predictions is exercised too
+
+
+def test_metrics_on_one_long_answer_body():
+    """The worst case of bench/scoring.py: one answer of ~40,000 tokens, scored against short golds."""
+    from reward_fns.metrics import evaluation_metrics, training_metrics
+
+    for body in ("word " * 40_000, "Wörd, the— " * 18_000, " ".join(str(i) for i in range(20_000))):
+        for golds in (["word", "Paris"], ["wörd —"], ["19999", "the 7"], [body.upper()], ["no"]):
+            em, acc = _ref_em(body, golds), _ref_acc(body, golds)
+            assert training_metrics(body, golds) == (em, _ref_f1_check(body, golds), acc)
+            assert evaluation_metrics(body, golds) == (em, _ref_flashrag_f1(body, golds), acc)

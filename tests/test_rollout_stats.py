@@ -43,6 +43,18 @@ def test_hand_computed_step():
     assert m["grpo/group_reward_std_mean"] == pytest.approx(math.sqrt(2 / 9) / 2)
 
 
+def test_search_errors_and_retrieval_failures_are_counted_per_step():
+    fields = [
+        {**_rollout(1.0), "search_errors": 2, "retrieval_failures": 1},  # + one "no documents"
+        {**_rollout(0.0), "search_errors": 1, "retrieval_failures": 1},
+        {**_rollout(0.0), "search_errors": 1, "retrieval_failures": 0},  # an empty query
+    ]
+    m = rollout_metrics(fields, ["a", "a", "b"])
+    assert m["rollout/search_errors"] == 4.0 and m["rollout/search_errors_mean"] == pytest.approx(4 / 3)
+    assert m["rollout/retrieval_failures"] == 2.0
+    assert "rollout/retrieval_failures" not in rollout_metrics([_rollout(1.0)], ["a"])  # not recorded
+
+
 def test_missing_fields_are_absent_not_zero():
     m = rollout_metrics([{"reward_extra_info": {"score": 0.5}}], ["a"])
     assert m == {"reward/mean": 0.5}

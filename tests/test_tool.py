@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 from verl.experimental.agent_loop.tool_agent_loop import AgentData
@@ -86,6 +87,34 @@ def test_unreachable_server_gives_error_text_and_count():
     data = _agent_data()
     response, _, _ = _run(tool, {"query": "anything"}, data)
     assert response.text.startswith("Retriever failed: retrieval failed after 2 tries")
+    assert data.extra_fields == {"searches": 1, "search_errors": 1, "retrieval_failures": 1}
+
+
+def test_retry_budget_bounds_a_failed_search(tmp_path):
+    """Without max_retries the tool's retry_budget_s (seconds) ends the tries, then the error text."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    tool = SearchTool(
+        {"type": "native", "retrieval_urls": [dead], "retry_budget_s": 1.0, "backoff": 0.05, "timeout": 2}
+    )
+    assert tool.client.max_retries is None and tool.client.retry_budget_s == 1.0
+    data = _agent_data()
+    start = time.monotonic()
+    response, _, metrics = _run(tool, {"query": "anything"}, data)
+    assert 1.0 <= time.monotonic() - start < 4.0
+    assert (
+        response.text.startswith("Retriever failed: retrieval failed after ")
+        and "retry_budget_s=1" in response.text
+    )
+    assert metrics == {"error": "retrieval"} and data.extra_fields["retrieval_failures"] == 1
+
+
+def test_no_documents_is_a_search_error_not_a_retrieval_failure(retrieval_server_url):
+    tool = SearchTool({"type": "native", "retrieval_urls": [retrieval_server_url]})
+    data = _agent_data()
+    response, _, metrics = _run(tool, {"query": "the of"}, data)  # stop words only: BM25 finds nothing
+    assert protocol.NO_DOCUMENTS_TEXT.format("the of") in response.text and metrics == {"hits": 0}
     assert data.extra_fields == {"searches": 1, "search_errors": 1}
 
 
@@ -113,4 +142,5 @@ def test_recipe_tool_yaml_loads_through_verl():
     assert isinstance(tool, SearchTool) and tool.name == "search" and tool.topk == protocol.TOPK
     assert (tool.chunk_cap, tool.chunk_cap_unit) == (protocol.CHUNK_CHAR_CAP, "chars")
     assert tool.client.urls == ["http://127.0.0.1:8000"]
+    assert (tool.client.retry_budget_s, tool.client.max_retries) == (60, None)
     assert tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True) == protocol.SEARCH_TOOL_SCHEMA
