@@ -5,8 +5,8 @@ verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` and a re
 the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_agent_loops.yaml``), exactly
 as a CPU training step rolls out. Both engines serve the same model folder: ``hf`` in fp32, vLLM
 in bf16 (its CPU kernels' dtype; ``eval.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
-The engines run one at a time, hf -> vllm -> hf (an idle vLLM engine's bound OpenMP threads
-slow a co-running hf 4-10x), ``--rounds`` batches each on the same questions after one warm-up
+The engines run one at a time, each in its own process, hf -> vllm -> hf (an idle vLLM engine's
+bound OpenMP threads slow a co-running hf 4-10x), ``--rounds`` batches each on the same questions after one warm-up
 batch; the median round counts, hf's over both of its turns (the machine is shared). hf runs
 on one intra-op thread (``--hf-threads``; faster than two for a model this small), vLLM's
 OpenMP threads are bound to every core of the process (``patches.vllm_cpu_env``).
@@ -21,7 +21,10 @@ the CPU default at >= 0.8) and its verdict.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +57,30 @@ def round_once(backend: Any, rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def engine_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """This process: start ``args.engine``, one warm-up batch, ``args.rounds`` timed batches."""
+    torch.set_num_threads(args.hf_threads)
+    rows = pd.read_parquet(args.world / "train.parquet").head(args.rollouts).to_dict("records")
+    with tempfile.TemporaryDirectory() as tmp, bm25_server(args.world / "corpus.jsonl") as url:
+        config = compose_rollout_config(
+            args.model,
+            write_tool_config(Path(tmp) / "tools.yaml", [url]),
+            prompt_length=256,
+            response_length=640,
+            agent_loop_config_path=REPO / "recipes/demo_agent_loops.yaml",
+            overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"],
+        )
+        started = time.perf_counter()
+        backend = make_backend(args.engine, config, str(args.model), seed=args.seed)
+        startup = time.perf_counter() - started
+        try:
+            round_once(backend, rows)  # warm-up: first-call costs out of the timed rounds
+            rounds = [round_once(backend, rows) for _ in range(args.rounds)]
+        finally:
+            backend.close()
+    return {"startup": startup, "rounds": rounds}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=REPO / ".demo/warm_start")
@@ -62,36 +89,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hf-threads", type=int, default=1, help="torch intra-op threads of the hf engine")
+    parser.add_argument("--engine", choices=("hf", "vllm"), help=argparse.SUPPRESS)  # one child's engine
     args = parser.parse_args(argv)
+    if args.engine:
+        print(json.dumps(engine_rounds(args)))
+        return
     for path in (args.model / "config.json", args.world / "train.parquet"):
         if not path.is_file():
             raise SystemExit(
                 f"{path} is missing: build the demo assets with `python -m search_env.cpu.demo assets`"
             )
-    torch.set_num_threads(args.hf_threads)
-    rows = pd.read_parquet(args.world / "train.parquet").head(args.rollouts).to_dict("records")
+    # One process per turn, hf -> vllm -> hf, never two engines alive: an idle vLLM engine keeps its
+    # OpenMP threads bound to the cores (hf beside it ran 4-10x slower), and importing vLLM changes
+    # transformers' Qwen3.5 config classes for the rest of the process.
     results: dict[str, list[dict[str, float]]] = {"hf": [], "vllm": []}
     startup: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp, bm25_server(args.world / "corpus.jsonl") as url:
-        tools = write_tool_config(Path(tmp) / "tools.yaml", [url])
-        config = compose_rollout_config(
-            args.model,
-            tools,
-            prompt_length=256,
-            response_length=640,
-            agent_loop_config_path=REPO / "recipes/demo_agent_loops.yaml",
-            overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"],
+    passed = list(argv if argv is not None else sys.argv[1:])
+    for name in ("hf", "vllm", "hf"):
+        child = subprocess.run(
+            [sys.executable, __file__, *passed, "--engine", name],
+            capture_output=True,
+            text=True,
+            timeout=1200,
         )
-        # Sandwich, never both alive: an idle vLLM engine keeps its OpenMP threads bound to the cores
-        # and slows a co-running hf engine 4-10x (measured), which would not be a fair comparison.
-        for name in ("hf", "vllm", "hf"):
-            started = time.perf_counter()
-            backend = make_backend(name, config, str(args.model), seed=args.seed)
-            startup.setdefault(name, time.perf_counter() - started)
-            round_once(backend, rows)  # warm-up: first-call costs out of the timed rounds
-            for _ in range(args.rounds):
-                results[name].append(round_once(backend, rows))
-            backend.close()
+        if child.returncode != 0:
+            raise SystemExit(f"the {name} engine failed:\n{child.stderr[-3000:]}")
+        got = json.loads(child.stdout.strip().splitlines()[-1])
+        startup.setdefault(name, got["startup"])
+        results[name] += got["rounds"]
     rate: dict[str, float] = {}
     for name, rounds in results.items():
         per_round = [args.rollouts / r["seconds"] for r in rounds]

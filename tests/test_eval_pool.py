@@ -349,6 +349,9 @@ def test_vllm_engine_is_text_only_without_prefix_caching_and_logprobs(tmp_path: 
         config, "m", 0, EngineSettings(0.5, prefix_caching=True), fields | {"language_model_only"}
     )
     assert on["enable_prefix_caching"] is True and on["gpu_memory_utilization"] == 0.5
+    assert "mamba_ssm_cache_dtype" not in kwargs and "enforce_eager" not in kwargs
+    cpu = vllm_engine_kwargs(config, "m", 0, EngineSettings(), fields | {"language_model_only"}, cpu=True)
+    assert cpu["mamba_ssm_cache_dtype"] == "float32" and cpu["enforce_eager"] is True
     with pytest.raises(RuntimeError, match="language_model_only"):
         vllm_engine_kwargs(config, "m", 0, EngineSettings(), fields)
     with pytest.raises(ValueError, match="gpu-memory-utilization"):
@@ -425,18 +428,21 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, tokenizer, seen: dict) -> None:
         "vllm.v1": types.ModuleType("vllm.v1"),
         "vllm.v1.engine": types.ModuleType("vllm.v1.engine"),
         "vllm.v1.engine.async_llm": types.ModuleType("vllm.v1.engine.async_llm"),
+        "vllm.platforms": types.ModuleType("vllm.platforms"),
     }
     modules["vllm"].SamplingParams = SamplingParams
     modules["vllm.inputs"].TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
     modules["vllm.engine.arg_utils"].AsyncEngineArgs = AsyncEngineArgs
     modules["vllm.v1.engine.async_llm"].AsyncLLM = Engine
+    modules["vllm.platforms"].current_platform = types.SimpleNamespace(is_cpu=lambda: False)  # as on a GPU
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
 
 
 def test_vllm_backend_end_to_end_with_a_stand_in_engine(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
     """VLLMBackend wired as on a GPU: engine arguments, verl's agent loop over VLLMEngineClient, the
-    steady pool, scoring, rows in order; only the engine is a stand-in (vLLM needs CUDA)."""
+    steady pool, scoring, rows in order; only the engine is a stand-in, so this runs in seconds
+    (tests/test_vllm_e2e.py runs the real engine: vLLM's CPU build)."""
     from transformers import AutoTokenizer
 
     from eval.backends import make_backend
