@@ -31,7 +31,8 @@ from search_env.cpu import hf_server
 VERL_DIR = Path(verl.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent
 PATCH_MODULES = [
-    f"patches.{m}" for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume")
+    f"patches.{m}"
+    for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume", "vllm_cpu_version")
 ]
 
 
@@ -72,7 +73,13 @@ def test_verl_version_is_the_one_patched():
 
 def test_entry_point_loads_every_patch_in_a_fresh_process():
     got = _fresh_interpreter(PROBE, VERL_PLATFORM="cpu")
-    assert set(PATCH_MODULES + ["patches.cpu_engine", "patches.gloo_backend"]) <= set(got["modules"])
+    cpu_only = [
+        "patches.cpu_engine",
+        "patches.gloo_backend",
+        "patches.vllm_cpu_env",
+        "patches.vllm_cpu_weight_reload",
+    ]
+    assert set(PATCH_MODULES + cpu_only) <= set(got["modules"])
     assert got["platform"] == "cpu"
     assert got["cpu_registered"] == "patches.cpu_platform"
     assert got["gloo_fix"] is True
