@@ -205,7 +205,10 @@ def _vllm_skip_reason() -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return "vllm backend needs a CUDA GPU (none here)"
+        return (
+            "vllm on this tiny model needs a CUDA GPU (vLLM's CPU kernels take linear-attention head dim "
+            "64/128, this model has 16); tests/test_vllm_e2e.py runs the vllm backend on CPU"
+        )
     if importlib.util.find_spec("vllm") is None:
         return "vllm backend needs vLLM (pip install -e .[gpu])"
     return None

@@ -44,7 +44,9 @@ def test_widened_model_computes_the_same_logits(narrow_and_wide):
     assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-def test_a_training_step_keeps_the_copies_equal(narrow_and_wide):
+def test_training_leaves_the_padding_at_zero(narrow_and_wide):
+    """Every padded weight gets an exact-zero gradient, so AdamW keeps it at zero: the widened
+    model learns what the narrow one would."""
     _, wide = narrow_and_wide
     model = AutoModelForCausalLM.from_pretrained(wide, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -54,10 +56,18 @@ def test_a_training_step_keeps_the_copies_equal(narrow_and_wide):
         opt.step()
         opt.zero_grad()
     attn = next(layer.linear_attn for layer in model.model.layers if hasattr(layer, "linear_attn"))
-    z = attn.in_proj_z.weight.reshape(attn.num_v_heads, 4, 16, -1)  # 4 copies of each 16-dim head
-    assert torch.allclose(z[:, 0], z[:, 3])
-    q = attn.in_proj_qkv.weight[: attn.key_dim].reshape(attn.num_k_heads, 4, 16, -1)
-    assert torch.count_nonzero(q[:, 1:]) == 0  # the zero-padded query rows get no gradient
+    q, k, v = torch.split(attn.in_proj_qkv.weight, [attn.key_dim, attn.key_dim, attn.value_dim])
+    pads = {
+        "q": q.reshape(attn.num_k_heads, 4, 16, -1)[:, 1:],  # 16-dim heads widened 4x
+        "k": k.reshape(attn.num_k_heads, 4, 16, -1)[:, 1:],
+        "v": v.reshape(attn.num_v_heads, 4, 16, -1)[:, 1:],
+        "z": attn.in_proj_z.weight.reshape(attn.num_v_heads, 4, 16, -1)[:, 1:],
+        "norm": attn.norm.weight.reshape(4, 16)[1:],
+        "out_proj": attn.out_proj.weight.reshape(-1, attn.num_v_heads, 4, 16)[:, :, 1:],
+    }
+    for name, pad in pads.items():
+        assert torch.count_nonzero(pad) == 0, f"{name} padding moved"
+    assert torch.count_nonzero(v.reshape(attn.num_v_heads, 4, 16, -1)[:, 0]) > 0
 
 
 def test_bad_head_dims_are_refused():

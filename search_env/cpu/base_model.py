@@ -49,7 +49,7 @@ from typing import Any
 
 from search_env import protocol, world
 
-BASE_VERSION = 3
+BASE_VERSION = 4
 """Bumped when this module's output changes for the same inputs."""
 SHIPPED_LINEAR_HEAD_DIM = 64
 """Linear-attention head dim of the written model. The curriculum trains ``tiny.DEMO_TEXT_CONFIG``'s

@@ -1,27 +1,27 @@
-"""Widen a Qwen3.5 model's Gated-DeltaNet heads without changing the function it computes.
+"""Widen a Qwen3.5 model's Gated-DeltaNet heads without changing what it computes or learns.
 
 vLLM's CPU Gated-DeltaNet kernel (``chunk_gated_delta_rule_cpu``) takes a linear-attention head
 dimension of 64 or 128 only; the demo model was trained with 32. :func:`widen_linear_heads` maps
-a model with key/value head dim ``d`` to one with ``f * d`` (``f`` an integer), computing the same
-outputs up to two epsilon terms, so the shipped base model and its warm start run on both the
-``hf`` engine and vLLM without retraining. Per linear-attention layer and head:
+a model with key/value head dim ``d`` to one with ``f * d`` (``f`` an integer) by ZERO-PADDING
+every head: each head's ``d`` q, k, v and gate (``z``) channels are followed by ``(f - 1) * d``
+channels whose weights are 0 (rows of ``in_proj_qkv`` and ``in_proj_z``, channels of the depthwise
+``conv1d``; SiLU(0) = 0), and ``out_proj`` reads them with zero columns. Then per head:
 
-- q, k and v channels are repeated ``f`` times (rows of ``in_proj_qkv``, channels of the
-  depthwise ``conv1d``: SiLU acts per channel, so a copy stays a copy). After the kernel's L2
-  normalisation a repeated key is ``[k̂, …, k̂] / √f``, an isometry, so the delta-rule state, every
-  ``k·q`` and every state update are those of the narrow head; the value side carries ``f``
-  copies of the narrow output;
-- the kernel scales queries by ``(f·d)^-½`` instead of ``d^-½``: the head output shrinks by
-  ``√f``, which the gated RMSNorm that follows removes (it divides by the root mean square);
-- the gate ``z`` (``in_proj_z`` rows) and the RMSNorm weight are repeated like v, and each of
-  the ``f`` copies of a head's ``out_proj`` columns is divided by ``f``.
+- the L2-normalised q and k are the narrow ones plus zeros, so every ``k·q``, the delta-rule
+  state (zero outside the narrow block) and its updates are the narrow head's;
+- the kernel scales queries by ``(f·d)^-½`` instead of ``d^-½`` and the gated RMSNorm averages
+  over ``f·d`` entries of which ``d`` are non-zero: the narrow output comes out ``√f`` times the
+  narrow norm's, so the norm weight is divided by ``√f`` and ``rms_norm_eps`` by ``f²`` (the RMS
+  of the real entries is ``f`` times the padded one's). The other RMSNorms see ``eps / f²``
+  instead of ``eps`` (1e-6): their inputs' mean squares are far larger, so logits move well below
+  bf16 resolution (tests/test_widen_heads.py).
 
-The two epsilon terms: the L2 norm's ``eps`` (1e-6) sees ``f·|q|²`` instead of ``|q|²``, and the
-gated RMSNorm's ``eps`` acts on an output ``√f`` smaller; both change logits far below bf16
-resolution (tests/test_widen_heads.py compares logits). Training keeps the copies equal: the
-function is symmetric under permuting them, so their gradients (and Adam's updates) are equal.
+It is also a fixed point of training: every padded weight gets an exact-zero gradient (its
+channel is zero, or what it multiplies is), so Adam leaves it at zero and the real weights learn
+as in the narrow model (only the norm weight is rescaled, by ``1/√f``). Duplicating channels
+instead would double the effective learning rate of ``out_proj`` under Adam.
 
-    python -m search_env.cpu.widen_heads --src assets/demo_base --out /tmp/wide --head-dim 64
+    python -m search_env.cpu.widen_heads --src DIR --out DIR --head-dim 64
 """
 
 from __future__ import annotations
@@ -35,14 +35,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 _LINEAR = ".linear_attn."
-
-
-def _repeat_heads(t: torch.Tensor, heads: int, dim: int, f: int, axis: int = 0) -> torch.Tensor:
-    """``t`` with each of its ``heads`` blocks of ``dim`` entries along ``axis`` repeated ``f`` times."""
-    shape = list(t.shape)
-    blocks = t.reshape(*shape[:axis], heads, dim, *shape[axis + 1 :])
-    wide = torch.repeat_interleave(blocks.unsqueeze(axis + 1), f, dim=axis + 1)
-    return wide.reshape(*shape[:axis], heads * f * dim, *shape[axis + 1 :])
 
 
 def _pad_heads(t: torch.Tensor, heads: int, dim: int, f: int) -> torch.Tensor:
@@ -77,14 +69,14 @@ def widen_state_dict(
         if leaf in ("in_proj_qkv.weight", "conv1d.weight"):
             q, k, v = torch.split(t, [hk * dk, hk * dk, hv * dv], dim=0)
             out[name] = torch.cat(
-                [_pad_heads(q, hk, dk, f), _pad_heads(k, hk, dk, f), _repeat_heads(v, hv, dv, f)]
+                [_pad_heads(q, hk, dk, f), _pad_heads(k, hk, dk, f), _pad_heads(v, hv, dv, f)]
             )
         elif leaf == "in_proj_z.weight":
-            out[name] = _repeat_heads(t, hv, dv, f)
+            out[name] = _pad_heads(t, hv, dv, f)
         elif leaf == "norm.weight":
-            out[name] = t.repeat(f)
+            out[name] = _pad_heads(t / f**0.5, 1, dv, f)
         elif leaf == "out_proj.weight":
-            out[name] = _repeat_heads(t, hv, dv, f, axis=1) / f
+            out[name] = _pad_heads(t.T, hv, dv, f).T
         elif leaf in ("A_log", "dt_bias", "in_proj_a.weight", "in_proj_b.weight"):
             out[name] = t  # per head, not per channel
         else:
@@ -111,7 +103,7 @@ def widen_linear_heads(src: str | Path, out: str | Path, head_dim: int = 64) -> 
             shutil.copy2(item, out / item.name)
     f = head_dim // text["linear_key_head_dim"]
     text["linear_key_head_dim"] = text["linear_value_head_dim"] = head_dim
-    text["rms_norm_eps"] = text["rms_norm_eps"] / f
+    text["rms_norm_eps"] = text["rms_norm_eps"] / f**2
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file({k: v.contiguous() for k, v in wide.items()}, str(out / "model.safetensors"), {"format": "pt"})
     return out
