@@ -35,6 +35,12 @@ from typing import Literal
 
 from reward_fns import SHAPES, extract_answer, format_violation, score_rollout
 from reward_fns.compute_score import compute_score
+from reward_fns.study_oracle import (
+    study_extract_answer,
+    study_format_violation,
+    study_parse_query,
+    study_tool_response_contents,
+)
 from search_env.protocol import parse_query, tool_response_contents
 
 WORDS = [
@@ -171,57 +177,23 @@ def throughput(rows_n: int, seed: int) -> None:
 
 # --- worst case: the study's regexes on flooded responses ------------------------------------
 
-STUDY_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-STUDY_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-STUDY_FUNCTION_BLOCK = re.compile(
-    r"<function=[A-Za-z_][A-Za-z0-9_]*>(?:\s*<parameter=[A-Za-z_][A-Za-z0-9_]*>.*?</parameter>\s*)+</function>",
-    re.DOTALL,
-)
-STUDY_QUERY = re.compile(r"<tool_call>.*?<parameter=query>\s*(.*?)\s*</parameter>.*?</tool_call>", re.DOTALL)
-STUDY_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 GOLDS = ["word", "Paris"]
 
 
-def study_answer(text: str) -> str | None:
-    """``extract_solution``: the last match, stripped."""
-    matches = STUDY_ANSWER.findall(text)
-    return matches[-1].strip() if matches else None
-
-
-def study_is_valid_format(text: str) -> bool:
-    """``is_valid_format`` (``training_m5_5/src/rewards/search_r1.py``) with its regexes."""
-    if text.count("</think>") == 0 or text.count("<think>") > text.count("</think>"):
-        return False
-    if text.count("<tool_call>") != text.count("</tool_call>"):
-        return False
-    for block in STUDY_TOOL_CALL_BLOCK.finditer(text):
-        body = block.group(1).strip()
-        if not body or STUDY_FUNCTION_BLOCK.search(body) is None:
-            return False
-    if text.count("<answer>") != text.count("</answer>") or text.count("</answer>") == 0:
-        return False
-    return text.rstrip().endswith("</answer>")
-
-
-def study_parse_query(text: str) -> str | None:
-    match = STUDY_QUERY.search(text)
-    return (match.group(1).strip() or None) if match else None
-
-
 def study_em_only(text: str) -> float:
-    answer = study_answer(text)
+    answer = study_extract_answer(text)
     return ref_em(answer, GOLDS) if answer is not None else 0.0
 
 
 def study_f1_only(text: str) -> float:
-    answer = study_answer(text)
+    answer = study_extract_answer(text)
     return ref_f1(answer, GOLDS) if answer is not None else 0.0
 
 
 def study_f1_format(text: str) -> float:
-    if not study_is_valid_format(text):
+    if study_format_violation(text) is not None:
         return 0.0
-    answer = study_answer(text)
+    answer = study_extract_answer(text)
     f1 = ref_f1(answer, GOLDS) if answer is not None else 0.0
     return f1 if f1 > 0 else 0.1
 
@@ -332,13 +304,13 @@ CASES: list[tuple[str, Callable[[str], object], Callable[[str], object], list[st
     (
         "format_violation",
         format_violation,
-        study_is_valid_format,
+        study_format_violation,
         ["calls", "valid_calls", "call_near_close", "heads", "params"],
     ),
     (
         "extract_answer",
         extract_answer,
-        study_answer,
+        study_extract_answer,
         ["answer", "answer_pairs", "long_answer", "answer_near_close"],
     ),
     (
@@ -350,7 +322,7 @@ CASES: list[tuple[str, Callable[[str], object], Callable[[str], object], list[st
     (
         "tool_response_contents",
         tool_response_contents,
-        STUDY_TOOL_RESPONSE.findall,
+        study_tool_response_contents,
         ["responses", "responses_near_close"],
     ),
 ]
@@ -414,9 +386,7 @@ def per_call(fn: Callable[[str], object], text: str, min_total_s: float = 0.2) -
             return best, result
 
 
-def _same(ours_result: object, study_result: object, function: str) -> bool:
-    if function == "format_violation":
-        return (ours_result is None) == study_result
+def _same(ours_result: object, study_result: object) -> bool:
     if isinstance(ours_result, float):
         return abs(ours_result - float(study_result)) < 1e-12  # type: ignore[arg-type]
     return ours_result == study_result
@@ -451,7 +421,7 @@ def worst_case(regex_budget_s: float, sizes: tuple[int, ...] = WORST_CASE_SIZES)
                 else:
                     study_s, study_result = per_call(study_fn, text, min_total_s=0.05)
                     cost.observe(k, study_s)
-                    differ += not _same(new_result, study_result, function)
+                    differ += not _same(new_result, study_result)
                     ratio = study_s / new_s
                     regex_cell = f"{study_s * 1e3:,.2f}"
                     ratio_cell = f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2f}x"

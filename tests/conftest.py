@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -206,3 +207,42 @@ def port_free(port: int, wait_s: float = 15.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)
+
+
+def demo_eval(
+    ckpt: Path, out: Path, *args: str, limit: int, backend: str = "hf"
+) -> subprocess.CompletedProcess:
+    """``launch/eval.sh`` on the checkpoints in ``ckpt`` over the demo world's test split (``limit``
+    questions per type, a retriever on a free port, ``backend``); its completed process."""
+    world = Path(__file__).resolve().parent.parent / ".demo" / "world_s0"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "SUITE": str(world / "test"),
+        "CORPUS": str(world / "corpus.jsonl"),
+        "LIMIT": str(limit),
+        "BACKEND": backend,
+        "RETRIEVER_PORT": str(free_port()),
+        "TIMEOUT_S": "600",
+    }
+    return subprocess.run(
+        ["bash", "launch/eval.sh", str(ckpt), *args],
+        cwd=world.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def start_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
+    """:func:`demo_cmd` started in its own session (so it can be killed as a whole), stderr piped."""
+    return subprocess.Popen(
+        demo_cmd(port, *overrides),
+        cwd=Path(__file__).resolve().parent.parent,
+        env=demo_env(run_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )

@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps, port_free
+from conftest import (
+    DEMO_RUN_TIMEOUT_S,
+    demo_cmd,
+    demo_env,
+    demo_eval,
+    free_port,
+    logged_steps,
+    port_free,
+    start_demo,
+)
 
 from search_env.rollout_stats import TERMINATIONS, group_metrics, group_of
 
@@ -57,15 +66,7 @@ def _kill_when_logged(run_dir: Path, port: int, step: int, *overrides: str) -> s
     Nothing gets to clean up after a SIGKILL, so the private Ray temp dir the run made is removed here.
     """
     ray_dirs_before = set(Path("/tmp").glob("rlvr_ray.*"))
-    proc = subprocess.Popen(
-        demo_cmd(port, *overrides),
-        cwd=ROOT,
-        env=demo_env(run_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_demo(run_dir, port, *overrides)
     deadline = time.monotonic() + DEMO_RUN_TIMEOUT_S
     try:
         while step not in logged_steps(run_dir):
@@ -188,25 +189,7 @@ def _assert_checkpoint_policy(ckpt: Path, latest: int) -> None:
 def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
     """`launch/eval.sh` on the demo's own (FSDP-sharded) checkpoints: step 1 (pruned to its weights by
     the checkpoint policy) and step 3 (the latest, complete); 4 held-out world questions per type."""
-    world = ROOT / ".demo" / "world_s0"
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "SUITE": str(world / "test"),
-        "CORPUS": str(world / "corpus.jsonl"),
-        "LIMIT": "4",
-        "BACKEND": "hf",
-        "RETRIEVER_PORT": str(free_port()),
-        "TIMEOUT_S": "600",
-    }
-    done = subprocess.run(
-        ["bash", "launch/eval.sh", str(ckpt), "--steps", "1", "3"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = demo_eval(ckpt, out, "--steps", "1", "3", limit=4)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     for step in (1, 3):
         (summary_path,) = out.glob(f"*/global_step_{step}/summary.json")

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, Qwen3_5TextConfig
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
 
 from search_env.cpu.cache_rows import FULL, LINEAR, SPARE_COLUMNS, AppendLayer, CacheRows
-from search_env.cpu.hf_generate import HFGenerator
+from search_env.cpu.hf_generate import HFGenerator, prefill_groups
 from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
 
@@ -92,7 +92,8 @@ def test_concurrent_requests_match_one_at_a_time_and_the_uncached_model(pair):
     prompts = _prompts(0, 12)  # 3..300 tokens: the full-attention rows are padded up to ~300 columns
     params = [PARAMS[i % len(PARAMS)] for i in range(len(prompts))]
     before = batched.stats()
-    futures = [batched.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+    with batched._cv:  # all queued before the engine admits any: one admission, batched prefills
+        futures = [batched.submit(p, q) for p, q in zip(prompts, params, strict=True)]
     outs = [f.result(timeout=300) for f in futures]
     after = batched.stats()
     refs = [single.generate(p, q) for p, q in zip(prompts, params, strict=True)]
@@ -101,6 +102,8 @@ def test_concurrent_requests_match_one_at_a_time_and_the_uncached_model(pair):
         _assert_same(out, ref, batched, prompt)
     steps = after["decode_steps"] - before["decode_steps"]
     assert after["decoded_rows"] - before["decoded_rows"] >= 3 * steps  # really decoded together
+    calls = after["prefill_calls"] - before["prefill_calls"]
+    assert after["prefill_rows"] - before["prefill_rows"] == len(prompts) > calls  # prefilled together
 
 
 def test_requests_join_and_leave_a_running_batch(pair):
@@ -133,17 +136,73 @@ def test_multi_turn_prompts_reuse_cached_states(pair):
     params = {"temperature": 1.0, "max_tokens": 6}
     before_b, before_s = batched.stats(), single.stats()
     for _ in range(3):
-        outs = [f.result(timeout=300) for f in [batched.submit(p, params) for p in prompts]]
+        with batched._cv:  # admitted together: continuations of different states share a prefill
+            futures = [batched.submit(p, params) for p in prompts]
+        outs = [f.result(timeout=300) for f in futures]
         refs = [single.generate(p, params) for p in prompts]
         for prompt, out, ref in zip(prompts, outs, refs, strict=True):
             _assert_same(out, ref, batched, prompt)
         tool = [[rnd.randrange(3, 4096) for _ in range(rnd.randrange(1, 40))] for _ in prompts]
+        tool[-1] = []  # a continuation whose new part is one token (the turn's last)
         prompts = [p + o.token_ids + t for p, o, t in zip(prompts, outs, tool, strict=True)]
     after_b, after_s = batched.stats(), single.stats()
     assert after_b["reused_tokens"] > before_b["reused_tokens"]
     prefilled_b = after_b["prefill_tokens"] - before_b["prefill_tokens"]
     prefilled_s = after_s["prefill_tokens"] - before_s["prefill_tokens"]
     assert prefilled_b < prefilled_s / 3
+
+
+def _close(a: CacheRows, b: CacheRows) -> bool:
+    """Same kinds, widths and tensors (float tolerance): two states of one sequence."""
+    if a.kinds != b.kinds or a.width != b.width or a.mask.tolist() != b.mask.tolist():
+        return False
+    return all(
+        torch.allclose(x, y, atol=1e-5, rtol=1e-4)
+        for i, kind in enumerate(a.kinds)
+        for x, y in zip(a._used(i), b._used(i), strict=True)
+    )
+
+
+def test_batched_prefill_equals_prefilling_each_sequence_alone(model_dir):
+    """One forward pass over right-padded sequences of different lengths (1-299 new tokens),
+    fresh prompts and continuations of cached states mixed, gives each sequence the state and
+    next-token logits it gets alone, and those are the uncached model's."""
+    generator = HFGenerator(model_dir, max_new_tokens=4, seed=0)
+    blank = generator._blank
+
+    def uncached(tokens: tuple[int, ...]) -> torch.Tensor:
+        return torch.log_softmax(generator.model(input_ids=torch.tensor([tokens])).logits[0, -1].float(), -1)
+
+    def check(starts: list[CacheRows], new: list[tuple[int, ...]], full: list[tuple[int, ...]]) -> None:
+        together = generator._prefill(starts, new)
+        for start, tokens, sequence, (rows, logits) in zip(starts, new, full, together, strict=True):
+            alone_rows, alone_logits = generator._prefill([start], [tokens])[0]
+            assert rows.width == len(sequence) and rows.lengths() == [len(sequence)]  # real tokens only
+            assert _close(rows, alone_rows)
+            log_probs = torch.log_softmax(logits, -1)
+            assert torch.allclose(log_probs, torch.log_softmax(alone_logits, -1), atol=ATOL)
+            assert torch.allclose(log_probs, uncached(sequence), atol=ATOL)
+
+    try:
+        with torch.inference_mode():
+            prompts = [tuple(p) for p in _prompts(12, 6, 2, 300)] + [(11,)]  # and a 1-token prompt
+            check([blank] * len(prompts), prompts, prompts)
+            states = [rows for rows, _ in generator._prefill([blank] * len(prompts), prompts)]
+            tails = [tuple(t) for t in _prompts(13, len(prompts), 2, 120)]
+            tails[0] = tails[0][:1]  # a continuation of one token
+            continuing = [i % 3 != 2 for i in range(len(prompts))]  # every third row starts fresh
+            starts = [states[i] if c else blank for i, c in enumerate(continuing)]
+            new = [tails[i] if c else prompts[i] + tails[i] for i, c in enumerate(continuing)]
+            check(starts, new, [p + t for p, t in zip(prompts, tails, strict=True)])
+    finally:
+        generator.close()
+
+
+def test_prefill_groups_bound_padding_and_size():
+    assert prefill_groups([10, 300, 290, 12, 1], budget=4096, slack=64) == [[1, 2], [3, 0, 4]]
+    assert prefill_groups([100] * 5, budget=250, slack=64) == [[0, 1], [2, 3], [4]]
+    assert prefill_groups([5000, 4990], budget=4096, slack=64) == [[0], [1]]  # too long to share
+    assert prefill_groups([], budget=4096) == []
 
 
 def test_identical_prompts_get_distinct_reproducible_streams(tiny_model_dir):
@@ -236,7 +295,7 @@ def test_an_engine_error_fails_its_requests_and_the_engine_keeps_serving(tiny_mo
     prompt = _prompts(8, 1, 10, 11)[0]
     try:
 
-        def broken(parts):
+        def broken(*args, **kwargs):
             raise RuntimeError("merge broke")
 
         with monkeypatch.context() as patch:
@@ -326,21 +385,33 @@ def _rows(length: int, value: float) -> CacheRows:
     return CacheRows((LINEAR, FULL), ((conv, rec), (kv, kv + 1)), torch.ones(1, length, dtype=torch.long))
 
 
-def test_cache_rows_merge_select_row_round_trip():
-    short, long = _rows(2, 1.0), _rows(4, 2.0)
+def _same_rows(got: CacheRows, want: CacheRows) -> bool:
+    return all(
+        torch.equal(a[:, :, : got.width], c) and torch.equal(b[:, :, : got.width], d)
+        if kind == FULL
+        else torch.equal(a, c) and torch.equal(b, d)
+        for (a, b), (c, d), kind in zip(got.layers, want.layers, got.kinds, strict=True)
+    )
+
+
+def test_cache_rows_merge_drop_row_round_trip():
+    short, long, mid = _rows(2, 1.0), _rows(4, 2.0), _rows(3, 3.0)
     merged = CacheRows.merge([short, long])
     assert merged.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]] and merged.lengths() == [2, 4]
     keys = merged.layers[1][0]
     assert keys.shape == (2, 2, 4 + SPARE_COLUMNS, 3)  # free columns for in-place appends
     assert float(keys[0, :, :2].abs().sum()) == 0.0  # pad columns are zeros
-    alone = merged.select([0])
-    assert alone.width == 2  # padding shared by no remaining row is dropped
-    for got, want in ((alone, short), (merged.row(1), long), (merged.row(0), short)):
-        for (a, b), (c, d), kind in zip(got.layers, want.layers, got.kinds, strict=True):
-            if kind == FULL:
-                a, b = a[:, :, : got.width], b[:, :, : got.width]
-            assert torch.equal(a, c) and torch.equal(b, d)
-    assert merged.select([1, 0]).lengths() == [4, 2]
+    assert _same_rows(merged.row(1), long) and _same_rows(merged.row(0), short)
+    alone, order = merged.drop([1])
+    assert order == [0] and alone.width == 2  # padding shared by no remaining row is dropped
+    same_buffer = alone.layers[1][0].untyped_storage().data_ptr() == keys.untyped_storage().data_ptr()
+    assert _same_rows(alone, short) and same_buffer  # in place, no new buffer
+    three = CacheRows.merge([short, long, mid])
+    rest, order = three.drop([0])
+    assert order == [2, 1] and rest.lengths() == [3, 4]  # the last row fills the hole
+    assert _same_rows(rest.row(0), mid) and _same_rows(rest.row(1), long)
+    with pytest.raises(ValueError, match="at least one row"):
+        rest.drop([0, 1])
 
 
 def test_append_layer_writes_in_place_only_past_the_used_columns():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps
+from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
 
 from patches import vllm_cpu_version
 
@@ -32,7 +32,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))
-WORLD = ROOT / ".demo" / "world_s0"
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -123,24 +122,7 @@ def test_two_ranks_on_two_ray_nodes_train_resume_and_evaluate(tmp_path: Path, tw
     assert sorted(steps) == [1, 2]
     for s in steps.values():  # the sync gathered both shards: the server samples with the actor's weights
         assert s["training/rollout_probs_diff_mean"] <= 0.01 and s["rollout/searches_mean"] > 0
-    env = {
-        **os.environ,
-        "OUT": str(tmp_path / "eval"),
-        "SUITE": str(WORLD / "test"),
-        "CORPUS": str(WORLD / "corpus.jsonl"),
-        "LIMIT": "2",
-        "BACKEND": "hf",
-        "RETRIEVER_PORT": str(free_port()),
-        "TIMEOUT_S": "600",
-    }
-    done = subprocess.run(
-        ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--steps", "2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = demo_eval(run_dir / "checkpoints", tmp_path / "eval", "--steps", "2", limit=2)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (summary,) = (tmp_path / "eval").glob("*/global_step_2/summary.json")
     assert json.loads(summary.read_text())["complete"]

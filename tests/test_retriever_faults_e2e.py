@@ -15,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps, port_free
+from conftest import DEMO_RUN_TIMEOUT_S, free_port, logged_steps, port_free, start_demo
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,15 +32,7 @@ FROZEN_S = 4.0
 def _run_killing_the_retriever(run_dir: Path, port: int, *overrides: str) -> tuple[int, str, int]:
     """Run the demo; once step 1 is logged, SIGSTOP its retriever (PID from retriever.pid) for
     FROZEN_S seconds, then SIGKILL it. Returns the exit status, run.sh's stderr and the killed PID."""
-    proc = subprocess.Popen(
-        demo_cmd(port, "trainer.save_freq=-1", *overrides),
-        cwd=ROOT,
-        env=demo_env(run_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_demo(run_dir, port, "trainer.save_freq=-1", *overrides)
     killed = 0
     try:
         deadline = time.monotonic() + DEMO_RUN_TIMEOUT_S

@@ -15,13 +15,12 @@ Heavy (vLLM engines start in ~30 s on 2 cores each), serialised through /tmp/rlv
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps
+from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
 
 from patches import vllm_cpu_version
 
@@ -145,23 +144,15 @@ def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_pa
 
 @pytest.mark.parametrize("preset", ["train", "study_eval"])
 def test_vllm_evaluates_the_checkpoint(vllm_run: Path, tmp_path: Path, preset: str):
-    env = {
-        **os.environ,
-        "OUT": str(tmp_path / "eval"),
-        "SUITE": str(WORLD / "test"),
-        "CORPUS": str(WORLD / "corpus.jsonl"),
-        "LIMIT": "3",
-        "BACKEND": "vllm",
-        "RETRIEVER_PORT": str(free_port()),
-        "TIMEOUT_S": "600",
-    }
-    done = subprocess.run(
-        ["bash", "launch/eval.sh", str(vllm_run / "checkpoints"), "--steps", "2", "--limits-preset", preset],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    done = demo_eval(
+        vllm_run / "checkpoints",
+        tmp_path / "eval",
+        "--steps",
+        "2",
+        "--limits-preset",
+        preset,
+        limit=3,
+        backend="vllm",
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (summary_path,) = (tmp_path / "eval").glob("*/global_step_2/summary.json")
