@@ -211,7 +211,8 @@ else  # join the running cluster (README "Multi-node"): its nodes bring their ow
     "++ray_kwargs.ray_init.include_dashboard=null")
   for var in VERL_FILE_LOGGER_PATH VERL_PLATFORM RLVR_LAUNCH_RUN_DIR RLVR_RETRIEVER_LOG HF_HUB_OFFLINE \
     TRANSFORMERS_OFFLINE WANDB_MODE TOKENIZERS_PARALLELISM; do
-    if [[ -n "${!var:-}" ]]; then ARGS+=("++ray_kwargs.ray_init.runtime_env.env_vars.$var=${!var}"); fi
+    # quoted: Ray takes only string values (hydra would read HF_HUB_OFFLINE=1 as an int)
+    if [[ -n "${!var:-}" ]]; then ARGS+=("++ray_kwargs.ray_init.runtime_env.env_vars.$var='${!var}'"); fi
   done
 fi
 TIMEOUT=()
