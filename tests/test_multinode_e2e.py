@@ -95,7 +95,14 @@ def two_node_cluster(tmp_path: Path) -> Iterator[dict[str, str]]:
 @pytest.mark.timeout(3 * DEMO_RUN_TIMEOUT_S + 300)
 def test_two_ranks_on_two_ray_nodes_train_resume_and_evaluate(tmp_path: Path, two_node_cluster: dict):
     run_dir, port = tmp_path / "run", free_port()
-    overrides = ("actor_rollout_ref.rollout.name=vllm", "trainer.nnodes=2", "trainer.n_gpus_per_node=1")
+    overrides = (
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        # 4 prompts x 5 rollouts = 10 per rank: every micro-batch must divide it
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=10",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=10",
+    )
 
     def train(steps: int) -> subprocess.CompletedProcess:
         return subprocess.run(
