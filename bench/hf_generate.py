@@ -17,8 +17,9 @@ Modes, on one ``HFGenerator`` each (same model, same seed):
   (c) batched decoding + prefix-state reuse (the default).
 Each mode runs ``--repeats`` times, interleaved, and its fastest run counts (the machine is
 shared). Prints wall seconds and rollouts/s, CPU seconds of the process (robust to other load),
-sampled / prefilled / reused tokens, mean batch, time in prefill and decode, and the ratios b/a,
-c/a and c/0 in rollouts/s and in rollouts per CPU-second (target >= 6).
+sampled / prefilled / reused tokens, mean batch (rows per decoding step), sequences per prefill
+forward pass, time in prefill and decode, and the ratios b/a, c/a and c/0 in rollouts/s and in
+rollouts per CPU-second (target >= 6).
 
 Model: ``--model DIR`` (e.g. the warm-started demo model), else a random-weight model of the demo
 size (``search_env.cpu.tiny.DEMO_TEXT_CONFIG``) with the tiny tokenizer.
@@ -171,7 +172,7 @@ def run_mode(
             key: float("nan")
             for key in ("decode_steps", "prefill_tokens", "reused_tokens", "prefill_s", "decode_s")
         }
-        delta["decoded_rows"] = float("nan")
+        delta["decoded_rows"] = delta["prefill_rows"] = delta["prefill_calls"] = float("nan")
     else:
         generator = HFGenerator(model_dir, max_new_tokens=params["max_tokens"], seed=seed, **options)
         try:
@@ -191,6 +192,7 @@ def run_mode(
         "rollouts_per_cpu_s": len(prompts) / cpu_seconds,
         "sampled_tokens": sum(len(s) for s in sampled),
         "mean_batch": delta["decoded_rows"] / max(1, delta["decode_steps"]) if options is not None else 1.0,
+        "prefill_batch": delta["prefill_rows"] / max(1, delta["prefill_calls"]),
         "sampled": sampled,
         **delta,
     }
@@ -238,14 +240,14 @@ def main(argv: list[str] | None = None) -> None:
         results = {name: min(found, key=lambda r: r["seconds"]) for name, found in runs.items()}
     header = (
         f"{'mode':<18}{'wall s':>8}{'rollouts/s':>11}{'CPU s':>7}{'sampled':>8}{'mean batch':>11}"
-        f"{'prefilled':>10}{'reused':>8}{'prefill s':>10}{'decode s':>9}"
+        f"{'prefilled':>10}{'reused':>8}{'per prefill':>12}{'prefill s':>10}{'decode s':>9}"
     )
     print(header)
     for name, r in results.items():
         print(
             f"{name:<18}{r['seconds']:>8.2f}{r['rollouts_per_s']:>11.2f}{r['cpu_seconds']:>7.2f}"
             f"{r['sampled_tokens']:>8}{r['mean_batch']:>11.1f}{r['prefill_tokens']:>10}{r['reused_tokens']:>8}"
-            f"{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
+            f"{r['prefill_batch']:>12.1f}{r['prefill_s']:>10.2f}{r['decode_s']:>9.2f}"
         )
     base = results["a one-at-a-time"]
     same = all(

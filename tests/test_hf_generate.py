@@ -386,11 +386,13 @@ def _rows(length: int, value: float) -> CacheRows:
 
 
 def _same_rows(got: CacheRows, want: CacheRows) -> bool:
+    """Same rows, widths and tensors (exactly)."""
+    if (got.batch_size, got.width) != (want.batch_size, want.width):
+        return False
     return all(
-        torch.equal(a[:, :, : got.width], c) and torch.equal(b[:, :, : got.width], d)
-        if kind == FULL
-        else torch.equal(a, c) and torch.equal(b, d)
-        for (a, b), (c, d), kind in zip(got.layers, want.layers, got.kinds, strict=True)
+        torch.equal(x, y)
+        for i in range(len(got.kinds))
+        for x, y in zip(got._used(i), want._used(i), strict=True)
     )
 
 
@@ -414,15 +416,30 @@ def test_cache_rows_merge_drop_row_round_trip():
         rest.drop([0, 1])
 
 
+def test_cache_rows_extend_writes_joining_rows_into_free_rows():
+    short, long, mid = _rows(2, 1.0), _rows(4, 2.0), _rows(3, 3.0)
+    batch = CacheRows.merge([long], spare_rows=2)
+    keys = batch.layers[1][0]
+    assert keys.shape[0] == 3 and batch.batch_size == 1
+    grown = batch.extend([short, mid])
+    assert grown is not None and grown.layers[1][0] is keys  # in place: no new buffer
+    assert grown.mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]]
+    assert float(keys[1, :, :2].abs().sum()) == 0.0  # pad columns are zeros
+    for index, want in enumerate((long, short, mid)):
+        assert _same_rows(grown.row(index), want)
+    assert grown.extend([short]) is None  # no free row left
+    assert CacheRows.merge([mid], spare_rows=1).extend([long]) is None  # wider than the batch
+
+
 def test_append_layer_writes_in_place_only_past_the_used_columns():
     rows = CacheRows.merge([_rows(3, 1.0)])
     snapshot = rows.row(0)  # a cached copy
     buffer = rows.layers[1][0]
-    layer = AppendLayer(*rows.layers[1], rows.width)
+    layer = AppendLayer(*rows.layers[1], rows.width, rows.batch_size)
     keys, _ = layer.update(torch.full((1, 2, 1, 3), 7.0), torch.full((1, 2, 1, 3), 8.0))
     assert keys.shape[-2] == 4 and keys.data_ptr() == buffer.data_ptr()  # no copy
     assert torch.equal(keys[:, :, :3], snapshot.layers[1][0]) and float(keys[0, 0, 3, 0]) == 7.0
-    full = AppendLayer(*snapshot.layers[1], snapshot.width)  # no free column: must reallocate
+    full = AppendLayer(*snapshot.layers[1], snapshot.width, 1)  # no free column: must reallocate
     grown, _ = full.update(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 3))
     assert grown.data_ptr() != snapshot.layers[1][0].data_ptr() and torch.equal(
         snapshot.layers[1][0], buffer[:, :, :3]

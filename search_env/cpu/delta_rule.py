@@ -1,18 +1,37 @@
-"""The chunked gated delta rule of Qwen3.5's Gated-DeltaNet layers, for prefill on CPU.
+"""Qwen3.5's Gated-DeltaNet layers on CPU: a faster chunked delta rule and a batched prefill.
 
-Same algorithm and signature as transformers' torch fallback
+``chunk_gated_delta_rule``: same algorithm and signature as transformers' torch fallback
 (``transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule``, Apache-2.0),
 used when the ``fla`` kernels are absent, with one change: within a chunk the fallback inverts
 the unit lower-triangular matrix ``I - A`` by a Python loop over the chunk's 63 rows (~4 ms per
 call on the demo model, whatever the number of tokens); here one batched triangular solve does
-it. Every prefill of the CPU generator calls this once per DeltaNet layer, so the loop was a
-fixed cost per request. Results agree with the fallback to float rounding (tested).
+it. Every prefill forward pass of the CPU generator calls this once per DeltaNet layer, so the
+loop was a fixed cost per pass. Chunks are shorter by default (``CHUNK_SIZE``). Results agree
+with the fallback to float rounding (tested).
+
+``padded_prefill``: the layer's forward for a prefill batch of right-padded sequences that each
+continue their own state (``cache_rows.PrefillCache``). A padded position must leave the state
+exactly as it is, which the stock forward does not do (a zero input still decays the state by
+``g = -exp(A_log) * softplus(dt_bias)`` and writes with ``beta = sigmoid(0)``); here every padded
+position gets what the chunked rule pads a sequence with itself: q = k = v = 0, beta = 0, g = 0,
+so the recurrent state after it is the state after the row's last real token, and each row's conv
+state is cut at its own last real tokens. ``install`` puts both into a model.
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.nn.functional as F
+
+from search_env.cpu.cache_rows import PrefillCache
+
+CHUNK_SIZE = 16
+"""Tokens per chunk (the fallback's default is 64). A token's work in the rule is ~C * (3 Dk + 2 Dv)
+inside its chunk plus ~3 Dk * Dv against the carried state, and the per-chunk [C, C] matrices of
+a batch stay in the CPU caches when C is small: on the demo model's shapes 16 is up to 3x faster
+than 64 for a batched prefill and within 10 % of the best for one long sequence."""
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -25,7 +44,7 @@ def chunk_gated_delta_rule(
     value: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    chunk_size: int = 64,
+    chunk_size: int = CHUNK_SIZE,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
@@ -81,14 +100,83 @@ def chunk_gated_delta_rule(
     return out, (state if output_final_state else None)
 
 
-def install(model: torch.nn.Module) -> int:
-    """Use this rule in every Gated-DeltaNet layer of ``model`` that runs transformers' torch
-    fallback (not the ``fla`` kernel); returns how many layers were switched."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+def padded_prefill(layer: torch.nn.Module, hidden_states: torch.Tensor, cache: PrefillCache) -> torch.Tensor:
+    """``Qwen3_5GatedDeltaNet.forward`` for a batched prefill of right-padded rows.
 
-    switched = 0
+    ``hidden_states`` [B, N, hidden]: row b's first ``cache.lengths[b]`` (>= 1) positions are real,
+    the rest padding. The cache layer holds each row's state before them (``CacheRows.blank``'s
+    zeros for a fresh sequence): ``conv_states`` [B, conv_dim, K] (the last K conv inputs) and
+    ``recurrent_states`` [B, heads, Dk, Dv]; both are replaced by the states after each row's last
+    real token, as the stock forward would leave them for that row alone. Returns [B, N, hidden];
+    the outputs at padded positions are meaningless (callers drop them).
+    """
+    batch, width, _ = hidden_states.shape
+    state = cache.layers[layer.layer_idx]
+    lengths = cache.lengths
+    real = torch.arange(width) < lengths[:, None]  # [B, N]
+    kernel = layer.conv_kernel_size
+    # conv inputs: the cached last K, then the new tokens' [B, conv_dim, K + N]
+    inputs = torch.cat([state.conv_states, layer.in_proj_qkv(hidden_states).transpose(1, 2)], dim=-1)
+    last = (lengths[:, None] + torch.arange(kernel))[:, None, :].expand(-1, inputs.shape[1], -1)
+    conv_states = inputs.gather(2, last)  # the K inputs ending at the row's last real token
+    mixed = F.silu(layer.conv1d(inputs)[:, :, : inputs.shape[-1]])[:, :, -width:]
+    mixed = mixed.masked_fill(~real[:, None, :], 0.0).transpose(1, 2)  # q = k = v = 0 when padded
+    query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    query = query.reshape(batch, width, -1, layer.head_k_dim)
+    key = key.reshape(batch, width, -1, layer.head_k_dim)
+    value = value.reshape(batch, width, -1, layer.head_v_dim)
+    padded = ~real[..., None]
+    beta = layer.in_proj_b(hidden_states).sigmoid().masked_fill(padded, 0.0)
+    g = -layer.A_log.float().exp() * F.softplus(layer.in_proj_a(hidden_states).float() + layer.dt_bias)
+    g = g.masked_fill(padded, 0.0)
+    if layer.num_v_heads // layer.num_k_heads > 1:
+        query = query.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
+        key = key.repeat_interleave(layer.num_v_heads // layer.num_k_heads, dim=2)
+    out, recurrent = layer.chunk_gated_delta_rule(
+        query,
+        key,
+        value,
+        g=g,
+        beta=beta,
+        initial_state=state.recurrent_states,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    state.conv_states, state.recurrent_states = conv_states, recurrent.to(state.recurrent_states.dtype)
+    z = layer.in_proj_z(hidden_states).reshape(-1, layer.head_v_dim)
+    out = layer.norm(out.reshape(-1, layer.head_v_dim), z).reshape(batch, width, -1)
+    return layer.out_proj(out)
+
+
+def _forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    cache_params: object = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: object,
+) -> torch.Tensor:
+    """A Gated-DeltaNet layer's forward: ``padded_prefill`` under a ``PrefillCache``, else the stock one."""
+    if isinstance(cache_params, PrefillCache):
+        return padded_prefill(self, hidden_states, cache_params)
+    return type(self).forward(
+        self, hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs
+    )
+
+
+def install(model: torch.nn.Module) -> int:
+    """Give every Gated-DeltaNet layer of ``model`` the ``padded_prefill`` path (for a
+    ``PrefillCache``) and, where it runs transformers' torch fallback rule (not the ``fla``
+    kernel), ``chunk_gated_delta_rule``; returns how many layers it changed."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (
+        Qwen3_5GatedDeltaNet,
+        torch_chunk_gated_delta_rule,
+    )
+
+    layers = 0
     for module in model.modules():
-        if getattr(module, "chunk_gated_delta_rule", None) is torch_chunk_gated_delta_rule:
-            module.chunk_gated_delta_rule = chunk_gated_delta_rule
-            switched += 1
-    return switched
+        if isinstance(module, Qwen3_5GatedDeltaNet):
+            if module.chunk_gated_delta_rule is torch_chunk_gated_delta_rule:
+                module.chunk_gated_delta_rule = chunk_gated_delta_rule
+            module.forward = types.MethodType(_forward, module)
+            layers += 1
+    return layers

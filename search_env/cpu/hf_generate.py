@@ -5,12 +5,15 @@ actor during training (``search_env.cpu.hf_server``), and the evaluation harness
 in-process agent-loop tests call it directly (``search_env.cpu.local_rollout``).
 
 ``HFGenerator`` runs an engine thread. Concurrent ``generate`` / ``agenerate`` / ``submit`` calls
-queue requests; between two decoding steps the engine admits queued requests (one unpadded
-prefill each, starting from the longest cached prefix state) and drops finished ones, and every
-step decodes one token for all running requests in a single forward pass
-(``search_env.cpu.cache_rows`` keeps their hybrid cache rows; ``search_env.cpu.decode_attention``
-attends over their padded keys; ``search_env.cpu.delta_rule`` speeds up the DeltaNet prefill). Each request has its own sampling parameters, stop rules, token
-budget, cache row and random stream.
+queue requests; between two decoding steps the engine admits queued requests and drops finished
+ones, and every step decodes one token for all running requests in a single forward pass. The
+requests admitted together are prefilled together: each continues from the longest cached
+prefix state, and their new tokens (first prompts and tool-turn continuations alike) go through
+the model right-padded in one forward pass per group of similar lengths, exactly as if each ran
+alone (``search_env.cpu.cache_rows`` keeps the hybrid cache rows; ``search_env.cpu.delta_rule``
+makes padded Gated-DeltaNet positions leave the state untouched; ``search_env.cpu.decode_attention``
+attends over the decoding batch's padded keys). Each request has its own sampling parameters,
+stop rules, token budget, cache row and random stream.
 
 Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
 tokens and how many earlier requests sent the same prompt since the last weight load (or from
@@ -39,11 +42,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from verl.workers.rollout.replica import TokenOutput
 
 from search_env.cpu import decode_attention, delta_rule
-from search_env.cpu.cache_rows import CacheRows, layer_kinds
+from search_env.cpu.cache_rows import LINEAR, SPARE_ROWS, CacheRows, layer_kinds
 from search_env.cpu.prefix_cache import PrefixCache, Snapshot
 from search_env.cpu.sampling import SamplingSpec, sample_rows
 
@@ -59,6 +62,28 @@ def request_seed(base_seed: int, prompt_ids: Sequence[int], occurrence: int) -> 
     digest = hashlib.blake2b(struct.pack("<qq", base_seed, occurrence), digest_size=8)
     digest.update(np.asarray(prompt_ids, dtype=np.int64).tobytes())
     return int.from_bytes(digest.digest(), "little")
+
+
+PAD_SLACK = 64
+"""Most padded positions a sequence accepts to share a prefill forward pass (a pad costs about
+what a token costs; a separate forward pass costs ~4 ms of fixed work, ~60 tokens' worth on the
+demo model)."""
+
+
+def prefill_groups(lengths: Sequence[int], budget: int, slack: int = PAD_SLACK) -> list[list[int]]:
+    """Indices of ``lengths`` (new tokens per sequence) cut into the groups prefilled together,
+    longest first: a group takes the next sequence while that one is at most ``slack`` tokens
+    shorter than the group's longest and the padded size (rows x longest) stays within
+    ``budget`` tokens. A sequence longer than ``budget`` is prefilled alone."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups:
+            longest = lengths[groups[-1][0]]
+            if longest - lengths[i] <= slack and (len(groups[-1]) + 1) * longest <= budget:
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 @dataclass(eq=False)
@@ -83,7 +108,9 @@ class HFGenerator:
 
     ``max_batch_size``: most requests decoding together (more wait in the queue).
     ``prefix_cache_mb``: memory for states reused across requests (0 = every prompt is prefilled
-    in full). ``max_batch_size=1, prefix_cache_mb=0`` is plain one-at-a-time generation.
+    in full, identical ones too). ``prefill_tokens``: most padded tokens (rows x longest) in one
+    prefill forward pass. ``max_batch_size=1, prefix_cache_mb=0`` is plain one-at-a-time
+    generation.
     """
 
     def __init__(
@@ -94,22 +121,32 @@ class HFGenerator:
         dtype: str = "float32",
         max_batch_size: int = 64,
         prefix_cache_mb: float = 256.0,
+        prefill_tokens: int = 4096,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if prefill_tokens < 1:
+            raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype), attn_implementation=decode_attention.NAME
         )
         self.model.eval()
-        delta_rule.install(self.model)
+        self._kinds = layer_kinds(self.model.config)
+        linear = self._kinds.count(LINEAR)
+        if delta_rule.install(self.model) != linear:
+            raise ValueError(
+                f"{type(self.model).__name__}: only Qwen3.5 Gated-DeltaNet linear-attention layers "
+                f"can be prefilled in batches ({linear} linear-attention layers)"
+            )
+        self._blank = CacheRows.blank(self.model.config, self.model.dtype)
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max_batch_size
+        self.prefill_tokens = prefill_tokens
         self.seed = seed
         self.global_steps: int | None = None
-        self._kinds = layer_kinds(self.model.config)
         eos = self.model.generation_config.eos_token_id
         eos_ids = list(eos) if isinstance(eos, list) else [eos]
         eos_ids.append(self.tokenizer.eos_token_id)
@@ -130,6 +167,10 @@ class HFGenerator:
             "decode_steps": 0,
             "decoded_rows": 0,
             "prefill_tokens": 0,
+            "prefill_calls": 0,
+            "prefill_rows": 0,
+            "prefix_hits": 0,
+            "reused_tokens": 0,
             "prefill_s": 0.0,
             "decode_s": 0.0,
         }
@@ -205,13 +246,13 @@ class HFGenerator:
 
     def stats(self) -> dict[str, float]:
         """Counters since creation: requests, decode steps and the rows they decoded (``mean_batch``
-        per step), prompt tokens run through the model (``prefill_tokens``) and taken from cached
-        states (``reused_tokens``, ``prefix_hits``), and seconds spent prefilling and decoding."""
+        per step), prompt tokens run through the model (``prefill_tokens``) in ``prefill_calls``
+        forward passes of ``prefill_rows`` sequences in all, prompt tokens taken from a cached state
+        or an identical prompt's prefill (``reused_tokens``, in ``prefix_hits`` requests), and
+        seconds spent prefilling and decoding."""
         with self._step_lock:
             out: dict[str, float] = dict(self.counters)
             out["mean_batch"] = out["decoded_rows"] / max(1, out["decode_steps"])
-            out["reused_tokens"] = self.prefix_cache.reused_tokens
-            out["prefix_hits"] = self.prefix_cache.hits
         return out
 
     def close(self) -> None:
@@ -253,52 +294,118 @@ class HFGenerator:
                         self._active, self._rows = [], None
 
     def _admit(self, joining: list[_Request]) -> None:
-        """Prefill each joining request alone, sample its first token, add the unfinished to the batch."""
-        parts: list[CacheRows] = [] if self._rows is None else [self._rows]
+        """Start the joining requests (``_start``), sample each one's first token, and add the
+        unfinished ones to the decoding batch."""
+        started = self._start(joining)
+        if not started:
+            return
+        requests = [r for r, _, _ in started]
+        try:
+            logits = torch.stack([logits for _, _, logits in started])
+            tokens, log_probs = sample_rows(logits, [r.spec for r in requests], [r.rng for r in requests])
+        except Exception as error:  # noqa: BLE001  (the joining requests' callers get the error)
+            for request in requests:
+                _resolve(request.future, error=error)
+            return
+        added: list[CacheRows] = []
+        for (request, rows, _), token, log_prob in zip(started, tokens, log_probs, strict=True):
+            request.tokens.append(token)
+            request.log_probs.append(log_prob)
+            if self._finished(request):
+                self._finish(request)
+                continue
+            added.append(rows)
+            self._active.append(request)
+        if added:
+            grown = None if self._rows is None else self._rows.extend(added)
+            running = [] if self._rows is None else [self._rows]
+            spare_rows = min(SPARE_ROWS, self.max_batch_size - len(self._active))
+            self._rows = grown or CacheRows.merge(running + added, spare_rows=spare_rows)
+
+    def _start(self, joining: list[_Request]) -> list[tuple[_Request, CacheRows, torch.Tensor]]:
+        """Per live joining request: the state after its prompt (one unpadded row) and its
+        next-token logits ([vocab] float32).
+
+        A prompt stored in the prefix cache is taken from it. The others are prefilled from their
+        longest cached prefix (or from scratch), several per forward pass (``_prefill``, groups
+        from ``prefill_groups``); with the prefix cache on, identical prompts share one prefill (a
+        GRPO group arriving together). A request whose prefill fails gets the error and is left out.
+        """
+        share = self.prefix_cache.max_bytes > 0
+        started: list[tuple[_Request, CacheRows, torch.Tensor]] = []
+        jobs: list[tuple[list[_Request], Snapshot | None]] = []  # (requests, cached prefix)
+        by_prompt: dict[tuple[int, ...], list[_Request]] = {}
         for request in joining:
             if request.future.cancelled():
                 continue
-            try:
-                rows, logits = self._prefill(request.prompt)
-                token, log_prob = sample_rows(logits[None], [request.spec], [request.rng])
-                request.tokens.append(token[0])
-                request.log_probs.append(log_prob[0])
-                if self._finished(request):
-                    self._finish(request)
-                    continue
-            except Exception as error:  # noqa: BLE001  (the request's caller gets the error)
-                _resolve(request.future, error=error)
+            if request.prompt in by_prompt:
+                by_prompt[request.prompt].append(request)
+                self._count_reuse(len(request.prompt))
                 continue
-            parts.append(rows)
-            self._active.append(request)
-        if len(parts) > (0 if self._rows is None else 1):
-            self._rows = CacheRows.merge(parts)
+            cached = self.prefix_cache.longest_prefix(request.prompt)
+            if cached is not None:
+                self._count_reuse(len(cached.tokens))
+                if len(cached.tokens) == len(request.prompt):
+                    started.append((request, cached.rows, cached.logits))
+                    continue
+            jobs.append(([request], cached))
+            if share:
+                by_prompt[request.prompt] = jobs[-1][0]
+        new = [r[0].prompt[len(c.tokens) if c else 0 :] for r, c in jobs]
+        for group in prefill_groups([len(n) for n in new], self.prefill_tokens):
+            try:
+                starts = [jobs[i][1].rows if jobs[i][1] else self._blank for i in group]
+                states = self._prefill(starts, [new[i] for i in group])
+            except Exception as error:  # noqa: BLE001  (the group's callers get the error)
+                for i in group:
+                    for request in jobs[i][0]:
+                        _resolve(request.future, error=error)
+                continue
+            for i, (rows, logits) in zip(group, states, strict=True):
+                requests = jobs[i][0]
+                self.prefix_cache.put(Snapshot(requests[0].prompt, rows, logits))
+                started += [(request, rows, logits) for request in requests]
+        return started
 
-    def _prefill(self, prompt: tuple[int, ...]) -> tuple[CacheRows, torch.Tensor]:
-        """State after ``prompt`` and the next-token logits, continuing from the longest cached prefix."""
-        cached = self.prefix_cache.longest_prefix(prompt)
-        if cached is not None and len(cached.tokens) == len(prompt):
-            return cached.rows, cached.logits
-        if cached is not None:
-            cache = cached.rows.fork().to_cache(self.model.config)
-            new = prompt[len(cached.tokens) :]
-        else:
-            cache, new = DynamicCache(config=self.model.config), prompt
+    def _count_reuse(self, tokens: int) -> None:
+        self.counters["prefix_hits"] += 1
+        self.counters["reused_tokens"] += tokens
+
+    def _prefill(
+        self, starts: list[CacheRows], new: list[tuple[int, ...]]
+    ) -> list[tuple[CacheRows, torch.Tensor]]:
+        """Run the model once over several sequences' new tokens, each continuing its own state.
+
+        ``starts[b]``: the state row b's tokens follow (one unpadded row: a cached snapshot, or
+        ``CacheRows.blank`` for a fresh prompt); ``new[b]``: its new tokens (at least one). The
+        prefixes are merged left-padded to the longest (width W) and the new tokens right-padded
+        to the longest (N): row b's input is [pads | prefix | new | pads] over W + N key columns,
+        its positions continue its prefix, the attention mask hides every pad and the
+        Gated-DeltaNet layers skip the padded positions exactly (``PrefillCache``). Returns per
+        row the state after its tokens (unpadded, fresh memory) and its next-token logits
+        ([vocab] float32), equal to prefilling the row alone up to float rounding.
+        """
         start = time.perf_counter()
-        out = self.model(
-            input_ids=torch.tensor([new], dtype=torch.long),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        lengths = torch.tensor([len(t) for t in new], dtype=torch.long)
+        width = int(lengths.max())
+        ids = torch.zeros(len(new), width, dtype=torch.long)  # pad id 0: any id, never attended
+        for b, tokens in enumerate(new):
+            ids[b, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        prefix = CacheRows.merge(starts, spare=width)
+        real = torch.arange(width) < lengths[:, None]
+        mask = torch.cat([prefix.mask, real.long()], dim=1)
+        positions = torch.tensor(prefix.lengths())[:, None] + torch.arange(width)
+        cache = prefix.to_cache(self.model.config, lengths)
+        hidden = self.model.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).last_hidden_state
+        logits = self.model.lm_head(hidden[torch.arange(len(new)), lengths - 1]).float()
+        rows = CacheRows.from_cache(cache, self._kinds, mask)
         self.counters["prefill_s"] += time.perf_counter() - start
-        self.counters["prefill_tokens"] += len(new)
-        rows = CacheRows.from_cache(
-            out.past_key_values, self._kinds, torch.ones(1, len(prompt), dtype=torch.long)
-        )
-        logits = out.logits[0, -1].float()
-        self.prefix_cache.put(Snapshot(prompt, rows, logits))
-        return rows, logits
+        self.counters["prefill_tokens"] += int(lengths.sum())
+        self.counters["prefill_calls"] += 1
+        self.counters["prefill_rows"] += len(new)
+        return [(rows.row(b), logits[b].clone()) for b in range(len(new))]
 
     def _decode_step(self) -> None:
         """Feed every running request its last token, sample the next, retire the finished."""
@@ -320,7 +427,7 @@ class HFGenerator:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            rows = CacheRows.from_cache(cache, self._kinds, mask)
+            rows = rows.stepped(cache, mask)
             logits = out.logits[:, -1].float()
             tokens, log_probs = sample_rows(logits, [r.spec for r in requests], [r.rng for r in requests])
         except Exception as error:  # noqa: BLE001  (every running request fails with it)
@@ -331,22 +438,25 @@ class HFGenerator:
         self.counters["decode_s"] += time.perf_counter() - start
         self.counters["decode_steps"] += 1
         self.counters["decoded_rows"] += len(requests)
-        keep: list[int] = []
+        leaving: list[int] = []
         for i, request in enumerate(requests):
             request.tokens.append(tokens[i])
             request.log_probs.append(log_probs[i])
             if request.future.cancelled():
+                leaving.append(i)
                 continue
             if not self._finished(request):
-                keep.append(i)
                 continue
             if self.prefix_cache.max_bytes:
                 seen = request.prompt + tuple(request.tokens[:-1])
                 self.prefix_cache.put(Snapshot(seen, rows.row(i), logits[i].clone()))
             self._finish(request)
-        if len(keep) < len(requests):
-            self._active = [requests[i] for i in keep]
-            self._rows = rows.select(keep) if keep else None
+            leaving.append(i)
+        if len(leaving) == len(requests):
+            self._active, self._rows = [], None
+        elif leaving:
+            self._rows, order = rows.drop(leaving)
+            self._active = [requests[i] for i in order]
         else:
             self._rows = rows
 

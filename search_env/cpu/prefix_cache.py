@@ -43,8 +43,6 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self._entries: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
-        self.hits = 0
-        self.reused_tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,8 +73,6 @@ class PrefixCache:
                 best = snapshot
         if best is not None:
             self._entries.move_to_end(best.tokens)
-            self.hits += 1
-            self.reused_tokens += len(best.tokens)
         return best
 
     def clear(self) -> None:
