@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import uuid
 from collections.abc import Coroutine, Mapping
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from omegaconf import DictConfig
@@ -207,9 +209,6 @@ def _context_length(config: DictConfig, model_dir: str) -> int:
     """Prompt + response budget in tokens, capped at the model's ``max_position_embeddings``
     (vLLM refuses a longer ``max_model_len``; the demo model has 4,096, the study_eval preset
     asks for 9,216). A model folder without that key is not capped."""
-    import json
-    from pathlib import Path
-
     rollout = config.actor_rollout_ref.rollout
     wanted = int(rollout.prompt_length) + int(rollout.response_length)
     path = Path(model_dir) / "config.json"
