@@ -1,24 +1,41 @@
 """The GPU recipe's rollout path, run on a CPU: verl's own vLLM server and replica (vLLM's CPU
-build) behind our agent loop, the FSDP -> vLLM weight sync every step, and vLLM evaluation.
+build) behind our agent loop, the FSDP -> vLLM weight sync every step, an actor sharded over two
+ranks on two Ray nodes, and vLLM evaluation.
 
-- ``launch/run.sh recipes/demo_cpu.yaml actor_rollout_ref.rollout.name=vllm`` trains two GRPO
-  steps; at each step the server's log-probs of the tokens it sampled equal the actor's
-  recomputed ones within bf16 tolerance (verl's ``training/rollout_probs_diff_*``), and at step 2
-  that is the UPDATED actor: the step-1 weights differ from step 0's on those rollouts by far more
-  than the tolerance, so a server still on the old weights would have failed the check.
+- Two Ray nodes are started on this machine as a user who outgrows one machine starts them
+  (``ray start --head``, ``ray start --address=...``, then ``RAY_ADDRESS`` for ``launch/run.sh``):
+  the launcher joins the cluster, and the actor is sharded over both nodes (2 FSDP ranks, a vLLM
+  replica each).
+- ``launch/run.sh recipes/demo_cpu.yaml actor_rollout_ref.rollout.name=vllm`` trains one GRPO step
+  and checkpoints it (2 shards), then the same command with two steps resumes from that checkpoint
+  and trains step 2. At each step the server's log-probs of the tokens it sampled equal the actor's
+  recomputed ones within bf16 tolerance (verl's ``training/rollout_probs_diff_*``; the sync gathers
+  both shards), and at step 2 that is the UPDATED actor: the step-1 weights differ from step 0's
+  on those rollouts by far more than the tolerance, so a server still on the old weights would
+  have failed the check.
 - The ``hf`` and ``vllm`` backends' rollouts are masked and scored the same way (one agent loop,
   one reward function).
 - ``BACKEND=vllm bash launch/eval.sh`` evaluates the resulting checkpoint with both rollout presets.
 
-Heavy (vLLM engines start in ~30 s on 2 cores each), serialised through /tmp/rlvr_heavy.lock."""
+Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each), serialised through
+/tmp/rlvr_heavy.lock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
@@ -34,28 +51,107 @@ ROOT = Path(__file__).resolve().parent.parent
 WORLD = ROOT / ".demo" / "world_s0"
 PROB_TOLERANCE = 0.01
 """Mean |p_vllm - p_actor| per response token allowed: bf16 weights and activations in vLLM
-against the fp32 actor (measured 0.0018 on the demo model)."""
+against the fp32 actor (measured 0.0018 on the demo model, 0.0021 with 2 ranks)."""
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each ``ray start --block`` group (it stops its node), then SIGKILL what is left."""
+    family = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            family += [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in family):
+        time.sleep(0.5)
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("vllm") / "run"
-    done = subprocess.run(
-        demo_cmd(
-            free_port(),
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.actor.optim.lr=1e-3",  # a step large enough to see in the log-probs
-            f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
-            "trainer.total_training_steps=2",
-            "trainer.save_freq=1",
-        ),
-        cwd=ROOT,
-        env=demo_env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=DEMO_RUN_TIMEOUT_S,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+def two_node_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """A head and a second Ray node on loopback, one logical GPU each; the env to reach them."""
+    tmp_path = tmp_path_factory.mktemp("ray_nodes")
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="rlvr_rayn.", dir="/tmp")  # short: Ray's socket paths are length-capped
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    node = ["--node-ip-address=127.0.0.1", "--num-gpus=1", "--num-cpus=16", "--block"]
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str) -> None:
+        log = (tmp_path / f"ray_{name}.log").open("w")
+        procs.append(
+            subprocess.Popen(
+                [RAY, "start", *args, *node], env=env, stdout=log, stderr=log, start_new_session=True
+            )
+        )
+
+    try:
+        start("head", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}")
+        address = f"127.0.0.1:{port}"
+        probe = "import ray, sys; ray.init(); sys.exit(0 if len(ray.nodes()) >= int(sys.argv[1]) else 1)"
+        for wanted, starter in ((1, lambda: start("worker", f"--address={address}")), (2, None)):
+            deadline = time.monotonic() + 120
+            while subprocess.run(
+                [sys.executable, "-c", probe, str(wanted)],
+                env={**env, "RAY_ADDRESS": address},
+                capture_output=True,
+                timeout=60,
+            ).returncode:
+                assert time.monotonic() < deadline, (tmp_path / "ray_head.log").read_text()[-3000:]
+                time.sleep(2)
+            if starter:
+                starter()
+        yield {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]}
+    finally:
+        _stop(procs[::-1])
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
+    """The run directory after step 1 on two ranks, checkpointed, and step 2 resumed from it."""
+    run_dir, port = tmp_path_factory.mktemp("vllm") / "run", free_port()
+
+    def train(steps: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            demo_cmd(
+                port,
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.actor.optim.lr=1e-3",  # a step large enough to see in the log-probs
+                "trainer.nnodes=2",
+                "trainer.n_gpus_per_node=1",
+                # 4 prompts x 5 rollouts = 10 per rank: every micro-batch must divide it
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=10",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=10",
+                f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
+                f"trainer.total_training_steps={steps}",
+                "trainer.save_freq=1",
+            ),
+            cwd=ROOT,
+            env={**demo_env(run_dir), **two_node_cluster},
+            capture_output=True,
+            text=True,
+            timeout=DEMO_RUN_TIMEOUT_S,
+        )
+
+    first = train(1)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "joining the Ray cluster at" in first.stderr
+    actor = run_dir / "checkpoints" / "global_step_1" / "actor"
+    assert sorted(p.name for p in actor.glob("model_world_size_*")) == [
+        "model_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_1.pt",
+    ]
+    second = train(2)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "Resuming from" in second.stderr and "global_step_1" in second.stderr
     return run_dir
 
 

@@ -465,7 +465,8 @@ class HFGenerator:
         if tokens[-1] in spec.stop_token_ids or len(tokens) >= spec.max_tokens:
             return True
         if spec.stop and tokens[-1] not in self._special_ids:
-            return any(s in self._stop_tail(tokens, spec.stop_window) for s in spec.stop)
+            tail = self._stop_tail(tokens, spec.stop_window)  # decoded once for all stop strings
+            return any(s in tail for s in spec.stop)
         return False
 
     def _stop_tail(self, tokens: list[int], window: int) -> str:
