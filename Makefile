@@ -32,7 +32,7 @@ test: venv
 # World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
 # launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.
 demo: venv
-	PYTHON=$(abspath $(PY)) $(PY) -m search_env.cpu.demo run
+	PYTHON=$(abspath $(PY)) $(PY) -m search_demo run
 
 lint: venv
 	$(PY) -m ruff check --fix .

@@ -1,9 +1,10 @@
-"""Does the CPU demo learn? Runs it end to end and checks the targets of issue 15.
+"""Does the CPU demo learn? Runs it end to end and checks its learning targets
+(``check``).
 
     .venv/bin/python bench/demo_learning.py [--run-dir runs/demo_learning] [--other-world-seed 1]
                                             [--check-only] [hydra overrides...]
 
-1. ``python -m search_env.cpu.demo run --also-world-seed S2``: world + warm start (cached in
+1. ``python -m search_demo run --also-world-seed S2``: world + warm start (cached in
    .demo/), GRPO through ``launch/run.sh recipes/demo_cpu.yaml``, ``launch/eval.sh`` of step 0
    and the last step on 100 held-out test questions per type of the training world and of a
    world of another seed (new names, new corpus);
@@ -36,7 +37,7 @@ def _mean(values: list[float]) -> float:
 
 
 def check(report: dict) -> list[tuple[str, bool, str]]:
-    """(target, met, numbers) for every target of issue 15 item 5."""
+    """(target, met, numbers) for every learning target of the demo (the module docstring lists them)."""
     out = []
     rewards = [s["reward/mean"] for s in report["steps"]]
     first, last = _mean(rewards[:5]), _mean(rewards[-5:])
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     started, load = time.monotonic(), os.getloadavg()
     if not args.check_only:
-        from search_env.cpu.demo import main as demo_main
+        from search_demo import main as demo_main
 
         rc = demo_main(
             [

@@ -22,7 +22,7 @@ forward pass, time in prefill and decode, and the ratios b/a, c/a and c/0 in rol
 rollouts per CPU-second (target >= 6).
 
 Model: ``--model DIR`` (e.g. the warm-started demo model), else a random-weight model of the demo
-size (``search_env.cpu.tiny.DEMO_TEXT_CONFIG``) with the tiny tokenizer.
+size (``search_demo.tiny.DEMO_TEXT_CONFIG``) with the tiny tokenizer.
 
     .venv/bin/python bench/hf_generate.py [--model DIR] [--rollouts 32] [--threads 1]   # ~2-3 min
 """
@@ -43,9 +43,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from search_env import DEMO_CORPUS, protocol
-from search_env.cpu import tiny
-from search_env.cpu.hf_generate import HFGenerator
+from cpu_engine.hf_generate import HFGenerator
+from search_demo import tiny
+from search_env import protocol
+from search_env.retrieval import SAMPLE_CORPUS
 
 MODES: dict[str, dict[str, Any] | None] = {
     "0 previous": None,
@@ -69,7 +70,9 @@ def build_workload(
     tokenizer: Any, questions: int, group: int, turns: int, tool_chars: int
 ) -> tuple[list[list[int]], list[list[list[int]]]]:
     """Per rollout: its first prompt (token ids) and the tool-turn tokens appended after each turn."""
-    passages = [json.loads(line)["contents"] for line in DEMO_CORPUS.read_text(encoding="utf-8").splitlines()]
+    passages = [
+        json.loads(line)["contents"] for line in SAMPLE_CORPUS.read_text(encoding="utf-8").splitlines()
+    ]
     prompts, tools = [], []
     for q in range(questions):
         messages = protocol.build_messages(QUESTIONS[q % len(QUESTIONS)])

@@ -34,8 +34,8 @@ import pandas as pd
 import torch
 
 from eval.backends import make_backend
-from search_env.cpu.local_rollout import compose_rollout_config, rows_to_batch, write_tool_config
-from search_env.cpu.warm_start import bm25_server
+from search_demo.warm_start import bm25_server
+from search_env.verl_glue import compose_rollout_config, rows_to_batch, write_tool_config
 
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.8
@@ -96,9 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     for path in (args.model / "config.json", args.world / "train.parquet"):
         if not path.is_file():
-            raise SystemExit(
-                f"{path} is missing: build the demo assets with `python -m search_env.cpu.demo assets`"
-            )
+            raise SystemExit(f"{path} is missing: build the demo assets with `python -m search_demo assets`")
     # One process per turn, hf -> vllm -> hf, never two engines alive: an idle vLLM engine keeps its
     # OpenMP threads bound to the cores (hf beside it ran 4-10x slower), and importing vLLM changes
     # transformers' Qwen3.5 config classes for the rest of the process.

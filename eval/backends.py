@@ -3,8 +3,8 @@
 Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentLoop`` ->
 ``SearchTool`` — and differ only in the ``LLMServerClient`` that answers ``generate``:
 
-- ``hf`` (CPU, tiny models): ``search_env.cpu.local_rollout.HFLLMClient`` over
-  ``search_env.cpu.hf_generate.HFGenerator`` (fp32; concurrent requests share its decoding steps).
+- ``hf`` (CPU, tiny models): ``cpu_engine.local_rollout.HFLLMClient`` over
+  ``cpu_engine.hf_generate.HFGenerator`` (fp32; concurrent requests share its decoding steps).
 - ``vllm`` (GPU, or CPU with vLLM's CPU build): :class:`VLLMEngineClient` over vLLM's in-process
   ``AsyncLLM`` engine, built
   text-only (``language_model_only``), without prefix caching unless asked (see
@@ -117,7 +117,7 @@ class AgentLoopBackend:
 
     async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One greedy (``validate``) rollout of one verl row; its record."""
-        from search_env.cpu.local_rollout import rows_to_batch
+        from search_env.verl_glue import rows_to_batch
 
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
@@ -138,8 +138,8 @@ class HFBackend(AgentLoopBackend):
     """``hf``: verl's in-process agent loop with an ``HFGenerator`` behind ``HFLLMClient``."""
 
     def __init__(self, config: DictConfig, model_dir: str, seed: int = 0):
-        from search_env.cpu.hf_generate import HFGenerator
-        from search_env.cpu.local_rollout import LocalRollout
+        from cpu_engine.hf_generate import HFGenerator
+        from cpu_engine.local_rollout import LocalRollout
 
         rollout = LocalRollout(config, HFGenerator(model_dir, seed=seed))
         super().__init__(rollout.worker, asyncio.new_event_loop())

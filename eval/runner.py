@@ -83,7 +83,7 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Limits:
-    """Rollout limits in tokens / turns (see SPEC §3)."""
+    """Rollout limits in tokens / turns (see docs/design.md §3)."""
 
     max_assistant_turns: int = protocol.MAX_ASSISTANT_TURNS
     max_total_tokens: int = protocol.MAX_TOTAL_TOKENS
@@ -320,40 +320,37 @@ def write_run_json(plan: RunPlan) -> None:
 
 def _tool_and_loop_files(plan: RunPlan, folder: Path, model_dir: Path) -> tuple[Path, Path]:
     """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
-    from search_env.cpu.local_rollout import write_tool_config
+    from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     folder.mkdir(parents=True, exist_ok=True)
     rules = plan.limits.rules
-    tools = write_tool_config(folder / "tools.yaml", plan.retriever_urls, topk=protocol.TOPK)
-    doc = yaml.safe_load(tools.read_text(encoding="utf-8"))
     cap = {"chunk_cap": rules.chunk_cap, "chunk_cap_unit": rules.chunk_cap_unit}
     if rules.chunk_cap_unit == "tokens":
         cap["tokenizer"] = str(model_dir)
-    doc["tools"][0]["config"].update(cap)
-    doc["tools"][0]["config"].pop("max_retries", None)  # tries bounded by retry_budget_s, as in training
-    tools.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    loops = [
-        {
-            "name": "search_agent",
-            "_target_": "search_env.agent_loop.SearchAgentLoop",
-            "mask_retrieved": True,
-            "max_turn_tokens": plan.limits.max_turn_tokens,
-            "max_total_tokens": plan.limits.max_total_tokens,
-            "stop_strings": list(rules.stop_strings),
-            "invalid_action": rules.invalid_action,
-        }
-    ]
-    loops_path = folder / "agent_loops.yaml"
-    loops_path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
-    return tools, loops_path
+    tools = verl_glue.write_tool_config(
+        folder / "tools.yaml",
+        plan.retriever_urls,
+        topk=protocol.TOPK,
+        max_retries=None,  # tries bounded by retry_budget_s, as in training
+        **cap,
+    )
+    loops = verl_glue.write_agent_loop_config(
+        folder / "agent_loops.yaml",
+        mask_retrieved=True,
+        max_turn_tokens=plan.limits.max_turn_tokens,
+        max_total_tokens=plan.limits.max_total_tokens,
+        stop_strings=list(rules.stop_strings),
+        invalid_action=rules.invalid_action,
+    )
+    return tools, loops
 
 
 def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
     """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
-    from search_env.cpu.local_rollout import compose_rollout_config
+    from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     tools, loops = _tool_and_loop_files(plan, folder, model_dir)
-    return compose_rollout_config(
+    return verl_glue.compose_rollout_config(
         model_dir,
         tools,
         prompt_length=plan.limits.prompt_length,

@@ -21,7 +21,7 @@
 #   GPUS           comma-separated GPU ids, one evaluation process each; empty = one  []
 #   RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start one    []
 #   RETRIEVER_PORT port of the retriever this script starts                           [8010]
-#   CORPUS         corpus of that retriever                                          [search_env/demo/wiki18_sample_1000.jsonl]
+#   CORPUS         corpus of that retriever                                          [search_env/retrieval/data/wiki18_sample_1000.jsonl]
 #   INDEX, ENCODER with both: that retriever is dense (this faiss index over CORPUS + this E5
 #                  encoder folder) instead of BM25                                    []
 #   RETRIEVER_GPU  its --gpu: on = the index on the GPU(s) where it fits in free memory (else CPU,
@@ -52,7 +52,7 @@ BACKEND="${BACKEND:-auto}"
 GPUS="${GPUS:-}"
 RETRIEVER_URL="${RETRIEVER_URL:-}"
 RETRIEVER_PORT="${RETRIEVER_PORT:-8010}"
-CORPUS="${CORPUS:-$ROOT/search_env/demo/wiki18_sample_1000.jsonl}"
+CORPUS="${CORPUS:-$ROOT/search_env/retrieval/data/wiki18_sample_1000.jsonl}"
 INDEX="${INDEX:-}"
 ENCODER="${ENCODER:-}"
 TIMEOUT_S="${TIMEOUT_S:-0}"

@@ -121,7 +121,7 @@ def cmd_versions(_: argparse.Namespace) -> int:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    """A tiny random ``qwen3_5`` (search_env.cpu.tiny's shape) whose vocabulary is the real 248,320,
+    """A tiny random ``qwen3_5`` (search_demo.tiny's shape) whose vocabulary is the real 248,320,
     and, with ``--data DIR``, DIR/{train,val}.parquet from the NQ fixture questions."""
     import subprocess
 
@@ -129,7 +129,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     from transformers import GenerationConfig
     from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 
-    from search_env.cpu import tiny
+    from search_demo import tiny
 
     out = Path(args.out)
     tokenizer = tiny.build_tokenizer(0)
@@ -162,17 +162,17 @@ def cmd_dense(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from search_env import DEMO_CORPUS
+    from search_env.retrieval import SAMPLE_CORPUS
     from search_env.retrieval.encoder import build_tiny_encoder
     from search_env.retrieval.server import spawn_server
 
     work = Path(args.work)
     encoder = build_tiny_encoder(work / "encoder", hidden_size=128)
     index = work / "demo_IVF16_SQ8.index"
-    build = [sys.executable, "-m", "search_env", "build-index", "--corpus", str(DEMO_CORPUS)]
+    build = [sys.executable, "-m", "search_env", "build-index", "--corpus", str(SAMPLE_CORPUS)]
     build += ["--encoder", str(encoder), "--out", str(index), "--factory", "IVF16,SQ8", "--gpu", "auto"]
     subprocess.run(build, check=True, capture_output=True, timeout=120)
-    serve = ["--backend", "dense", "--corpus", str(DEMO_CORPUS), "--index", str(index)]
+    serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index)]
     serve += ["--encoder", str(encoder), "--nprobe", "4", "--gpu", "auto"]
     server = spawn_server(serve, log_path=work / "server.log")
     try:

@@ -261,7 +261,7 @@ def check_data(cfg: DictConfig, plan: Plan) -> None:
 
 def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
     """True when ``path`` lies in a demo asset folder (``launch.assets.world``/``warm_start``) that
-    launch/run.sh builds for ``launch.build_demo_assets`` recipes (python -m search_env.cpu.demo assets)."""
+    launch/run.sh builds for ``launch.build_demo_assets`` recipes (python -m search_demo assets)."""
     assets = cfg.launch.get("assets") or {}
     if not cfg.launch.build_demo_assets or path is None:
         return False
@@ -270,7 +270,7 @@ def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
 
 
 def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
-    """``DEMO_ASSETS``: the ``python -m search_env.cpu.demo assets`` arguments run.sh passes (demo recipes)."""
+    """``DEMO_ASSETS``: the ``python -m search_demo assets`` arguments run.sh passes (demo recipes)."""
     assets = cfg.launch.get("assets") or {}
     if not cfg.launch.build_demo_assets:
         return
@@ -281,7 +281,7 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
             (repo_path(base) / "base_model.json").is_file(),
             f"launch.assets.base: {repo_path(base)} holds no demo base model (base_model.json); the "
             "repository ships assets/demo_base (restore it: git checkout -- assets/demo_base) or "
-            "rebuild it: python -m search_env.cpu.base_model --out assets/demo_base (~30 min on 2 cores)",
+            "rebuild it: python -m search_demo.base_model --out assets/demo_base (~30 min on 2 cores)",
         )
     if plan.need(not missing, f"launch.build_demo_assets needs launch.assets.{{{','.join(missing)}}}"):
         plan.env["DEMO_ASSETS"] = shlex.join(

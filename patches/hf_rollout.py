@@ -6,8 +6,8 @@ trainer uses (``RolloutReplicaRegistry`` in ``verl/workers/rollout/replica.py:38
 module adds a fourth backend, selected with ``actor_rollout_ref.rollout.name=hf``, modelled on
 ``vLLMReplica`` / ``ServerAdapter`` (``verl/workers/rollout/vllm_rollout/``):
 
-- ``search_env.cpu.hf_server.HFServer``: a named Ray actor (``hf_server_<replica>_0``, no CPU reserved)
-  serving ``search_env.cpu.hf_generate.HFGenerator``;
+- ``cpu_engine.hf_server.HFServer``: a named Ray actor (``hf_server_<replica>_0``, no CPU reserved)
+  serving ``cpu_engine.hf_generate.HFGenerator``;
 - ``HFReplica``: launches one ``HFServer`` per replica next to the first trainer worker.
 - ``HFServerAdapter``: lives in each FSDP worker; ``update_weights`` gathers the full tensors
   the engine yields and sends them to the server (``HFGenerator.load_weights``).
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from cpu_engine.hf_server import BACKEND_NAME, HFServer
 from patches.post_import import when_imported
-from search_env.cpu.hf_server import BACKEND_NAME, HFServer
 
 logger = logging.getLogger(__name__)
 

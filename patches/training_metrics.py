@@ -4,7 +4,7 @@ Upstream: ``verl/trainer/ppo/v1/trainer_base.py`` — ``PPOTrainer._compute_metr
 0.9.1) fetches only tensors from TransferQueue and never reads the agent loop's ``extra_fields``
 nor the reward function's ``reward_extra_info`` (stored there under ``extra_fields``), so EM/F1,
 searches, terminations and group statistics never reach the loggers during training. Its
-``response_length/clip_ratio`` compares against the padded batch width and is never 0 (#7817).
+``response_length/clip_ratio`` compares against the padded batch width and is never 0 (verl issue #7817).
 
 Patch: wrap ``_compute_metrics``; after the original runs, fetch ``extra_fields`` for the same
 keys from TransferQueue, drop padding rows, and add :func:`search_env.rollout_stats.rollout_metrics`

@@ -1,4 +1,4 @@
-"""Answer scoring shared by training rewards and evaluation (SPEC §5, docs/protocol.md).
+"""Answer scoring shared by training rewards and evaluation (docs/design.md §5, docs/protocol.md).
 
 verl entry points live in :mod:`reward_fns.compute_score`.
 """

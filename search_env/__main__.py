@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.factory import GPU_CHOICES, index_on_gpu, use_gpu
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--corpus",
         type=Path,
-        default=DEMO_CORPUS,
+        default=SAMPLE_CORPUS,
         help="wiki-18 style jsonl (default: the bundled 1,000-passage demo sample)",
     )
     serve.add_argument(

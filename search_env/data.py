@@ -8,7 +8,7 @@ Input rows are FlashRAG ``{"id", "question", "golden_answers": [...]}`` or R1-Se
   (needs network; offline it fails with a message saying what to download).
 
 Commands (``python -m search_env.data CMD --source SRC --out DIR``; ``--limit N`` keeps the
-first N rows of each split; a row count different from SPEC §7 prints a warning line)::
+first N rows of each split; a row count different from docs/design.md §7 prints a warning line)::
 
     train  -> DIR/musique_train.parquet                   (MuSiQue train, the RL training set)
     suite  -> DIR/suite/<name>.parquet + DIR/suite/<name>.jsonl  (the 7-benchmark test suite)
@@ -61,7 +61,7 @@ SUITE: tuple[tuple[str, str, int], ...] = (
     ("musique", "dev", 2417),
     ("bamboogle", "test", 125),
 )
-"""(FlashRAG dataset, split, rows) of the seven-benchmark suite, SPEC §7: 51,713 rows."""
+"""(FlashRAG dataset, split, rows) of the seven-benchmark suite, docs/design.md §7: 51,713 rows."""
 VAL_DATASETS = ("nq", "triviaqa", "hotpotqa", "2wikimultihopqa")
 VAL_PER_DATASET = 250
 

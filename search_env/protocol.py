@@ -1,4 +1,4 @@
-"""The rollout protocol (SPEC §4): the one module training and evaluation both import.
+"""The rollout protocol (docs/design.md §4): the one module training and evaluation both import.
 
 It reproduces the study's own code (GitHub ``sandheepp/reason_over_search`` @16ed974:
 ``training_m5_{1,5,6}/``, ``evaluation_qwen35/``; docs/protocol.md tracks every item): the prompt

@@ -1,4 +1,4 @@
-"""Per-step training metrics from the rollouts of one GRPO step (SPEC §8, paper §6.3).
+"""Per-step training metrics from the rollouts of one GRPO step (docs/design.md §8, paper §6.3).
 
 Pure functions over what the agent loop and the reward function record per rollout, so the
 same numbers can be recomputed offline from a rollout dump. Keys are the names logged to every

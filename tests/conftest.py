@@ -4,7 +4,7 @@ retrieval server.
 - hypothesis runs derandomized (the same examples every run), so CI never fails on a new random
   draw; widen a property's ``max_examples`` locally to search harder.
 
-- ``tiny_model_dir``: ``search_env.cpu.tiny.build_tiny`` output (tokenizer, chat template, random
+- ``tiny_model_dir``: ``search_demo.tiny.build_tiny`` output (tokenizer, chat template, random
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
 - ``retrieval_server_url``: ``python -m search_env serve --backend bm25`` over the bundled
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
@@ -29,7 +29,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.server import spawn_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,7 +48,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from search_env.cpu.tiny import build_tiny
+    from search_demo.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny_qwen35"), seed=0)
 
@@ -68,7 +68,7 @@ def search_rollout_config(
     both with ``loop_options`` (``SearchAgentLoop`` keyword options)."""
     import yaml
 
-    from search_env.cpu.local_rollout import compose_rollout_config, write_tool_config
+    from search_env.verl_glue import compose_rollout_config, write_tool_config
 
     tools = write_tool_config(folder / "tools.yaml", retrieval_urls, timeout=5.0, max_retries=max_retries)
     loops = [
@@ -96,7 +96,7 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     """A real BM25 server over the bundled wiki-18 sample, for the whole session."""
     log_path = tmp_path_factory.mktemp("retrieval_server") / "server.log"
     with spawn_server(
-        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)],
+        ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS)],
         startup_timeout_s=SERVER_START_TIMEOUT_S,
         log_path=log_path,
     ) as server:
@@ -107,15 +107,15 @@ def retrieval_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 def make_local_rollout(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, retrieval_server_url: str
 ):
-    """Factory for in-process verl rollouts (``search_env.cpu.local_rollout.LocalRollout``) on the tiny model.
+    """Factory for in-process verl rollouts (``cpu_engine.local_rollout.LocalRollout``) on the tiny model.
 
     ``make_local_rollout(scripted_first_turn=None, max_turn_tokens=16, max_total_tokens=8192,
     response_length=1024, max_assistant_turns=3, retrieval_urls=None, max_retries=3)``: short turns
     keep the random model fast; ``retrieval_urls`` defaults to the session's BM25 server.
     Rows choose ``search_agent`` (masked) or ``search_agent_unmasked`` through ``agent_name``.
     """
-    from search_env.cpu.hf_generate import HFGenerator
-    from search_env.cpu.local_rollout import LocalRollout
+    from cpu_engine.hf_generate import HFGenerator
+    from cpu_engine.local_rollout import LocalRollout
 
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=16, seed=0)
     counter = iter(range(10**6))

@@ -21,7 +21,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from search_env import protocol
-from search_env.cpu.local_rollout import (
+from search_env.verl_glue import (
     compose_rollout_config,
     rollout_records,
     rows_to_batch,

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from search_env import world
-from search_env.cpu import base_model, tiny, warm_start
+from search_demo import base_model, tiny, trajectories, warm_start, world
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
+    return tiny.build_demo_tokenizer(trajectories.tokenizer_texts())
 
 
 def test_curriculum_worlds_are_never_demo_worlds():

@@ -5,14 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
 
 
 @pytest.fixture(scope="module")
 def bm25() -> BM25Retriever:
-    return BM25Retriever.build(Corpus(DEMO_CORPUS))
+    return BM25Retriever.build(Corpus(SAMPLE_CORPUS))
 
 
 def test_title_query_finds_its_passage_first(bm25: BM25Retriever) -> None:

@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.cache import QueryCache, entry_bytes
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.server import MicroBatcher
@@ -39,7 +39,7 @@ def test_replacing_an_entry_keeps_the_byte_count_exact() -> None:
 
 
 def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     bound = 200_000
     cache = QueryCache(max_entries=10**6, max_bytes=bound)
     for i in range(500):
@@ -55,7 +55,7 @@ def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
 def test_estimated_bytes_cover_the_real_allocation() -> None:
     """tracemalloc: the memory the cached answers really hold is at most the estimate (and not far
     below it, or the bound would waste most of its budget)."""
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     cache = QueryCache(max_entries=10**6, max_bytes=10**9)
     gc.collect()
     tracemalloc.start()

@@ -9,13 +9,13 @@ import time
 import httpx
 import pytest
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.client import RetrievalClient, RetrievalError, parse_retrieve_response
 from search_env.retrieval.corpus import Corpus, Passage
 from search_env.retrieval.server import free_port, spawn_server
 
-SERVE_ARGS = ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)]
+SERVE_ARGS = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS)]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def servers(tmp_path_factory):
 
 
 def test_retrieve_returns_passages_like_a_direct_search(servers) -> None:
-    direct = BM25Retriever.build(Corpus(DEMO_CORPUS))
+    direct = BM25Retriever.build(Corpus(SAMPLE_CORPUS))
     queries = ["Evan Morris lobbyist", "American football player", "the of"]
 
     async def run() -> list[list[Passage]]:

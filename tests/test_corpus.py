@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import OFFSETS_SUFFIX, Corpus, Passage, scan_line_offsets, split_contents
 
 
@@ -27,8 +27,8 @@ def test_split_contents(contents: str, title: str, text: str) -> None:
 
 
 def test_demo_corpus_rows_match_the_file() -> None:
-    corpus = Corpus(DEMO_CORPUS)
-    lines = DEMO_CORPUS.read_text(encoding="utf-8").splitlines()
+    corpus = Corpus(SAMPLE_CORPUS)
+    lines = SAMPLE_CORPUS.read_text(encoding="utf-8").splitlines()
     assert len(corpus) == len(lines) == 1000
     for i in (0, 1, 500, 999):
         assert corpus.row(i) == json.loads(lines[i])
@@ -37,11 +37,11 @@ def test_demo_corpus_rows_match_the_file() -> None:
         id="0", title="Evan Morris", text=first.text, score=0.5, contents=json.loads(lines[0])["contents"]
     )
     assert first.text.startswith("Evan Morris Evan L. Morris (January 26, 1977")
-    assert not (DEMO_CORPUS.parent / (DEMO_CORPUS.name + OFFSETS_SUFFIX)).exists()  # small: not cached
+    assert not (SAMPLE_CORPUS.parent / (SAMPLE_CORPUS.name + OFFSETS_SUFFIX)).exists()  # small: not cached
 
 
 def test_negative_and_out_of_range_rows_raise() -> None:
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     for bad in (-1, 1000):
         with pytest.raises(IndexError, match="out of range"):
             corpus.row(bad)
@@ -73,7 +73,7 @@ def test_offsets_cache_is_written_reused_and_rebuilt_when_stale(tmp_path) -> Non
 
 
 def test_iter_contents_streams_in_order(tmp_path) -> None:
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     assert list(corpus.iter_contents(10, 13)) == [corpus.contents(i) for i in (10, 11, 12)]
     assert len(list(corpus.iter_contents(995))) == 5
 

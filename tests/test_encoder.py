@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.encoder import Encoder, build_tiny_encoder, is_e5_model, mean_pool
 
@@ -38,7 +38,7 @@ def reference_passage_vectors(model_dir: Path, texts: list[str], max_length: int
 
 def check_first16_passages(encoder: Encoder, expected: np.ndarray, min_cosine: float) -> None:
     """Encode wiki-18 rows 0..15 as passages and compare them row by row with `expected`."""
-    contents = [Corpus(DEMO_CORPUS).contents(i) for i in range(16)]
+    contents = [Corpus(SAMPLE_CORPUS).contents(i) for i in range(16)]
     got = encoder.encode_passages(contents)
     assert got.shape == expected.shape and got.dtype == np.float32 and got.flags.c_contiguous
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -49,7 +49,7 @@ def check_first16_passages(encoder: Encoder, expected: np.ndarray, min_cosine: f
 def test_tiny_encoder_matches_an_independent_pipeline(tiny_dir) -> None:
     """The E5 reference check's code path, on the tiny model (expected = one-text-at-a-time pipeline)."""
     encoder = Encoder(tiny_dir, use_gpu=False, batch_size=5, passage_max_length=256)
-    contents = [Corpus(DEMO_CORPUS).contents(i) for i in range(16)]
+    contents = [Corpus(SAMPLE_CORPUS).contents(i) for i in range(16)]
     check_first16_passages(encoder, reference_passage_vectors(tiny_dir, contents, 256), min_cosine=0.99999)
 
 
@@ -81,7 +81,7 @@ def test_padding_does_not_change_a_vector(tiny_dir, monkeypatch) -> None:
 
 
 def test_batching_gives_the_same_vectors(tiny_dir) -> None:
-    texts = [Corpus(DEMO_CORPUS).contents(i) for i in range(10)]
+    texts = [Corpus(SAMPLE_CORPUS).contents(i) for i in range(10)]
     one_batch = Encoder(tiny_dir, use_gpu=False, batch_size=64).encode_passages(texts)
     small_batches = Encoder(tiny_dir, use_gpu=False, batch_size=3).encode_passages(texts)
     np.testing.assert_allclose(one_batch, small_batches, atol=1e-5)

@@ -57,7 +57,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """RUN/global_step_5/actor with verl FSDP shards of a differently seeded tiny model, + config.yaml."""
-    from search_env.cpu.tiny import build_tiny
+    from search_demo.tiny import build_tiny
 
     root = tmp_path_factory.mktemp("runs")
     trained = build_tiny(root / "seed1_model", seed=1)

@@ -1,4 +1,4 @@
-"""Continuous batching on CPU (``search_env.cpu.hf_generate``): concurrent requests share decoding
+"""Continuous batching on CPU (``cpu_engine.hf_generate``): concurrent requests share decoding
 steps and still get exactly what one-at-a-time generation gives them — same tokens, log-probs
 equal to the uncached model's within float tolerance — on Qwen3.5 hybrid models (Gated DeltaNet
 linear-attention layers + full-attention layers whose KV rows are left-padded in the batch)."""
@@ -14,10 +14,10 @@ import torch
 from transformers import AutoTokenizer, Qwen3_5TextConfig
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
 
-from search_env.cpu.cache_rows import FULL, LINEAR, SPARE_COLUMNS, AppendLayer, CacheRows
-from search_env.cpu.hf_generate import HFGenerator, prefill_groups
-from search_env.cpu.prefix_cache import PrefixCache, Snapshot
-from search_env.cpu.sampling import SamplingSpec, sample_rows
+from cpu_engine.cache_rows import FULL, LINEAR, SPARE_COLUMNS, AppendLayer, CacheRows
+from cpu_engine.hf_generate import HFGenerator, prefill_groups
+from cpu_engine.prefix_cache import PrefixCache, Snapshot
+from cpu_engine.sampling import SamplingSpec, sample_rows
 
 ATOL = 1e-4  # fp32 log-probs of a 4,096-token vocabulary agree to ~1e-6
 
@@ -272,7 +272,7 @@ def test_cancelled_and_closed_requests(tiny_model_dir):
 
 
 def test_idle_engine_thread_exits_and_restarts(tiny_model_dir, monkeypatch):
-    import search_env.cpu.hf_generate as hf_generate
+    import cpu_engine.hf_generate as hf_generate
 
     monkeypatch.setattr(hf_generate, "IDLE_EXIT_S", 0.05)
     generator = HFGenerator(str(tiny_model_dir), max_new_tokens=2, seed=0)
@@ -471,7 +471,7 @@ def test_local_rollout_agent_loops_share_decoding_steps(make_local_rollout):
     ``HFLLMClient`` their turns reach the generator together and are decoded together (the path
     of the evaluation harness's ``hf`` backend)."""
     from search_env import protocol
-    from search_env.cpu.local_rollout import rollout_records
+    from search_env.verl_glue import rollout_records
 
     rollout = make_local_rollout(max_turn_tokens=8, max_assistant_turns=2)
     generator = rollout.client.generator
@@ -498,7 +498,7 @@ def test_decode_attention_equals_sdpa_with_padding_and_strided_keys():
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from search_env.cpu.decode_attention import decode_attention
+    from cpu_engine.decode_attention import decode_attention
 
     torch.manual_seed(0)
     module = SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
@@ -520,7 +520,7 @@ def test_decode_attention_equals_sdpa_with_padding_and_strided_keys():
 def test_delta_rule_equals_the_transformers_fallback(length, with_state):
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-    from search_env.cpu.delta_rule import chunk_gated_delta_rule
+    from cpu_engine.delta_rule import chunk_gated_delta_rule
 
     torch.manual_seed(length)
     query, key, value = (torch.randn(2, length, 4, 16) for _ in range(3))
@@ -537,7 +537,7 @@ def test_generator_model_scores_like_the_stock_transformers_model(model_dir):
     """The generator's attention and delta-rule replacements leave the model's numbers as they were."""
     from transformers import AutoModelForCausalLM
 
-    from search_env.cpu.delta_rule import chunk_gated_delta_rule
+    from cpu_engine.delta_rule import chunk_gated_delta_rule
 
     generator = HFGenerator(model_dir, max_new_tokens=4, seed=0)
     assert any(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval import index as index_module
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.index import (
@@ -308,7 +308,7 @@ class _RandomEncoder:
 
 
 def test_dense_retriever_drops_minus_one_rows() -> None:
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     x = clustered_vectors(len(corpus), n_clusters=50)
     index = faiss.index_factory(DIM, "IVF50,Flat", faiss.METRIC_INNER_PRODUCT)
     index.train(x)
@@ -324,7 +324,7 @@ def test_dense_retriever_drops_minus_one_rows() -> None:
 
 
 def test_dense_retriever_rejects_mismatched_index() -> None:
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     index = faiss.IndexFlatIP(DIM)
     index.add(clustered_vectors(10))
     with pytest.raises(ValueError, match="1000 rows"):
@@ -422,8 +422,8 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
     encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
     encoder = Encoder(encoder_dir, use_gpu=False)
     index_path = tmp_path / "demo_IVF16_SQ8.index"
-    build_index(Corpus(DEMO_CORPUS), encoder, index_path, "IVF16,SQ8", use_gpu=False)
-    serve = ["--backend", "dense", "--corpus", str(DEMO_CORPUS), "--index", str(index_path)]
+    build_index(Corpus(SAMPLE_CORPUS), encoder, index_path, "IVF16,SQ8", use_gpu=False)
+    serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index_path)]
     serve += ["--encoder", str(encoder_dir), "--nprobe", "4", "--gpu", "off"]
     queries = ["Evan Morris lobbyist", "who won the world cup", "American football"]
     with spawn_server(serve, log_path=tmp_path / "server.log") as server:
@@ -431,7 +431,7 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
         served = httpx.post(f"{server.url}/retrieve", json=body, timeout=60).json()["result"]
         health = httpx.get(f"{server.url}/health").json()
     direct = DenseRetriever(
-        Corpus(DEMO_CORPUS), encoder, load_index(index_path, 4, use_gpu=False, mmap=False)
+        Corpus(SAMPLE_CORPUS), encoder, load_index(index_path, 4, use_gpu=False, mmap=False)
     )
     expected = direct.search(queries, 5)
     assert [[it["document"]["id"] for it in r] for r in served] == [[p.id for p in ps] for ps in expected]

@@ -320,14 +320,14 @@ def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_pat
     """With INDEX and ENCODER, eval.sh serves that dense index instead of BM25, with --gpu on where
     torch sees a GPU (the index on the GPU(s) where it fits) and auto elsewhere; RETRIEVER_GPU
     overrides. The run directory here holds no checkpoint, so the evaluation itself stops at once."""
-    from search_env import DEMO_CORPUS
+    from search_env.retrieval import SAMPLE_CORPUS
     from search_env.retrieval.corpus import Corpus
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder
     from search_env.retrieval.index import build_index
 
     encoder = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
     index = tmp_path / "demo_IVF16_SQ8.index"
-    build_index(Corpus(DEMO_CORPUS), Encoder(encoder, use_gpu=False), index, "IVF16,SQ8", use_gpu=False)
+    build_index(Corpus(SAMPLE_CORPUS), Encoder(encoder, use_gpu=False), index, "IVF16,SQ8", use_gpu=False)
     (tmp_path / "ckpt").mkdir()
 
     def eval_sh(**env: str) -> subprocess.CompletedProcess:
@@ -546,7 +546,7 @@ def _check_packed_sequences(tmp_path: Path, capsys) -> None:
     from transformers import AutoModelForImageTextToText
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
-    from search_env.cpu import tiny
+    from search_demo import tiny
 
     model_dir = tiny.build_random_model(
         tmp_path / "gdn_only",

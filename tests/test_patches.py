@@ -18,6 +18,7 @@ import pytest
 import torch
 import verl
 
+from cpu_engine import hf_server
 from patches import (
     activation,
     cpu_engine,
@@ -26,7 +27,6 @@ from patches import (
     hf_rollout,
     post_import,
 )
-from search_env.cpu import hf_server
 
 VERL_DIR = Path(verl.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent

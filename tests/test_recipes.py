@@ -1,5 +1,5 @@
 """Every recipe composes with verl 0.9.1's own config, passes verl's validate_config, and carries
-the protocol of SPEC §3; the launcher's preflight names each missing prerequisite."""
+the protocol of docs/design.md §3; the launcher's preflight names each missing prerequisite."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
@@ -20,14 +20,14 @@ NQ_QUESTIONS = "tests/fixtures/flashrag-quickstart/nq_test.jsonl"
 
 @pytest.fixture(scope="module")
 def direct() -> BM25Retriever:
-    return BM25Retriever.build(Corpus(DEMO_CORPUS))
+    return BM25Retriever.build(Corpus(SAMPLE_CORPUS))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     proc = spawn_server(
-        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5"],
+        ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--max-wait-ms", "5"],
         startup_timeout_s=60,
         log_path=log,
     )
@@ -39,7 +39,7 @@ def server(tmp_path_factory):
 def _queries() -> list[str]:
     with open(NQ_QUESTIONS) as handle:
         questions = [json.loads(line)["question"] for line in handle]
-    corpus = Corpus(DEMO_CORPUS)
+    corpus = Corpus(SAMPLE_CORPUS)
     titles = [corpus.passage(i).title + " history" for i in range(0, 1000, 21)]
     return (questions + titles)[:64]
 
@@ -64,7 +64,7 @@ def test_retrieve_search_r1_shape_with_and_without_scores(server, direct) -> Non
         assert all(
             set(it) == {"document", "score"} and set(it["document"]) == {"id", "contents"} for it in items
         )
-    assert body["result"][0][0]["document"]["contents"] == Corpus(DEMO_CORPUS).contents(0)
+    assert body["result"][0][0]["document"]["contents"] == Corpus(SAMPLE_CORPUS).contents(0)
 
     plain = httpx.post(
         f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": False}
@@ -232,7 +232,7 @@ class _StubRetriever(Retriever):
     backend = "stub"
 
     def __init__(self) -> None:
-        self.corpus = Corpus(DEMO_CORPUS)
+        self.corpus = Corpus(SAMPLE_CORPUS)
 
     def search_rows(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         if "boom" in queries:
@@ -259,7 +259,7 @@ def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
             failed = await client.post("/retrieve", json={"queries": ["boom"]})
             assert failed.status_code == 500 and "backend exploded" in failed.json()["error"]
             after = await client.post("/retrieve", json={"queries": ["a"], "topk": 1})
-            assert after.json()["result"] == [[Corpus(DEMO_CORPUS).row(2)]]
+            assert after.json()["result"] == [[Corpus(SAMPLE_CORPUS).row(2)]]
 
     asyncio.run(run())
 
@@ -271,7 +271,7 @@ def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
 def uncached_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "uncached.log"
     proc = spawn_server(
-        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS), "--max-wait-ms", "5", "--cache-size", "0"],
+        ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--max-wait-ms", "5", "--cache-size", "0"],
         startup_timeout_s=60,
         log_path=log,
     )
@@ -445,7 +445,7 @@ def test_search_child_process_death_makes_health_503_and_searches_500(tmp_path) 
     import signal
 
     with spawn_server(
-        ["--backend", "bm25", "--corpus", str(DEMO_CORPUS)], log_path=tmp_path / "s.log"
+        ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS)], log_path=tmp_path / "s.log"
     ) as server:
         health = httpx.get(f"{server.url}/health").json()
         child = health["search_process"]

@@ -9,8 +9,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 from verl.utils.model import get_hf_auto_model_class
 from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
 
-from search_env.cpu.hf_generate import HFGenerator
-from search_env.cpu.tiny import build_tiny
+from cpu_engine.hf_generate import HFGenerator
+from search_demo.tiny import build_tiny
 
 
 def test_deterministic_for_a_seed(tiny_model_dir, tmp_path):

@@ -204,8 +204,8 @@ def check_masked_and_scored(tmp: str) -> None:
 
     from eval.backends import make_backend
     from reward_fns.compute_score import compute_score
-    from search_env.cpu.local_rollout import compose_rollout_config, rows_to_batch, write_tool_config
-    from search_env.cpu.warm_start import bm25_server
+    from search_demo.warm_start import bm25_server
+    from search_env.verl_glue import compose_rollout_config, rows_to_batch, write_tool_config
 
     model = ROOT / ".demo" / "warm_start_ci"
     rows = pd.read_parquet(WORLD / "train.parquet").head(6).to_dict("records")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from search_env import protocol, world
-from search_env.cpu import tiny, warm_start
+from search_demo import tiny, trajectories, warm_start, world
+from search_env import protocol
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def demo_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def random_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tokenizer = tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
+    tokenizer = tiny.build_demo_tokenizer(trajectories.tokenizer_texts())
     return tiny.build_random_model(tmp_path_factory.mktemp("model"), tokenizer, tiny.DEMO_TEXT_CONFIG, seed=0)
 
 
@@ -35,11 +35,11 @@ def _row(qtype: str) -> dict:
 def test_turn_text_continues_each_generation_prompt_and_stops_like_a_generator():
     row = _row("two_hop")
     first_prompt = "<|im_start|>assistant\n<think>\n"  # thinking on: the first generation prompt
-    call = warm_start.turn_text(first_prompt, warm_start.assistant_message(row, 0), row["question"])
+    call = trajectories.turn_text(first_prompt, trajectories.assistant_message(row, 0), row["question"])
     assert call.endswith(protocol.render_search_call(row["hops"][0]["subject"]))
     assert "<think>" not in call and "</think>" in call  # the prompt already opened the think block
-    later = warm_start.turn_text(
-        "<|im_start|>assistant\n", warm_start.assistant_message(row, 2), row["question"]
+    later = trajectories.turn_text(
+        "<|im_start|>assistant\n", trajectories.assistant_message(row, 2), row["question"]
     )
     assert later.startswith("<think>") and later.endswith(protocol.render_answer(row["golden_answers"][0]))
     assert protocol.find_stop(later) == len(later)  # cut right after </answer>, nothing sampled past it
@@ -49,7 +49,7 @@ def test_rendered_trajectory_scores_as_a_correct_answer():
     from reward_fns.compute_score import compute_score
 
     row = _row("single_hop")
-    text = warm_start.render_trajectory(row, [['"A"\nsome passage.']])
+    text = trajectories.render_trajectory(row, [['"A"\nsome passage.']])
     response = text.split("<|im_start|>assistant\n", 1)[1]
     scored = compute_score(
         data_source="world",
@@ -78,7 +78,7 @@ def test_demonstrations_come_from_the_agent_loop_and_mask_only_the_model_turns(d
 
 
 def test_cache_key_follows_the_inputs(tmp_path: Path):
-    from search_env.cpu import base_model
+    from search_demo import base_model
 
     base = tmp_path / "base"
     base.mkdir()
@@ -104,10 +104,10 @@ def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_h
     for row in early:
         bridge = originals[row["id"]]["hops"][0]["answer"]
         assert row["golden_answers"] == [bridge] != originals[row["id"]]["golden_answers"]
-        assert warm_start.assistant_message(row, 0)["tool_calls"][0]["function"]["arguments"] == {
+        assert trajectories.assistant_message(row, 0)["tool_calls"][0]["function"]["arguments"] == {
             "query": originals[row["id"]]["hops"][0]["subject"]
         }
-        assert warm_start.assistant_message(row, 1)["content"] == protocol.render_answer(bridge)
+        assert trajectories.assistant_message(row, 1)["content"] == protocol.render_answer(bridge)
     flawless = warm_start._pick_rows(rows, replace(cfg, two_hop_stop_early=0.0))
     assert [r["id"] for r in flawless] == [r["id"] for r in picked]  # the same questions, in order
     assert all(r == originals[r["id"]] for r in flawless)

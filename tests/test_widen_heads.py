@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from search_env.cpu import base_model, tiny, widen_heads
+from search_demo import base_model, tiny, widen_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from search_env import world
+from search_demo import world
 from search_env.retrieval.corpus import split_contents
 
 
@@ -117,9 +117,9 @@ def test_cli_refuses_to_overwrite_another_seeds_world(tmp_path, capsys):
 
 def test_demo_tokenizer_covers_every_name():
     """Every inventory word is one or two tokens, whichever seed's world it appears in."""
-    from search_env.cpu import tiny, warm_start
+    from search_demo import tiny, trajectories
 
-    tok = tiny.build_demo_tokenizer(warm_start.tokenizer_texts())
+    tok = tiny.build_demo_tokenizer(trajectories.tokenizer_texts())
     lengths = {w: len(tok.encode(w, add_special_tokens=False)) for w in world.INVENTORY.words()}
     assert max(lengths.values()) <= 2, [w for w, n in lengths.items() if n > 2][:10]
     # a name has the same tokens wherever it stands (question, query line, passage, answer)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizer
 
-from search_env import DEMO_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def build_tiny_encoder(
     num_heads: int = 2,
     vocab_size: int = 2000,
     seed: int = 0,
-    corpus: str | os.PathLike[str] = DEMO_CORPUS,
+    corpus: str | os.PathLike[str] = SAMPLE_CORPUS,
 ) -> Path:
     """Write a random-weight BERT (`hidden_size`-d output) and a WordPiece tokenizer whose vocabulary
     comes from `corpus` to `out_dir`; byte-identical for a given seed; no network. Returns `out_dir`."""

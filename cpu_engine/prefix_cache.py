@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from search_env.cpu.cache_rows import CacheRows
+from cpu_engine.cache_rows import CacheRows
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from search_env.cpu.cache_rows import PrefillCache
+from cpu_engine.cache_rows import PrefillCache
 
 CHUNK_SIZE = 16
 """Tokens per chunk (the fallback's default is 64). A token's work in the rule is ~C * (3 Dk + 2 Dv)

@@ -23,7 +23,7 @@ A batched prefill (``PrefillCache``) appends every row's new tokens right-padded
 its mask has pad columns on both sides of a row's real run (the prefixes left-padded by
 ``merge``, the new tokens right-padded), and ``row`` cuts each row's real run out unpadded. Its
 Gated-DeltaNet layers leave a row's state untouched by its padded positions
-(``search_env.cpu.delta_rule.padded_prefill``).
+(``cpu_engine.delta_rule.padded_prefill``).
 """
 
 from __future__ import annotations

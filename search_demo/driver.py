@@ -1,0 +1,291 @@
+"""The CPU demo end to end (``make demo``): world, warm start, GRPO, before/after evaluation.
+
+Subcommands::
+
+    python -m search_demo assets --world-seed S --world DIR --warm-start DIR
+        the synthetic world (``search_demo.world``) and the SFT warm start
+        (``search_demo.warm_start``), each rebuilt only when missing or stale; launch/run.sh
+        calls it for recipes with ``launch.build_demo_assets``.
+    python -m search_demo run [--run-dir runs/demo_cpu] [--port 18450] [--limit 100]
+                                      [--also-world-seed S2] [hydra overrides...]
+        1. ``bash launch/run.sh recipes/demo_cpu.yaml`` (GRPO; builds the assets on first use);
+        2. ``bash launch/eval.sh`` of step 0 (the warm start) and the last step on the training
+           world's held-out test questions (``--limit`` per question type, greedy);
+        3. with ``--also-world-seed``, the same on the test questions of a world of another seed
+           (new names, new corpus: the search skill alone);
+        4. prints the reward of every step and the before/after table, and writes both to
+           ``RUN/demo_report.md`` and ``RUN/demo_report.json``.
+    python -m search_demo evaluate --run-dir RUN [--limit N] [--also-world-seed S2]
+        steps 2-4 on a trained run.
+    python -m search_demo report --run-dir RUN
+        step 4 again from the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from search_demo import world as world_mod
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
+TABLE_METRICS = ("em", "f1", "searches", "abort")
+"""Columns of the before/after table: mean EM, F1, searches per rollout, abort rate (no answer)."""
+
+
+def ensure_world(seed: int, out: Path) -> Path:
+    """``out`` holding the world of ``seed`` (built when missing, or of another seed/version)."""
+    meta = out / "world.json"
+    if meta.is_file():
+        info = json.loads(meta.read_text())
+        if info.get("seed") == seed and info.get("version") == world_mod.WORLD_VERSION:
+            return out
+    return world_mod.write_world(world_mod.build_world(seed), out)
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    from search_demo.warm_start import WarmStartConfig, ensure_warm_start
+
+    world_dir = ensure_world(args.world_seed, args.world)
+    cfg = WarmStartConfig()
+    if args.sft_steps is not None:
+        cfg = replace(cfg, steps=args.sft_steps)
+    model = ensure_warm_start(args.warm_start, cfg, base=args.base, log=lambda m: print(m, flush=True))
+    stamp = json.loads((model / "warm_start.json").read_text())
+    print(
+        f"demo assets ready: world {world_dir} (seed {args.world_seed}), warm start {model} (key {stamp['key']})"
+    )
+    return 0
+
+
+# ---- evaluation table ---------------------------------------------------------------------------
+
+
+def _rows(step_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (step_dir / "rows.jsonl").read_text().splitlines() if line.strip()]
+
+
+def step_table(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per question type (the suite's benchmarks) and ``all``: n and the ``TABLE_METRICS`` means."""
+    groups: dict[str, list[dict[str, Any]]] = {"all": list(rows)}
+    for row in rows:
+        groups.setdefault(row["benchmark"], []).append(row)
+    out = {}
+    for name, items in groups.items():
+        n = len(items)
+        out[name] = {
+            "n": n,
+            "em": math.fsum(r["em"] for r in items) / n,
+            "f1": math.fsum(r["f1"] for r in items) / n,
+            "searches": math.fsum(r.get("searches", 0) for r in items) / n,
+            "abort": math.fsum(r.get("prediction") is None for r in items) / n,
+        }
+    return out
+
+
+def format_table(
+    title: str,
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    steps: tuple[int, int],
+) -> str:
+    """Markdown before/after table, one line per question type."""
+    head = " | ".join(f"{m} {s}" for m in TABLE_METRICS for s in (f"s{steps[0]}", f"s{steps[1]}"))
+    lines = [
+        f"### {title}",
+        "",
+        f"| questions | n | {head} | ΔEM |",
+        "|" + "---|" * (3 + 2 * len(TABLE_METRICS)),
+    ]
+    for name in ["all", *sorted(k for k in before if k != "all")]:
+        b, a = before[name], after.get(name, {})
+        cells = " | ".join(f"{b[m]:.3f} | {a.get(m, float('nan')):.3f}" for m in TABLE_METRICS)
+        lines.append(f"| {name} | {b['n']} | {cells} | {a.get('em', float('nan')) - b['em']:+.3f} |")
+    return "\n".join(lines)
+
+
+def step_rewards(metrics: Path) -> list[dict[str, float]]:
+    """Per training step (in order, last entry per step kept): reward/mean, reward/em, searches."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in metrics.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[int(row["step"])] = row["data"]
+    keys = (
+        "reward/mean",
+        "reward/em",
+        "reward/f1",
+        "rollout/searches_mean",
+        "rollout/abort_ratio",
+        "grpo/zero_variance_group_frac",
+    )
+    return [
+        {"step": s, **{k: float(d.get(k, float("nan"))) for k in keys}} for s, d in sorted(by_step.items())
+    ]
+
+
+def report(run_dir: Path) -> dict[str, Any]:
+    """The demo's report from ``run_dir`` (metrics.jsonl, eval*/): printed, and written as .md/.json."""
+    steps = step_rewards(run_dir / "metrics.jsonl")
+    lines = [
+        "## Demo: GRPO on the CPU",
+        "",
+        "| step | reward/mean | reward/em | searches | abort | zero-var groups |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in steps:
+        lines.append(
+            f"| {s['step']} | {s['reward/mean']:.3f} | {s['reward/em']:.3f} | {s['rollout/searches_mean']:.2f} | "
+            f"{s['rollout/abort_ratio']:.2f} | {s['grpo/zero_variance_group_frac']:.2f} |"
+        )
+    out: dict[str, Any] = {"steps": steps, "evaluations": {}}
+    for eval_root in sorted(run_dir.glob("eval*")):
+        step_dirs = sorted(
+            (p for p in eval_root.glob("*/global_step_*") if (p / "summary.json").is_file()),
+            key=lambda p: int(p.name.rsplit("_", 1)[1]),
+        )
+        if len(step_dirs) < 2:
+            continue
+        first, last = step_dirs[0], step_dirs[-1]
+        before, after = step_table(_rows(first)), step_table(_rows(last))
+        pair = (int(first.name.rsplit("_", 1)[1]), int(last.name.rsplit("_", 1)[1]))
+        label = (
+            json.loads((eval_root / "label.json").read_text())["label"]
+            if (eval_root / "label.json").is_file()
+            else eval_root.name
+        )
+        lines += ["", format_table(f"{label}: step {pair[0]} -> step {pair[1]}", before, after, pair)]
+        out["evaluations"][eval_root.name] = {"label": label, "steps": pair, "before": before, "after": after}
+    text = "\n".join(lines) + "\n"
+    (run_dir / "demo_report.md").write_text(text)
+    (run_dir / "demo_report.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(text, flush=True)
+    return out
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+
+def _composed(run_dir: Path) -> dict[str, Any]:
+    """The run's composed recipe (``RUN/recipe.yaml``, written by the preflight), interpolations resolved."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(run_dir / "recipe.yaml"), resolve=True)
+
+
+def evaluate(
+    run_dir: Path, world_dir: Path, out: Path, label: str, steps: Sequence[int], port: int, limit: int
+) -> None:
+    """``launch/eval.sh`` of ``steps`` of the run on ``world_dir``'s test suite (BM25 over its corpus)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "label.json").write_text(json.dumps({"label": label, "world": str(world_dir)}) + "\n")
+    env = {
+        **os.environ,
+        "SUITE": str(world_dir / "test"),
+        "LIMIT": str(limit),
+        "OUT": str(out),
+        "CORPUS": str(world_dir / "corpus.jsonl"),
+        "RETRIEVER_PORT": str(port),
+        "BACKEND": "hf",
+    }
+    cmd = ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--steps", *map(str, steps)]
+    print(f"+ evaluating {label}: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True)
+
+
+def cmd_run(args: argparse.Namespace, overrides: list[str]) -> int:
+    run_dir = args.run_dir.resolve()
+    os.environ.setdefault("PYTHON", sys.executable)  # launch/*.sh use this interpreter
+    env = {**os.environ, "RLVR_RUN_DIR": str(run_dir)}
+    train = ["bash", "launch/run.sh", str(RECIPE), f"retriever.port={args.port}", *overrides]
+    print(f"+ {' '.join(train)}", flush=True)
+    done = subprocess.run(train, cwd=REPO_ROOT, env=env)
+    if done.returncode != 0:
+        return done.returncode
+    return cmd_evaluate(args)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Steps 2-4 of ``run`` on a trained run directory."""
+    os.environ.setdefault("PYTHON", sys.executable)
+    run_dir = args.run_dir.resolve()
+    cfg = _composed(run_dir)
+    world_dir = Path(cfg["launch"]["assets"]["world"])
+    world_dir = world_dir if world_dir.is_absolute() else REPO_ROOT / world_dir
+    last = int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip())
+    seed = cfg["launch"]["assets"]["world_seed"]
+    evaluate(
+        run_dir,
+        world_dir,
+        run_dir / "eval",
+        f"held-out test questions, training world (seed {seed})",
+        (0, last),
+        args.port + 1,
+        args.limit,
+    )
+    if args.also_world_seed is not None:
+        other = ensure_world(args.also_world_seed, REPO_ROOT / ".demo" / f"world_s{args.also_world_seed}")
+        evaluate(
+            run_dir,
+            other,
+            run_dir / f"eval_w{args.also_world_seed}",
+            f"test questions of an unseen world (seed {args.also_world_seed})",
+            (0, last),
+            args.port + 1,
+            args.limit,
+        )
+    report(run_dir)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m search_demo", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    assets = sub.add_parser("assets", help="build the world and the warm start when missing or stale")
+    assets.add_argument("--world-seed", type=int, required=True)
+    assets.add_argument("--world", type=Path, required=True, help="world folder")
+    assets.add_argument("--warm-start", type=Path, required=True, help="warm-start model folder")
+    assets.add_argument(
+        "--sft-steps", type=int, default=None, help="SFT steps (default: WarmStartConfig.steps)"
+    )
+    assets.add_argument(
+        "--base", type=Path, default=None, help="base model folder (default: the shipped assets/demo_base)"
+    )
+    run = sub.add_parser("run", help="train (launch/run.sh), evaluate (launch/eval.sh), print the report")
+    run.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
+    run.add_argument(
+        "--port", type=int, default=18450, help="retriever port of training; evaluation uses port+1"
+    )
+    run.add_argument(
+        "--limit", type=int, default=100, help="test questions per type (default 100: 200 in all)"
+    )
+    run.add_argument(
+        "--also-world-seed", type=int, default=None, help="also evaluate on the world of this seed"
+    )
+    ev = sub.add_parser("evaluate", help="steps 2-4 of run (evaluate + report) on a trained run")
+    ev.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
+    ev.add_argument("--port", type=int, default=18450, help="evaluation retriever port - 1")
+    ev.add_argument("--limit", type=int, default=100, help="test questions per type")
+    ev.add_argument(
+        "--also-world-seed", type=int, default=None, help="also evaluate on the world of this seed"
+    )
+    rep = sub.add_parser("report", help="print the report of a finished demo run")
+    rep.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "assets":
+        return cmd_assets(args)
+    if args.command == "run":
+        return cmd_run(args, rest)
+    if args.command == "evaluate":
+        return cmd_evaluate(args)
+    report(args.run_dir)
+    return 0

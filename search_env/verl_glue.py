@@ -1,0 +1,162 @@
+"""The verl glue that training, evaluation and in-process rollouts share: the tool YAML for a set
+of retrieval URLs, verl's ``ppo_trainer`` config composed for protocol rollouts, parquet rows ->
+the agent loop's input batch, and a rolled-out batch -> one record per rollout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import verl
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
+from verl.protocol import DataProto
+
+from search_env import protocol
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+AGENT_LOOPS_YAML = REPO_ROOT / "recipes" / "agent_loops.yaml"
+VERL_CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
+
+
+def write_tool_config(
+    path: str | Path,
+    retrieval_urls: Sequence[str],
+    topk: int = protocol.TOPK,
+    timeout: float = 30.0,
+    max_retries: int | None = 3,
+    **options: Any,
+) -> Path:
+    """Write a tool YAML like recipes/tools.yaml for other server URLs; returns its path.
+
+    ``max_retries=None`` leaves the key out (tries are then bounded by the tool's
+    ``retry_budget_s`` alone); ``options`` are further ``SearchTool`` config keys (e.g.
+    ``chunk_cap``, ``chunk_cap_unit``, ``tokenizer``).
+    """
+    config: dict[str, Any] = {
+        "type": "native",
+        "retrieval_urls": list(retrieval_urls),
+        "topk": topk,
+        "timeout": timeout,
+        **({} if max_retries is None else {"max_retries": max_retries}),
+        **options,
+    }
+    tools = {
+        "tools": [
+            {
+                "class_name": "search_env.tool.SearchTool",
+                "config": config,
+                "tool_schema": protocol.SEARCH_TOOL_SCHEMA,
+            }
+        ]
+    }
+    path = Path(path)
+    path.write_text(yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def write_agent_loop_config(path: str | Path, **options: Any) -> Path:
+    """Write an agent-loop YAML with the one ``search_agent`` loop (``SearchAgentLoop``), its
+    ``options`` as keyword arguments (e.g. ``max_turn_tokens``, ``stop_strings``); returns its path."""
+    loops = [{"name": "search_agent", "_target_": "search_env.agent_loop.SearchAgentLoop", **options}]
+    path = Path(path)
+    path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def compose_rollout_config(
+    model_path: str | Path,
+    tool_config_path: str | Path,
+    *,
+    prompt_length: int = 1024,
+    response_length: int = protocol.MAX_TOTAL_TOKENS,
+    agent_loop_config_path: str | Path = AGENT_LOOPS_YAML,
+    overrides: Sequence[str] = (),
+) -> DictConfig:
+    """verl's ``ppo_trainer`` config composed for protocol rollouts with ``model_path``.
+
+    Sets the search agent loop, the ``qwen3_coder`` parser, 10 assistant turns, a tool-response
+    cap that fits ``protocol.TOPK`` passages, the protocol's chat-template kwargs (thinking on), and the lengths given
+    (tokens). ``overrides`` are extra Hydra overrides (``key=value``), applied last.
+    """
+    base = [
+        f"actor_rollout_ref.model.path={Path(model_path).resolve()}",
+        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
+        f"actor_rollout_ref.rollout.multi_turn.format={protocol.TOOL_FORMAT}",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={protocol.MAX_ASSISTANT_TURNS}",
+        f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={protocol.TOOL_RESPONSE_CHAR_CAP}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={Path(tool_config_path).resolve()}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={Path(agent_loop_config_path).resolve()}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=search_agent",
+        f"+data.apply_chat_template_kwargs.enable_thinking={str(protocol.CHAT_TEMPLATE_KWARGS['enable_thinking']).lower()}",
+    ]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(VERL_CONFIG_DIR), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=base + list(overrides))
+
+
+def rows_to_batch(rows: Sequence[Mapping[str, Any]], n: int = 1) -> DataProto:
+    """The non-tensor batch verl's ``RLHFDataset`` + trainer would hand the agent loop.
+
+    Each row is repeated ``n`` times in place (GRPO groups are adjacent, like verl's
+    ``repeat(interleave=True)``).
+    """
+    fields: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "raw_prompt",
+            "agent_name",
+            "index",
+            "tools_kwargs",
+            "extra_info",
+            "data_source",
+            "reward_model",
+        )
+    }
+    for row in rows:
+        extra = dict(row.get("extra_info") or {})
+        for _ in range(n):
+            fields["raw_prompt"].append(list(row["prompt"]))
+            fields["agent_name"].append(row.get("agent_name", "search_agent"))
+            fields["index"].append(extra.get("index", 0))
+            fields["tools_kwargs"].append(extra.get("tools_kwargs", {}))
+            fields["extra_info"].append(extra)
+            fields["data_source"].append(row.get("data_source", ""))
+            fields["reward_model"].append(row.get("reward_model", {}))
+    non_tensors = {}
+    for key, values in fields.items():
+        array = np.empty(len(values), dtype=object)
+        array[:] = values
+        non_tensors[key] = array
+    return DataProto(batch=None, non_tensor_batch=non_tensors)
+
+
+def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
+    """One dict per rollout: the decoded response (special tokens kept) and the loop's records."""
+    records = []
+    responses, masks = batch.batch["responses"], batch.batch["response_mask"]
+    lengths = batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1] :].sum(dim=1)
+    for i in range(len(batch)):
+        length = int(lengths[i])
+        record = {
+            key: batch.non_tensor_batch[key][i]
+            for key in (
+                "termination",
+                "searches",
+                "search_errors",
+                "model_tokens",
+                "retrieved_tokens",
+                "answered",
+            )
+        }
+        record["response"] = tokenizer.decode(responses[i, :length].tolist())
+        record["response_length"] = length
+        record["masked_tokens"] = int(length - masks[i, :length].sum())
+        records.append(record)
+    return records

@@ -1,0 +1,119 @@
+"""The imports between the project's modules form no cycle, and each package imports only the
+packages docs/design.md allows it.
+
+Read from the source (``ast``), so function-local imports count as much as module-level ones.
+The deprecated ``search_env.cpu`` / ``search_env.world`` names forward by string
+(``search_env.moved``) and add no edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("search_env", "search_demo", "cpu_engine", "eval", "reward_fns", "patches", "cpu_compat")
+ALLOWED = {
+    "reward_fns": set(),
+    "cpu_compat": set(),
+    "search_env": {"reward_fns"},
+    "cpu_engine": {"search_env"},
+    "search_demo": {"search_env", "cpu_engine", "reward_fns"},
+    "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
+    "patches": {"search_env", "cpu_engine"},
+}
+"""Per package, the other project packages it may import (docs/design.md, "What may import what")."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module ``name`` refers to (a name inside a module resolves to that module)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (anywhere in its source)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            for target in targets:
+                resolved = _resolve(target, modules)
+                if resolved and resolved != name:
+                    found.add(resolved)
+        graph[name] = found
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a module path (first module repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_project_imports_form_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 50 and graph["search_demo.warm_start"], "the graph was not read"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_what_the_design_allows(package):
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph().items()
+        if module.split(".")[0] == package
+        for target in targets
+        if target.split(".")[0] not in ALLOWED[package] | {package}
+    )
+    assert not wrong, wrong
