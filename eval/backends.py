@@ -16,8 +16,7 @@ calls in flight (``eval.runner.rollout_pool``), so a slow 10-turn rollout never 
 others, and their searches reach the micro-batching retrieval server together.
 
 A record is the response decoded as verl's reward manager decodes it
-(``skip_special_tokens=True``) plus the agent loop's records (termination, searches,
-search_errors, retrieval_failures, model_tokens, retrieved_tokens).
+(``skip_special_tokens=True``) plus the agent loop's record (``search_env.rollout_record.RECORD_KEYS``).
 """
 
 from __future__ import annotations
@@ -34,14 +33,8 @@ from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-RECORD_KEYS = (
-    "termination",
-    "searches",
-    "search_errors",
-    "retrieval_failures",
-    "model_tokens",
-    "retrieved_tokens",
-)
+from search_env.rollout_record import RECORD_KEYS
+
 BACKENDS = ("hf", "vllm")
 T = TypeVar("T")
 

@@ -64,7 +64,7 @@ from eval.store import RowStore, exclusive_lock, read_json, try_lock, write_json
 from eval.suite import REPO_ROOT, Question, Suite
 from reward_fns import evaluation_scores
 from search_env import protocol
-from search_env.rollout_stats import TERMINATIONS
+from search_env.rollout_record import TERMINATIONS, record_of
 
 TOOL_TEXT_CHAR_LIMIT = 1 << 20
 """verl's ``max_tool_response_length`` (characters) in evaluation: SearchTool caps every passage."""
@@ -142,7 +142,8 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
 
 
 def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
-    """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`)."""
+    """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`):
+    the question, its scores and the agent loop's record (``search_env.rollout_record.record_of``)."""
     scored = evaluation_scores(record["response"], list(q.golds))
     return {
         "benchmark": q.benchmark,
@@ -154,11 +155,7 @@ def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
         "f1": scored["f1"],
         "acc": scored["acc"],
         "well_formed": bool(scored["well_formed"]),
-        "searches": int(record.get("searches") or 0),
-        "search_errors": int(record.get("search_errors") or 0),
-        "termination": record.get("termination"),
-        "model_tokens": int(record.get("model_tokens") or 0),
-        "retrieved_tokens": int(record.get("retrieved_tokens") or 0),
+        **record_of(record),
     }
 
 

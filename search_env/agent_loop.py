@@ -7,8 +7,9 @@ NeMo-RL's ``run_multi_turn_rollout``; docs/protocol.md):
 
 - every turn is sampled with the study's stop rules (``protocol.stop_sampling_params``): it
   stops right after ``</tool_call>``, ``</search>`` or ``</answer>``, the stop text kept;
-- calls are read with ``protocol.parse_query`` (first closed ``<tool_call>`` with a
-  ``<parameter=query>``, name unchecked), and a turn holding an ``<answer>`` calls nothing;
+- calls are read with ``protocol.classify_turn``: ``protocol.parse_query`` (first closed
+  ``<tool_call>`` with a ``<parameter=query>``, name unchecked), and a turn holding an
+  ``<answer>`` calls nothing;
 - after a call, the tool turn is the study's hand-built text ``protocol.tool_turn_text``
   (``<|im_end|>\\n<|im_start|>user\\n<tool_response>…<|im_end|>\\n<|im_start|>assistant\\n``, no
   ``<think>`` re-opened), tokenised on its own and appended with loss mask 0 — not verl's
@@ -34,60 +35,61 @@ The number of assistant turns comes from ``rollout.multi_turn.max_assistant_turn
 Each turn is sent with ``max_tokens = min(max_turn_tokens, room left in the total budget, room
 left in rollout.response_length)``.
 
-Per rollout, ``AgentLoopOutput.extra_fields`` gets (verl passes them to the reward function's
-``extra_info`` and to the trainer's non-tensor batch):
-
-- ``termination``: ``length_cap`` (the last assistant turn ended without a stop or end-of-turn
-  token, i.e. a token limit cut it, or a tool turn was cut to the budget), ``turn_cap`` (the last
-  allowed assistant turn still called the tool), ``error`` (the last turn stopped at a
-  ``</tool_call>`` with no readable query), else ``answer`` (the last assistant turn called no
-  tool; see ``answered``);
-- ``searches``, ``search_errors``, ``retrieval_failures``: set by ``SearchTool`` (0 when unset);
-- ``model_tokens``: sampled tokens in the response; ``retrieved_tokens``: all other response
-  tokens (tool turns, invalid-action notes); they add up to the response length;
-- ``answered``: the last assistant turn holds an ``<answer>…</answer>`` (the study's
-  ``had_valid_answer``; "aborted" = not answered).
+Per rollout, ``AgentLoopOutput.extra_fields`` gets the record of :mod:`search_env.rollout_record`
+(verl passes it to the reward function's ``extra_info`` and to the trainer's non-tensor batch).
+Each sampled turn is decoded once and read with ``protocol.classify_turn``: the reading gives
+verl's loop the call and labels the rollout's termination.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 
-from reward_fns import extract_answer
 from search_env import protocol
+from search_env.rollout_record import RolloutRecord, Termination
 
 log = logging.getLogger(__name__)
 
 
 class StudyQueryParser(ToolParser):
-    """verl ``ToolParser`` reading one assistant turn by the study's rule.
+    """verl ``ToolParser`` reading one assistant turn by the study's rule (``protocol.classify_turn``).
 
     A turn holding an ``<answer>…</answer>`` calls nothing (the study's environment checks the
-    answer first); otherwise ``protocol.parse_query`` gives at most one ``search`` call.
+    answer first); otherwise ``protocol.parse_query`` gives at most one ``search`` call. The
+    parser keeps its last reading, so the agent loop labels the turn verl just parsed without
+    decoding it again.
     """
+
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str], end_token_ids: Iterable[int]):
+        super().__init__(tokenizer)
+        self.stop_strings = tuple(stop_strings)
+        self.end_token_ids = frozenset(end_token_ids)
+        self._last: tuple[list[int], protocol.TurnReading] | None = None
+
+    def read(self, ids: list[int]) -> protocol.TurnReading:
+        """The reading of the turn sampled as ``ids``, decoded once: the same ids again (equal,
+        not only the same list) return the kept reading. An empty turn did not stop."""
+        if self._last is None or self._last[0] != ids:
+            ended = bool(ids) and ids[-1] in self.end_token_ids
+            reading = protocol.classify_turn(self.tokenizer.decode(ids), ended, self.stop_strings)
+            self._last = (list(ids), reading)
+        return self._last[1]
 
     async def extract_tool_calls(
         self, responses_ids: list[int], tools: Any = None
     ) -> tuple[str, list[FunctionCall]]:
-        text = self.tokenizer.decode(responses_ids)
-        return text, study_calls(text)
-
-
-def study_calls(text: str) -> list[FunctionCall]:
-    """The calls the study's environment would run for one turn's ``text`` (zero or one search)."""
-    if extract_answer(text) is not None:
-        return []
-    query = protocol.parse_query(text)
-    if query is None:
-        return []
-    return [FunctionCall(name=protocol.TOOL_NAME, arguments=json.dumps({"query": query}, ensure_ascii=False))]
+        turn = self.read(responses_ids)
+        if turn.query is None:
+            return turn.text, []
+        arguments = json.dumps({"query": turn.query}, ensure_ascii=False)
+        return turn.text, [FunctionCall(name=protocol.TOOL_NAME, arguments=arguments)]
 
 
 @register("search_agent")
@@ -128,11 +130,12 @@ class SearchAgentLoop(ToolAgentLoop):
         self.invalid_action = invalid_action
         self.stop_strings = tuple(stop_strings)
         self.stop_params = protocol.stop_sampling_params(self.tokenizer, self.stop_strings)
-        self.tool_parser = StudyQueryParser(self.tokenizer)
         # EOS ends a turn naturally; Qwen3.5 also stops on <|endoftext|>, its pad token.
         ends = (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, *self.stop_params["stop_token_ids"])
-        self.end_token_ids = {int(i) for i in ends if i is not None}
-        self.termination: str | None = None
+        self.tool_parser = StudyQueryParser(
+            self.tokenizer, self.stop_strings, (int(i) for i in ends if i is not None)
+        )
+        self.termination: Termination | None = None
         self.answered = False
 
     def _room(self, agent_data: AgentData) -> int:
@@ -163,27 +166,17 @@ class SearchAgentLoop(ToolAgentLoop):
         )
         if state != AgentState.TERMINATED:
             return state
-        turn = agent_data.response_ids
-        text = self.tokenizer.decode(turn)
-        stopped = bool(turn) and (
-            turn[-1] in self.end_token_ids or protocol.find_stop(text, self.stop_strings)
-        )
-        self.answered = bool(stopped) and extract_answer(text) is not None
-        if not stopped or self._room(agent_data) < 1:  # the study flags a full sequence as truncated too
+        turn = self.tool_parser.read(agent_data.response_ids)  # verl's parser may have read it already
+        self.answered = turn.answered
+        if self._room(agent_data) < 1:  # the study flags a full sequence as truncated too
             self.termination = "length_cap"
             return state
-        if self.answered:
-            self.termination = "answer"
-        elif protocol.parse_query(text) is not None:
-            self.termination = "turn_cap"
-        elif "</tool_call>" in text:
+        if turn.termination == "error" and self.invalid_action == "retry":
             at_cap = bool(self.max_assistant_turns) and agent_data.assistant_turns >= self.max_assistant_turns
-            if self.invalid_action == "retry" and not at_cap:
+            if not at_cap:
                 ids = self.tokenizer.encode(protocol.INVALID_ACTION_TEXT, add_special_tokens=False)
                 return self._append_env_tokens(agent_data, ids)
-            self.termination = "error"
-        else:
-            self.termination = "answer"
+        self.termination = turn.termination
         return state
 
     def _append_env_tokens(self, agent_data: AgentData, ids: list[int]) -> AgentState:
@@ -214,7 +207,7 @@ class SearchAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
         model_tokens = int(sum(output.response_mask))
-        output.extra_fields.update(
+        record = RolloutRecord(
             termination=self.termination,
             searches=int(output.extra_fields.get("searches", 0)),
             search_errors=int(output.extra_fields.get("search_errors", 0)),
@@ -223,6 +216,7 @@ class SearchAgentLoop(ToolAgentLoop):
             retrieved_tokens=len(output.response_ids) - model_tokens,
             answered=self.answered,
         )
+        output.extra_fields.update(record)
         if not self.mask_retrieved:
             output.response_mask = [1] * len(output.response_ids)
         return output

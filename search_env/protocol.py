@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from reward_fns import extract_answer
 from reward_fns.answer import last_close_end
+from search_env.rollout_record import Termination
 
 if TYPE_CHECKING:
     from search_env.retrieval.corpus import Passage
@@ -182,8 +183,10 @@ __all__ = [
     "TRAIN_PRESET",
     "TRUNCATION_MARKER",
     "RolloutPreset",
+    "TurnReading",
     "build_messages",
     "cap_chunk",
+    "classify_turn",
     "extract_answer",
     "find_stop",
     "format_question",
@@ -257,6 +260,51 @@ def parse_query(text: str) -> str | None:
     if close == -1 or text.find("</tool_call>", close + len("</parameter>")) == -1:
         return None
     return text[value:close].strip() or None
+
+
+@dataclass(frozen=True)
+class TurnReading:
+    """One assistant turn as the agent loop reads it (:func:`classify_turn`).
+
+    ``text``: the turn, decoded; ``query``: the search it calls, or None; ``answered``: it stopped
+    and holds an ``<answer>…</answer>``; ``termination``: the rollout's label if it ends after
+    this turn.
+    """
+
+    text: str
+    query: str | None
+    answered: bool
+    termination: Termination
+
+
+def classify_turn(text: str, ended: bool = False, stops: Sequence[str] = STOP_STRINGS) -> TurnReading:
+    """Read one assistant turn's decoded ``text`` by the study's rules (each reader runs at most once).
+
+    The turn *stopped* when ``ended`` (its last token ends a turn: EOS, pad or a stop token) or
+    ``text`` holds any of ``stops`` (:func:`find_stop`); an empty turn that is not ``ended`` did
+    not stop.
+
+    - ``query``: None when ``text`` holds an ``<answer>…</answer>`` (stopped or not, an empty body
+      too: the study's environment checks the answer before the call); else :func:`parse_query`.
+    - ``answered``: stopped and holding an ``<answer>…</answer>``.
+    - ``termination``: ``length_cap`` when it did not stop; else ``answer`` when answered;
+      ``turn_cap`` when it has a query (a rollout ends after such a turn only when no turn is
+      left to run the call); ``error`` when it holds a ``</tool_call>`` but no query; else
+      ``answer`` (it calls nothing). A room check on the whole sequence is the caller's.
+    """
+    has_answer = extract_answer(text) is not None
+    query = None if has_answer else parse_query(text)
+    stopped = ended or find_stop(text, stops) is not None
+    termination: Termination
+    if not stopped:
+        termination = "length_cap"
+    elif query is not None:
+        termination = "turn_cap"
+    elif not has_answer and "</tool_call>" in text:
+        termination = "error"
+    else:
+        termination = "answer"
+    return TurnReading(text=text, query=query, answered=stopped and has_answer, termination=termination)
 
 
 def find_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> int | None:

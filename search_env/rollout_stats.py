@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-TERMINATIONS = ("answer", "turn_cap", "length_cap", "error")
-"""Why a rollout ended (recorded by SearchAgentLoop in ``extra_fields["termination"]``)."""
+from search_env.rollout_record import TERMINATIONS
 
 ZERO_VARIANCE_ATOL = 1e-8
 """A group whose reward standard deviation is at most this has no GRPO learning signal."""
@@ -28,10 +27,9 @@ def group_of(key: str) -> str:
 def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[str]) -> dict[str, float]:
     """Aggregate one step's rollouts into the study's metrics.
 
-    ``extra_fields[i]`` is rollout i's agent-loop record (``termination``, ``searches``,
-    ``search_errors``, ``retrieval_failures``, ``model_tokens``, ``retrieved_tokens``,
-    ``answered``) with the reward dict under ``reward_extra_info`` (``score``, ``em``, ``f1``,
-    ``acc``); ``groups[i]`` is its prompt uid. Missing fields are skipped, so a metric is absent
+    ``extra_fields[i]`` is rollout i's agent-loop record (:class:`search_env.rollout_record.RolloutRecord`)
+    with the reward dict under ``reward_extra_info`` (``score``, ``em``, ``f1``, ``acc``);
+    ``groups[i]`` is its prompt uid. Missing fields are skipped, so a metric is absent
     rather than wrong. Fractions are in [0, 1]; token counts are per rollout;
     ``rollout/search_errors`` and ``rollout/retrieval_failures`` are counts over the whole step.
     Returns {} for an empty step.

@@ -21,6 +21,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from search_env import protocol
+from search_env.agent_loop import StudyQueryParser
 from search_env.verl_glue import (
     compose_rollout_config,
     rollout_records,
@@ -105,6 +106,30 @@ def _sequence(batch, i: int = 0) -> tuple[list[int], list[int], list[int]]:
     prompt = batch.batch["prompts"][i][attention[:width] == 1].tolist()
     n = int(attention[width:].sum())
     return prompt, batch.batch["responses"][i, :n].tolist(), batch.batch["response_mask"][i, :n].tolist()
+
+
+class CountingTokenizer:
+    """A tokenizer's ``decode``, recording every call's ids."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.decoded = tokenizer, []
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded.append(list(ids))
+        return self.tokenizer.decode(ids)
+
+
+def test_parser_decodes_each_turn_once(tiny_model_dir):
+    """verl's parser call and the loop's termination label share one decode of the turn."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    counting = CountingTokenizer(tok)
+    parser = StudyQueryParser(counting, protocol.STOP_STRINGS, [tok.eos_token_id])
+    call, answer = (tok.encode(t, add_special_tokens=False) for t in (T1, T3))
+    text, calls = asyncio.run(parser.extract_tool_calls(call))
+    assert text == tok.decode(call) and [c.name for c in calls] == [protocol.TOOL_NAME]
+    assert parser.read(list(call)) == protocol.classify_turn(text) and parser.read(call).query == Q1
+    assert parser.read(answer).termination == "answer" and parser.read(answer).answered
+    assert counting.decoded == [call, answer]
 
 
 def test_two_search_rollout_is_the_study_token_sequence(scripted, retrieval_server_url):

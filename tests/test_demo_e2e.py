@@ -23,7 +23,8 @@ from conftest import (
     port_free,
 )
 
-from search_env.rollout_stats import TERMINATIONS, group_metrics, group_of
+from search_env.rollout_record import TERMINATIONS
+from search_env.rollout_stats import group_metrics, group_of
 
 pytestmark = pytest.mark.e2e
 

@@ -24,6 +24,7 @@ import yaml
 from eval.__main__ import main
 from eval.runner import summarize
 from eval.store import RowStore
+from search_env.rollout_record import TERMINATIONS
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = ["nq", "musique", "bamboogle"]
@@ -122,7 +123,7 @@ def test_every_checkpoint_evaluated_and_summarised(
         rows = RowStore(reference / f"global_step_{step}" / "rows.jsonl").rows()
         assert sorted({r["benchmark"] for r in rows}) == sorted(BENCHMARKS)
         assert len(rows) == LIMIT * len(BENCHMARKS)
-        assert all(r["termination"] in ("answer", "turn_cap", "length_cap", "error") for r in rows)
+        assert all(r["termination"] in TERMINATIONS and isinstance(r["answered"], bool) for r in rows)
         assert all(r["model_tokens"] >= 1 and r["golds"] for r in rows)
         summary = json.loads((reference / f"global_step_{step}" / "summary.json").read_text())
         assert summary == summarize(rows, BENCHMARKS, step)

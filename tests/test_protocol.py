@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from study_reference import STUDY_PROMPT, STUDY_TOOL, study_first_prompt, study_tool_turn, study_truncate
 from transformers import AutoTokenizer
@@ -87,6 +87,68 @@ def test_question_rules():
 )
 def test_parse_query_is_the_study_rule(text, query):
     assert protocol.parse_query(text) == query
+
+
+TURN_PIECES = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<function=search>",
+        "<parameter=query>",
+        "</parameter>",
+        "<answer>",
+        "</answer>",
+        "</search>",
+        "</think>",
+        " ",
+        "\n",
+        "q",
+    ]
+)
+TURN_TEXTS = st.lists(TURN_PIECES | st.text(alphabet="<>/=_ \nacelnopqrstuwy", max_size=3), max_size=12).map(
+    "".join
+)
+
+
+@settings(max_examples=500)
+@given(TURN_TEXTS, st.booleans(), st.sampled_from([protocol.STOP_STRINGS, protocol.EVAL_STOP_STRINGS]))
+def test_property_classify_turn_is_the_two_step_reading(text, ended, stops):
+    """``classify_turn`` gives what the agent loop's two separate readings of a turn gave."""
+    extract_answer = protocol.extract_answer
+    # verl's parser: a turn holding an answer calls nothing, else the study's query.
+    query = None if extract_answer(text) is not None else protocol.parse_query(text)
+    # The loop's termination label, from a second reading of the same text.
+    stopped = ended or protocol.find_stop(text, stops) is not None
+    answered = stopped and extract_answer(text) is not None
+    if not stopped:
+        termination = "length_cap"
+    elif answered:
+        termination = "answer"
+    elif protocol.parse_query(text) is not None:
+        termination = "turn_cap"
+    elif "</tool_call>" in text:
+        termination = "error"
+    else:
+        termination = "answer"
+    assert protocol.classify_turn(text, ended, stops) == protocol.TurnReading(
+        text, query, answered, termination
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "ended", "query", "answered", "termination"),
+    [
+        (protocol.render_search_call("q"), False, "q", False, "turn_cap"),
+        (protocol.render_search_call("q") + protocol.render_answer("a"), False, None, True, "answer"),
+        ("<tool_call>\n<parameter=q>\nx\n</parameter>\n</tool_call>", False, None, False, "error"),
+        ("no tags", True, None, False, "answer"),
+        ("<answer> cut", False, None, False, "length_cap"),
+        ("", False, None, False, "length_cap"),
+    ],
+)
+def test_classify_turn_cases(text, ended, query, answered, termination):
+    turn = protocol.classify_turn(text, ended)
+    assert (turn.query, turn.answered, turn.termination) == (query, answered, termination)
 
 
 def test_stop_rules(tok):
