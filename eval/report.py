@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,25 +27,29 @@ from eval.results import (
     Results,
     ResultsError,
     benchmark_label,
+    check_disjoint,
     is_multi_hop,
     load_results,
     load_rows,
     load_training_logs,
 )
-from eval.select import MATCHED_HORIZON, horizon_arg, resolve_matched_horizon, select
 from eval.stats import RankingTest, bootstrap_macro, percentile_interval, ranking_test
 from eval.tables import (
     FLOOR,
     MATCHED,
+    MATCHED_HORIZON,
     OWN,
+    VAL_RULES,
     floor_checkpoints,
     format_ranking,
     frame_markdown,
+    horizon_arg,
     limits_preset_of,
     markdown_table,
     order_shapes,
     per_benchmark_table,
     preset_caption,
+    resolve_matched_horizon,
     rule_label,
     search_profile,
     seed_rankings,
@@ -68,6 +72,7 @@ TABLE_TITLES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m eval report``."""
     parser = argparse.ArgumentParser(
         prog="python -m eval report", description="Regenerate the study's tables, figures and statistics."
     )
@@ -231,16 +236,233 @@ def statistics_markdown(
     return "\n".join(lines), pd.DataFrame(tests), seed_ranges[columns]
 
 
-def zero_variance_outputs(
-    logs: pd.DataFrame, shapes: Sequence[str], smooth: int, out: Path, notes: list[str]
-) -> list[tuple[str, str]]:
+@dataclass
+class Report:
+    """What the section writers share: the parsed arguments, the loaded inputs, the selected
+    checkpoints (``matched`` is the matched horizon in steps), and the files and notes so far,
+    both in output order (``index.md`` lists them as they were added)."""
+
+    args: argparse.Namespace
+    results: Results
+    logs: pd.DataFrame
+    criterion: str
+    matched: int
+    selections: pd.DataFrame
+    floors: pd.DataFrame
+    shapes: list[str]
+    seeds: list[int]
+    cis: pd.DataFrame
+    loaded: dict[tuple[str, int], Cell]
+    t1: pd.DataFrame
+    caption: str
+    avg_text: dict[str, str]
+    notes: list[str]
+    files: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        """The report folder (``--out``)."""
+        return self.args.out
+
+    def emit(self, name: str, text: str, sentence: str) -> None:
+        """Write ``text`` to ``out/name`` and list the file in the index with ``sentence``."""
+        _write(self.out / name, text)
+        self.listed(name, sentence)
+
+    def listed(self, name: str, sentence: str) -> None:
+        """List a file already written under ``out`` (a figure) in the index with ``sentence``."""
+        self.files.append((name, sentence))
+
+
+def _floor_notes(scores: pd.DataFrame, floors: pd.DataFrame) -> list[str]:
+    """A note for every seed whose runs' step-0 Avg (all) EM differ by more than 1e-9 (the floor
+    row shows one run's)."""
+    notes = []
+    zero = scores[(scores["step"] == 0) & (scores["benchmark"] == AVG_ALL)]
+    for seed, group in zero.groupby("seed"):
+        if group["em"].max() - group["em"].min() > 1e-9:
+            notes.append(
+                f"seed {seed}: step-0 EM differs across runs ({group['em'].min():.4f}-{group['em'].max():.4f});"
+                f" the floor row uses run {floors.set_index('seed').loc[seed, 'run']}."
+            )
+    return notes
+
+
+def load_report(args: argparse.Namespace) -> Report:
+    """Load the results and training logs named by ``args`` (:func:`build_parser`), select the
+    checkpoints and bootstrap their CIs. Raises ResultsError on unusable input, including a
+    result tree without any evaluated trained checkpoint (step >= 1)."""
+    results = load_results(args.results)
+    logs = load_training_logs(args.logs, results.runs)
+    criterion = AVG_ALL if args.select_on == "all" else AVG_HELDOUT
+    try:
+        m = resolve_matched_horizon(args.matched_horizon, (r.known_horizon for r in results.evaluated_runs()))
+    except ValueError as err:
+        raise ResultsError(f"{args.results}: {err}") from err
+    scores, suite = results.scores, results.suite
+    selections, sel_notes = select_checkpoints(scores, m, criterion)
+    if selections.empty:
+        raise ResultsError(
+            f"{args.results}: no trained checkpoint (step >= 1) evaluated. Fix: evaluate checkpoints first"
+        )
+    floors = floor_checkpoints(scores)
+    cells = pd.concat([selections[["run", "step"]], floors.assign(step=0)[["run", "step"]]])
+    cis, loaded, ci_notes = bootstrap_cells(results, cells, args.bootstrap, args.seed, args.ci_level)
+    n_all, n_held = len(suite), len([b for b in suite if b != IN_DISTRIBUTION])
+    return Report(
+        args=args,
+        results=results,
+        logs=logs,
+        criterion=criterion,
+        matched=m,
+        selections=selections,
+        floors=floors,
+        shapes=order_shapes(selections["shape"].unique()),
+        seeds=sorted(selections["seed"].unique()),
+        cis=cis,
+        loaded=loaded,
+        t1=table1(scores, selections, floors, cis, criterion),
+        caption=preset_caption([limits_preset_of(r.path) for r in results.runs.values()]),
+        avg_text={k: v.format(n=n_all, h=n_held) for k, v in AVERAGE_TEXT.items()},
+        notes=[*results.notes, *sel_notes, *_floor_notes(scores, floors), *ci_notes],
+    )
+
+
+def emit_table1(r: Report) -> None:
+    """``table1.md`` (per rule and average: the shape x seed table and per-seed rankings) and
+    ``table1.csv``."""
+    parts = [
+        "# Table 1: average EM per reward shape x seed",
+        "",
+        f"- **Avg (all)** = {r.avg_text[AVG_ALL]}; **Avg (held-out)** = {r.avg_text[AVG_HELDOUT]}.",
+        f"- Checkpoint: best trained checkpoint (step >= 1) by {benchmark_label(r.criterion)} EM; ties -> "
+        "earliest step. Both averages are read at that same checkpoint.",
+        f"- A cell reads `value [{r.args.ci_level:.0%} bootstrap CI] @step`; † = the run's last evaluated step "
+        f"is below {r.matched}. The floor row is step 0 (the untrained model).",
+        r.caption,
+        "- The study's floor row (when the suite is the study's 7 benchmarks) is the study's own number for"
+        " untrained Qwen3.5-0.8B under its evaluation loop; compare it with our floor under `study_eval`.",
+        "",
+    ]
+    for rule in (MATCHED, OWN):
+        for avg in (AVG_ALL, AVG_HELDOUT):
+            reference = study_floor(avg, r.results.suite)
+            parts += [
+                f"## {rule_label(rule, r.matched)}: {benchmark_label(avg)}",
+                "",
+                table1_markdown(r.t1, rule, avg, r.shapes, r.seeds, reference),
+            ]
+            rankings = seed_rankings(r.t1, rule, f"{avg}_em")
+            parts += [f"- seed {s}: {format_ranking(g)}" for s, g in rankings.items()]
+            parts.append("")
+    r.emit(
+        "table1.md",
+        "\n".join(parts),
+        "Table 1: average EM per reward shape x seed at the matched and own horizons,"
+        " both averages, with CIs, the untrained floor and per-seed rankings.",
+    )
+    r.emit("table1.csv", r.t1.to_csv(index=False), "Table 1 as tidy CSV (one row per rule x row x seed).")
+
+
+def emit_per_benchmark_tables(r: Report) -> None:
+    """Tables 3-5 (EM, F1, ACC per benchmark at Table 1's checkpoints), Markdown and CSV each."""
+    for metric, stem in TABLE_FILES.items():
+        frame = per_benchmark_table(r.results.scores, r.selections, r.floors, metric, r.results.suite)
+        text = (
+            f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
+            f"benchmarks are held out. Averages: Avg (all) = {r.avg_text[AVG_ALL]}; Avg (held-out) = "
+            f"{r.avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n{r.caption}\n\n"
+            + frame_markdown(frame)
+        )
+        r.emit(
+            f"{stem}.md",
+            text,
+            f"{TABLE_TITLES[metric]} per benchmark for every cell, with both macro averages.",
+        )
+        r.emit(f"{stem}.csv", frame.to_csv(index=False), f"{TABLE_TITLES[metric]} per benchmark as CSV.")
+
+
+def emit_statistics(r: Report) -> None:
+    """``statistics.md``, ``ranking_test.csv`` and ``seed_range.csv``."""
+    text, tests, seed_ranges = statistics_markdown(r.t1, r.shapes, r.criterion, r.matched)
+    r.emit(
+        "statistics.md",
+        text,
+        "Exact last-place ranking probabilities (as fractions), seed ranges and "
+        "per-seed rankings for both horizons and both averages.",
+    )
+    r.emit("ranking_test.csv", tests.to_csv(index=False), "The ranking-test results as CSV.")
+    r.emit(
+        "seed_range.csv",
+        seed_ranges.to_csv(index=False),
+        "Seed range (max - min) per shape, rule and average.",
+    )
+
+
+def emit_bootstrap_ci(r: Report) -> None:
+    """``bootstrap_ci.csv`` when any CI was computed; a note when ``--bootstrap 0`` disabled them."""
+    args = r.args
+    if args.bootstrap <= 0:
+        r.notes.append("bootstrap disabled (--bootstrap 0): no confidence intervals.")
+    elif len(r.cis):
+        cis = r.cis.assign(benchmark=r.cis["benchmark"].map(benchmark_label))
+        r.emit(
+            "bootstrap_ci.csv",
+            cis.to_csv(index=False),
+            f"{args.ci_level:.0%} bootstrap CIs ({args.bootstrap} resamples of questions within each benchmark, "
+            f"seed {args.seed}) for every selected checkpoint, benchmark, average and metric.",
+        )
+
+
+def emit_checkpoints(r: Report) -> None:
+    """``checkpoints.csv``: every loaded checkpoint's scores, benchmarks by their display label."""
+    scores = r.results.scores
+    r.emit(
+        "checkpoints.csv",
+        scores.assign(benchmark=scores["benchmark"].map(benchmark_label)).to_csv(index=False),
+        "Every evaluated checkpoint's per-benchmark and average scores (the trajectories' data).",
+    )
+
+
+def emit_trajectories(r: Report) -> None:
+    """``fig_trajectories_seed<S>.png``: average EM vs step, one figure per seed."""
+    for seed in sorted(r.results.scores["seed"].unique()):
+        name = f"fig_trajectories_seed{seed}.png"
+        figures.plot_trajectories(r.results.scores, int(seed), r.shapes, r.matched, r.out / name)
+        r.listed(name, f"Average EM vs training step at seed {seed}, one line per shape (paper Figs 2-4).")
+
+
+def emit_training_figures(r: Report) -> None:
+    """``fig_dynamics_seed<S>.png`` and ``fig_health_seed<S>.png`` per seed of the training logs;
+    a note without logs and for every panel whose metric is not logged."""
+    if r.logs.empty:
+        r.notes.append("no training logs given (--logs): training-dynamics figures not drawn.")
+    for seed in sorted(r.logs["seed"].unique()):
+        for kind, panels, title in (
+            ("dynamics", figures.DYNAMICS_PANELS, "Training dynamics"),
+            ("health", figures.HEALTH_PANELS, "Training health"),
+        ):
+            name = f"fig_{kind}_seed{seed}.png"
+            _, missing = figures.plot_training(
+                r.logs, int(seed), r.shapes, panels, r.args.smooth, title, r.out / name
+            )
+            if missing:
+                r.notes.append(f"{name}: not in the logs, panel left empty: {'; '.join(missing)}.")
+            paper = "Figs 5-8" if kind == "dynamics" else "Fig 11"
+            r.listed(name, f"{title} per step at seed {seed}, one line per shape (paper {paper}).")
+
+
+def emit_zero_variance(r: Report) -> None:
     """``fig_zero_variance.png`` and ``zero_variance.{md,csv}``: the fraction of GRPO groups whose
     rollouts all got the same reward, per shape x seed (mean over all steps and over each half of
-    the run). Returns the (file, sentence) pairs written; a note when the metric is not logged."""
-    sub = logs[logs["metric"] == figures.ZERO_VARIANCE]
+    the run; a run with one logged step has no first half, NaN). Nothing without training logs; a
+    note when the logs lack the metric."""
+    if r.logs.empty:
+        return
+    sub = r.logs[r.logs["metric"] == figures.ZERO_VARIANCE]
     if sub.empty:
-        notes.append(f"{figures.ZERO_VARIANCE} not in the training logs: no zero-variance figure.")
-        return []
+        r.notes.append(f"{figures.ZERO_VARIANCE} not in the training logs: no zero-variance figure.")
+        return
     records = []
     for (shape, seed, run), g in sub.groupby(["shape", "seed", "run"]):
         g = g.sort_values("step")
@@ -256,12 +478,16 @@ def zero_variance_outputs(
                 "second_half": g["value"].iloc[half:].mean(),
             }
         )
-    order = {s: i for i, s in enumerate(shapes)}
+    order = {s: i for i, s in enumerate(r.shapes)}
     frame = pd.DataFrame(records).sort_values(
         ["shape", "seed"], key=lambda c: c.map(order) if c.name == "shape" else c
     )
     per_shape = frame.groupby("shape", sort=False)[["mean", "first_half", "second_half"]].mean().reset_index()
-    figures.plot_zero_variance(logs, shapes, smooth, out / "fig_zero_variance.png")
+    figures.plot_zero_variance(r.logs, r.shapes, r.args.smooth, r.out / "fig_zero_variance.png")
+    r.listed(
+        "fig_zero_variance.png",
+        "Zero-variance GRPO group fraction per step and its mean, per reward shape, all seeds.",
+    )
     text = (
         f"# Zero-variance GRPO groups per reward shape\n\n`{figures.ZERO_VARIANCE}`: fraction of a step's "
         "GRPO groups in which every rollout got the same reward (no advantage, no gradient from that "
@@ -271,63 +497,71 @@ def zero_variance_outputs(
         + "\n## Per run\n\n"
         + frame_markdown(frame)
     )
-    _write(out / "zero_variance.md", text)
-    _write(out / "zero_variance.csv", frame.to_csv(index=False))
-    return [
-        (
-            "fig_zero_variance.png",
-            "Zero-variance GRPO group fraction per step and its mean, per reward shape, all seeds.",
-        ),
-        (
-            "zero_variance.md",
-            "Zero-variance group fraction per shape and run (whole run, first and second half).",
-        ),
-        ("zero_variance.csv", "The same as CSV."),
-    ]
+    r.emit(
+        "zero_variance.md",
+        text,
+        "Zero-variance group fraction per shape and run (whole run, first and second half).",
+    )
+    r.emit("zero_variance.csv", frame.to_csv(index=False), "The same as CSV.")
 
 
-def validation_selection(
-    results: Path, val_results: Path, matched: int, shapes: Sequence[str], seeds: Sequence[int]
-) -> tuple[str, pd.DataFrame]:
-    """Checkpoints chosen by validation macro EM (``eval.select``'s ``val_matched`` / ``val_own``),
-    reported on the test suite next to the test-chosen ones: Markdown and a tidy frame with
-    ``rule, shape, seed, run, val_step, val_em, test_em, test_step, test_pick_em`` (EM = macro over
-    the suite's benchmarks, i.e. Avg (all))."""
-    try:
-        chosen = select(results, val_results, "em", matched)
-    except ValueError as err:
-        raise ResultsError(str(err)) from err
+def validation_cells(test: Results, val: Results, matched: int) -> pd.DataFrame:
+    """Checkpoints chosen by validation Avg (all) EM (the ``val_matched`` / ``val_own`` rules of
+    :func:`eval.tables.select_checkpoints`, as ``python -m eval select`` reports them) next to the
+    test-chosen ones: ``rule, shape, seed, run, val_step, val_em, test_em, test_step,
+    test_pick_em`` (EM fractions on the validation / test suite), runs in name order. Raises
+    ResultsError when a run's validation rows share a question with its test rows."""
+    check_disjoint(test, val)
+    picks, _ = select_checkpoints(test.scores, matched, AVG_ALL, "em", val.scores)
+    by_rule = picks.set_index(["run", "rule"])
     records = []
-    for run, sel in chosen["runs"].items():
-        for rule, test_rule in (("val_matched", MATCHED), ("val_own", OWN)):
-            pick, test_pick = sel.get(rule), sel.get(test_rule)
-            if pick is None or test_pick is None:
+    for run, shape, seed in picks[["run", "shape", "seed"]].drop_duplicates().itertuples(index=False):
+        for test_rule in (MATCHED, OWN):
+            rule = VAL_RULES[test_rule]
+            if (run, rule) not in by_rule.index:
                 continue
+            pick, test_pick = by_rule.loc[(run, rule)], by_rule.loc[(run, test_rule)]
             records.append(
                 {
                     "rule": rule,
-                    "shape": sel["shape"],
-                    "seed": sel["seed"],
+                    "shape": shape,
+                    "seed": seed,
                     "run": run,
-                    "val_step": pick["step"],
-                    "val_em": pick["val_macro"]["em"],
-                    "test_em": pick["score"],
-                    "test_step": test_pick["step"],
-                    "test_pick_em": test_pick["score"],
+                    "val_step": int(pick["step"]),
+                    "val_em": pick["val_value"],
+                    "test_em": pick["value"],
+                    "test_step": int(test_pick["step"]),
+                    "test_pick_em": test_pick["value"],
                 }
             )
     columns = ["rule", "shape", "seed", "run", "val_step", "val_em", "test_em", "test_step", "test_pick_em"]
-    frame = pd.DataFrame(records, columns=columns)
+    return pd.DataFrame(records, columns=columns)
+
+
+def validation_markdown(
+    frame: pd.DataFrame,
+    test_root: Path,
+    val_root: Path,
+    matched: int,
+    shapes: Sequence[str],
+    seeds: Sequence[int],
+) -> str:
+    """``table1_val.md`` from a :func:`validation_cells` frame: per rule, a shape x seed table of
+    ``test EM @validation-chosen step (test-chosen: EM @step)`` with the mean over seeds and the
+    ranking test on the validation-chosen cells (omitted when not computable)."""
     lines = [
         "# Table 1 (validation-selected): average EM per reward shape x seed",
         "",
-        f"- Checkpoint chosen by macro EM on the validation split ({val_results}), reported on the test split"
-        f" ({results}); ties -> earliest step. Matched horizon = step <= {matched}.",
+        f"- Checkpoint chosen by macro EM on the validation split ({val_root}), reported on the test split"
+        f" ({test_root}); ties -> earliest step. Matched horizon = step <= {matched}.",
         "- A cell reads `test EM @validation-chosen step (test-chosen: EM @step)`; the gap is the optimism of"
         " choosing the checkpoint on the test split itself.",
         "",
     ]
-    for rule, label in (("val_matched", f"matched horizon (step <= {matched})"), ("val_own", "own horizon")):
+    for rule, label in (
+        (VAL_RULES[MATCHED], f"matched horizon (step <= {matched})"),
+        (VAL_RULES[OWN], "own horizon"),
+    ):
         sub = frame[frame["rule"] == rule]
         if sub.empty:
             continue
@@ -339,10 +573,10 @@ def validation_selection(
                 if hit.empty:
                     cells.append("–")
                     continue
-                r = hit.iloc[0]
-                table.setdefault(int(seed), {})[shape] = r["test_em"]
+                c = hit.iloc[0]
+                table.setdefault(int(seed), {})[shape] = c["test_em"]
                 cells.append(
-                    f"{r['test_em']:.3f} @{r['val_step']} (test-chosen: {r['test_pick_em']:.3f} @{r['test_step']})"
+                    f"{c['test_em']:.3f} @{c['val_step']} (test-chosen: {c['test_pick_em']:.3f} @{c['test_step']})"
                 )
             rows.append([shape, *cells, f"{sub[sub['shape'] == shape]['test_em'].mean():.3f}"])
         lines += [f"## {label}", "", markdown_table(["reward", *[f"seed {s}" for s in seeds], "mean"], rows)]
@@ -353,7 +587,100 @@ def validation_selection(
                 f"(P = {test.p_given_shape} for a pre-specified shape, {test.p_any_shape} for any).",
                 "",
             ]
-    return "\n".join(lines), frame
+    return "\n".join(lines)
+
+
+def emit_validation(r: Report) -> None:
+    """``table1_val.{md,csv}`` when ``--val-results`` is given (see :func:`validation_cells`)."""
+    if r.args.val_results is None:
+        return
+    val = load_results(r.args.val_results)
+    frame = validation_cells(r.results, val, r.matched)
+    text = validation_markdown(frame, r.results.root, val.root, r.matched, r.shapes, r.seeds)
+    r.emit(
+        "table1_val.md",
+        text.replace("\n\n", f"\n\n{r.caption}\n", 1),
+        "Table 1 with checkpoints chosen on the independent validation split and scored on the test"
+        " split, next to the test-chosen cells (the optimism of choosing on test).",
+    )
+    r.emit("table1_val.csv", frame.to_csv(index=False), "The validation-selected cells as tidy CSV.")
+
+
+def emit_search_profile(r: Report) -> None:
+    """Fig 13 (``fig13_search_profile.png``, ``search_profile.csv``, ``search_aborts.csv``) from the
+    rows of the matched-horizon checkpoints on the multi-hop benchmarks, or on every benchmark
+    (with a note) when the suite has none of them; a note instead when no such rows were loaded."""
+    suite = r.results.suite
+    matched = r.selections[r.selections["rule"] == MATCHED]
+    pooled = [
+        r.loaded[(run, step)].rows.assign(shape=shape)
+        for run, step, shape in zip(matched["run"], matched["step"], matched["shape"], strict=True)
+        if (run, step) in r.loaded
+    ]
+    multi = [b for b in suite if is_multi_hop(b)]
+    if not multi:
+        multi = list(suite)
+        r.notes.append(
+            "no multi-hop benchmark of the paper's suite: the search profile pools every benchmark "
+            f"({', '.join(benchmark_label(b) for b in suite)})."
+        )
+    rows = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame()
+    if not (len(rows) and multi):
+        r.notes.append(
+            "search profile not drawn: no rows.jsonl for the matched-horizon checkpoints or no multi-hop "
+            "benchmark in the suite."
+        )
+        return
+    profile, aborts = search_profile(rows[rows["benchmark"].isin(multi)])
+    figures.plot_search_profile(profile, aborts, r.shapes, r.out / "fig13_search_profile.png")
+    r.listed(
+        "fig13_search_profile.png",
+        f"Search-count profile, completed-rollout EM and abort rate per "
+        f"shape on {', '.join(benchmark_label(b) for b in multi)} (paper Fig 13).",
+    )
+    r.emit(
+        "search_profile.csv", profile.to_csv(index=False), "Fig 13 data: completed rollouts per search count."
+    )
+    r.emit(
+        "search_aborts.csv",
+        aborts.to_csv(index=False),
+        "Fig 13 data: abort rate and termination reasons per shape.",
+    )
+
+
+def emit_index(r: Report) -> None:
+    """``index.md``: what was read, every file written with its sentence, then the notes."""
+    suite = r.results.suite
+    index = [
+        "# Report",
+        "",
+        f"Generated by `python -m eval report` from `{r.args.results}`"
+        f" ({len(r.results.runs)} runs, shapes {', '.join(r.shapes)}, seeds {', '.join(map(str, r.seeds))};"
+        f" benchmarks {', '.join(benchmark_label(b) for b in suite)}).",
+        "",
+        markdown_table(["file", "what it shows"], [[f"[{n}]({n})", s] for n, s in r.files]),
+    ]
+    index += ["## Notes", ""] + ([f"- {n}" for n in r.notes] or ["- none"])
+    _write(r.out / "index.md", "\n".join(index) + "\n")
+
+
+def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Write every output under ``args.out``; returns (relative file, one-sentence description) of
+    each, ``index.md`` excluded. Raises ResultsError on unusable input."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    r = load_report(args)
+    emit_table1(r)
+    emit_per_benchmark_tables(r)
+    emit_statistics(r)
+    emit_bootstrap_ci(r)
+    emit_checkpoints(r)
+    emit_trajectories(r)
+    emit_training_figures(r)
+    emit_zero_variance(r)
+    emit_validation(r)
+    emit_search_profile(r)
+    emit_index(r)
+    return r.files
 
 
 def _last_per_seed(test: RankingTest) -> str:
@@ -368,224 +695,10 @@ def _verdict(test: RankingTest) -> str:
     return "no shape is strictly last at every seed"
 
 
-def _write(path: Path, text: str) -> Path:
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as UTF-8, creating missing parent folders."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
-    return path
-
-
-def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """Write every output under ``args.out``; returns (relative file, one-sentence description)."""
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    results = load_results(args.results)
-    logs = load_training_logs(args.logs, results.runs)
-    criterion = AVG_ALL if args.select_on == "all" else AVG_HELDOUT
-    try:
-        m = resolve_matched_horizon(args.matched_horizon, (r.horizon for r in results.runs.values()))
-    except ValueError as err:
-        raise ResultsError(f"{args.results}: {err}") from err
-    scores, suite = results.scores, results.suite
-    notes = list(results.notes)
-    selections, sel_notes = select_checkpoints(scores, m, criterion)
-    notes += sel_notes
-    if selections.empty:
-        raise ResultsError(
-            f"{args.results}: no trained checkpoint (step >= 1) evaluated. Fix: evaluate checkpoints first"
-        )
-    floors = floor_checkpoints(scores)
-    zero = scores[(scores["step"] == 0) & (scores["benchmark"] == AVG_ALL)]
-    for seed, group in zero.groupby("seed"):
-        if group["em"].max() - group["em"].min() > 1e-9:
-            notes.append(
-                f"seed {seed}: step-0 EM differs across runs ({group['em'].min():.4f}-{group['em'].max():.4f});"
-                f" the floor row uses run {floors.set_index('seed').loc[seed, 'run']}."
-            )
-    shapes = order_shapes(selections["shape"].unique())
-    seeds = sorted(selections["seed"].unique())
-    cells = pd.concat([selections[["run", "step"]], floors.assign(step=0)[["run", "step"]]])
-    cis, loaded, ci_notes = bootstrap_cells(results, cells, args.bootstrap, args.seed, args.ci_level)
-    notes += ci_notes
-    files: list[tuple[str, str]] = []
-
-    def emit(name: str, text: str, sentence: str) -> None:
-        _write(out / name, text)
-        files.append((name, sentence))
-
-    n_all, n_held = len(suite), len([b for b in suite if b != IN_DISTRIBUTION])
-    avg_text = {k: v.format(n=n_all, h=n_held) for k, v in AVERAGE_TEXT.items()}
-    t1 = table1(scores, selections, floors, cis, criterion)
-    caption = preset_caption([limits_preset_of(r.path) for r in results.runs.values()])
-    parts = [
-        "# Table 1: average EM per reward shape x seed",
-        "",
-        f"- **Avg (all)** = {avg_text[AVG_ALL]}; **Avg (held-out)** = {avg_text[AVG_HELDOUT]}.",
-        f"- Checkpoint: best trained checkpoint (step >= 1) by {benchmark_label(criterion)} EM; ties -> earliest step."
-        " Both averages are read at that same checkpoint.",
-        f"- A cell reads `value [{args.ci_level:.0%} bootstrap CI] @step`; † = the run's last evaluated step is below "
-        f"{m}. The floor row is step 0 (the untrained model).",
-        caption,
-        "- The study's floor row (when the suite is the study's 7 benchmarks) is the study's own number for"
-        " untrained Qwen3.5-0.8B under its evaluation loop; compare it with our floor under `study_eval`.",
-        "",
-    ]
-    for rule in (MATCHED, OWN):
-        for avg in (AVG_ALL, AVG_HELDOUT):
-            parts += [
-                f"## {rule_label(rule, m)}: {benchmark_label(avg)}",
-                "",
-                table1_markdown(t1, rule, avg, shapes, seeds, study_floor(avg, suite)),
-            ]
-            parts += [
-                f"- seed {s}: {format_ranking(g)}" for s, g in seed_rankings(t1, rule, f"{avg}_em").items()
-            ]
-            parts.append("")
-    emit(
-        "table1.md",
-        "\n".join(parts),
-        "Table 1: average EM per reward shape x seed at the matched and own horizons,"
-        " both averages, with CIs, the untrained floor and per-seed rankings.",
-    )
-    emit("table1.csv", t1.to_csv(index=False), "Table 1 as tidy CSV (one row per rule x row x seed).")
-
-    for metric, stem in TABLE_FILES.items():
-        frame = per_benchmark_table(scores, selections, floors, metric, suite)
-        text = (
-            f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
-            f"benchmarks are held out. Averages: Avg (all) = {avg_text[AVG_ALL]}; Avg (held-out) = "
-            f"{avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n{caption}\n\n" + frame_markdown(frame)
-        )
-        emit(
-            f"{stem}.md",
-            text,
-            f"{TABLE_TITLES[metric]} per benchmark for every cell, with both macro averages.",
-        )
-        emit(f"{stem}.csv", frame.to_csv(index=False), f"{TABLE_TITLES[metric]} per benchmark as CSV.")
-
-    stats_text, tests, seed_ranges = statistics_markdown(t1, shapes, criterion, m)
-    emit(
-        "statistics.md",
-        stats_text,
-        "Exact last-place ranking probabilities (as fractions), seed ranges and "
-        "per-seed rankings for both horizons and both averages.",
-    )
-    emit("ranking_test.csv", tests.to_csv(index=False), "The ranking-test results as CSV.")
-    emit(
-        "seed_range.csv",
-        seed_ranges.to_csv(index=False),
-        "Seed range (max - min) per shape, rule and average.",
-    )
-    if args.bootstrap <= 0:
-        notes.append("bootstrap disabled (--bootstrap 0): no confidence intervals.")
-    elif len(cis):
-        cis_out = cis.assign(benchmark=cis["benchmark"].map(benchmark_label))
-        emit(
-            "bootstrap_ci.csv",
-            cis_out.to_csv(index=False),
-            f"{args.ci_level:.0%} bootstrap CIs ({args.bootstrap} resamples of questions within each benchmark, "
-            f"seed {args.seed}) for every selected checkpoint, benchmark, average and metric.",
-        )
-    emit(
-        "checkpoints.csv",
-        scores.assign(benchmark=scores["benchmark"].map(benchmark_label)).to_csv(index=False),
-        "Every evaluated checkpoint's per-benchmark and average scores (the trajectories' data).",
-    )
-
-    for seed in sorted(scores["seed"].unique()):
-        name = f"fig_trajectories_seed{seed}.png"
-        figures.plot_trajectories(scores, int(seed), shapes, m, out / name)
-        files.append(
-            (name, f"Average EM vs training step at seed {seed}, one line per shape (paper Figs 2-4).")
-        )
-
-    if logs.empty:
-        notes.append("no training logs given (--logs): training-dynamics figures not drawn.")
-    for seed in sorted(logs["seed"].unique()):
-        for kind, panels, title in (
-            ("dynamics", figures.DYNAMICS_PANELS, "Training dynamics"),
-            ("health", figures.HEALTH_PANELS, "Training health"),
-        ):
-            name = f"fig_{kind}_seed{seed}.png"
-            _, missing = figures.plot_training(
-                logs, int(seed), shapes, panels, args.smooth, title, out / name
-            )
-            if missing:
-                notes.append(f"{name}: not in the logs, panel left empty: {'; '.join(missing)}.")
-            files.append(
-                (
-                    name,
-                    f"{title} per step at seed {seed}, one line per shape (paper "
-                    f"{'Figs 5-8' if kind == 'dynamics' else 'Fig 11'}).",
-                )
-            )
-
-    if not logs.empty:
-        files += zero_variance_outputs(logs, shapes, args.smooth, out, notes)
-    if args.val_results is not None:
-        text, frame = validation_selection(args.results, args.val_results, m, shapes, seeds)
-        text = text.replace("\n\n", f"\n\n{caption}\n", 1)
-        emit(
-            "table1_val.md",
-            text,
-            "Table 1 with checkpoints chosen on the independent validation split and scored on the test"
-            " split, next to the test-chosen cells (the optimism of choosing on test).",
-        )
-        emit("table1_val.csv", frame.to_csv(index=False), "The validation-selected cells as tidy CSV.")
-
-    matched = selections[selections["rule"] == MATCHED]
-    pooled = [
-        loaded[(r, s)].rows.assign(shape=sh)
-        for r, s, sh in zip(matched["run"], matched["step"], matched["shape"], strict=True)
-        if (r, s) in loaded
-    ]
-    multi = [b for b in suite if is_multi_hop(b)]
-    if not multi:
-        multi = list(suite)
-        notes.append(
-            "no multi-hop benchmark of the paper's suite: the search profile pools every benchmark "
-            f"({', '.join(benchmark_label(b) for b in suite)})."
-        )
-    rows = pd.concat(pooled, ignore_index=True) if pooled else pd.DataFrame()
-    if len(rows) and multi:
-        rows = rows[rows["benchmark"].isin(multi)]
-        profile, aborts = search_profile(rows)
-        figures.plot_search_profile(profile, aborts, shapes, out / "fig13_search_profile.png")
-        bench_names = ", ".join(benchmark_label(b) for b in multi)
-        files.append(
-            (
-                "fig13_search_profile.png",
-                f"Search-count profile, completed-rollout EM and abort rate per "
-                f"shape on {bench_names} (paper Fig 13).",
-            )
-        )
-        emit(
-            "search_profile.csv",
-            profile.to_csv(index=False),
-            "Fig 13 data: completed rollouts per search count.",
-        )
-        emit(
-            "search_aborts.csv",
-            aborts.to_csv(index=False),
-            "Fig 13 data: abort rate and termination reasons per shape.",
-        )
-    else:
-        notes.append(
-            "search profile not drawn: no rows.jsonl for the matched-horizon checkpoints or no multi-hop "
-            "benchmark in the suite."
-        )
-
-    index = [
-        "# Report",
-        "",
-        f"Generated by `python -m eval report` from `{args.results}`"
-        f" ({len(results.runs)} runs, shapes {', '.join(shapes)}, seeds {', '.join(map(str, seeds))};"
-        f" benchmarks {', '.join(benchmark_label(b) for b in suite)}).",
-        "",
-        markdown_table(["file", "what it shows"], [[f"[{n}]({n})", s] for n, s in files]),
-    ]
-    index += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"])
-    _write(out / "index.md", "\n".join(index) + "\n")
-    return files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Load evaluation result trees and verl training logs into tidy pandas tables.
 
-Inputs (layout written by the eval harness, SPEC §7):
+Inputs (layout written by ``python -m eval run``):
 
 * ``OUT/<run>/run.json`` — ``{"run", "shape", "seed", "horizon", "config"}``;
 * ``OUT/<run>/global_step_<N>/summary.json`` — ``{"benchmarks": {name: {n, em, f1, acc,
@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from eval.store import RowStore
+from reward_fns import normalize_answer
 from search_env.jsonl import iter_jsonl
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -103,6 +105,11 @@ class Run:
     path: Path
     config: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    @property
+    def known_horizon(self) -> int | None:
+        """The step cap from run.json, or None when it says ``"horizon": null`` (no cap)."""
+        return None if self.horizon == UNKNOWN_HORIZON else self.horizon
+
 
 @dataclass
 class Results:
@@ -113,6 +120,7 @@ class Results:
     the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite) and :data:`AVG_HELDOUT`
     (unweighted mean over the suite without MuSiQue) for em/f1/acc. ``suite`` lists the real
     benchmarks in paper order. ``notes`` says which checkpoints were skipped and why.
+    ``summaries`` holds the summary.json document of every (run, step) in ``scores``, as written.
     """
 
     root: Path
@@ -120,10 +128,16 @@ class Results:
     scores: pd.DataFrame
     suite: list[str]
     notes: list[str]
+    summaries: dict[tuple[str, int], dict[str, Any]]
 
     def rows_path(self, run: str, step: int) -> Path:
         """Path of the per-question rows of one checkpoint (may not exist)."""
         return self.runs[run].path / f"global_step_{step}" / "rows.jsonl"
+
+    def evaluated_runs(self) -> list[Run]:
+        """The runs with at least one checkpoint in ``scores``, in folder-name order."""
+        have = set(self.scores["run"])
+        return [run for name, run in self.runs.items() if name in have]
 
 
 def _read_json(path: Path, fix: str) -> Any:
@@ -173,7 +187,7 @@ def load_run(run_dir: Path) -> Run:
     shape = _require(meta, "shape", str, path, RUN_FIX)
     seed = _require(meta, "seed", int, path, RUN_FIX)
     horizon = meta.get("horizon")
-    if horizon is None:  # unknown cap: every evaluated checkpoint counts (as in eval.select)
+    if horizon is None:  # unknown cap: every evaluated checkpoint counts
         horizon = UNKNOWN_HORIZON
     elif not isinstance(horizon, int) or isinstance(horizon, bool):
         raise ResultsError(f"{path}: field 'horizon' = {horizon!r} has the wrong type. Fix: {RUN_FIX}")
@@ -191,8 +205,8 @@ def _as_fraction(value: Any, where: str, path: Path, fix: str = "") -> float:
     return float(value)
 
 
-def load_summary(path: Path, step: int) -> tuple[bool, list[dict[str, Any]]]:
-    """Validate one ``summary.json``: returns (complete, one record per benchmark).
+def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Validate one ``summary.json``: returns (the document, one record per benchmark).
 
     The ``macro`` field, when present, must equal the unweighted mean of the per-benchmark values
     (to 1e-6); a mismatch means the file was edited or written by another convention.
@@ -236,7 +250,7 @@ def load_summary(path: Path, step: int) -> tuple[bool, list[dict[str, Any]]]:
                         f"{path}: macro.{metric} = {macro[metric]} but the unweighted mean of the "
                         f"{len(records)} benchmarks is {mean:.6f}. Fix: {SUMMARY_FIX}"
                     )
-    return summary.get("complete", True) is not False, records
+    return summary, records
 
 
 def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -275,6 +289,7 @@ def load_results(root: Path | str) -> Results:
     runs: dict[str, Run] = {}
     records: list[dict[str, Any]] = []
     notes: list[str] = []
+    summaries: dict[tuple[str, int], dict[str, Any]] = {}
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         steps = _step_dirs(run_dir)
         evaluated = any((d / "summary.json").exists() or (d / "rows.jsonl").exists() for _, d in steps)
@@ -300,10 +315,11 @@ def load_results(root: Path | str) -> Results:
             if not summary_path.exists():
                 notes.append(f"{step_dir}: no summary.json (not evaluated yet) - skipped.")
                 continue
-            complete, recs = load_summary(summary_path, step)
-            if not complete:
+            summary, recs = load_summary(summary_path, step)
+            if summary.get("complete", True) is False:
                 notes.append(f"{summary_path}: marked incomplete - skipped.")
                 continue
+            summaries[(run.name, step)] = summary
             for rec in recs:
                 rec.update(run=run.name, shape=run.shape, seed=run.seed, horizon=run.horizon)
             records.extend(recs)
@@ -320,6 +336,7 @@ def load_results(root: Path | str) -> Results:
         have = set(frame[(frame["run"] == run) & (frame["step"] == step)]["benchmark"])
         missing = ", ".join(benchmark_label(b) for b in suite if b not in have)
         notes.append(f"{runs[run].path / f'global_step_{step}'}: lacks {missing} - skipped from every table.")
+        del summaries[(run, step)]
     if len(partial):
         keep = ~frame.set_index(["run", "step"]).index.isin(partial.index)
         frame = frame[keep]
@@ -337,7 +354,34 @@ def load_results(root: Path | str) -> Results:
     ]
     scores = _with_averages(frame[columns], suite)[columns]
     scores = scores.sort_values(["seed", "shape", "run", "step"], kind="stable").reset_index(drop=True)
-    return Results(root, runs, scores, suite, notes)
+    return Results(root, runs, scores, suite, notes, summaries)
+
+
+def _questions(run_dir: Path) -> set[str]:
+    """Normalised questions of every ``global_step_*/rows.jsonl`` under ``run_dir``."""
+    out: set[str] = set()
+    for rows_path in run_dir.glob("global_step_*/rows.jsonl"):
+        out |= {
+            normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")
+        }
+    return out
+
+
+def check_disjoint(test: Results, val: Results) -> None:
+    """Raise ResultsError if a run evaluated in both ``test`` and ``val`` shares a question
+    (compared after answer normalisation: case, punctuation, articles) between the two."""
+    in_val = {run.name for run in val.evaluated_runs()}
+    for run in test.evaluated_runs():
+        if run.name not in in_val:
+            continue
+        shared = _questions(run.path) & _questions(val.runs[run.name].path)
+        if shared:
+            example = sorted(shared)[0]
+            raise ResultsError(
+                f"validation suite is not disjoint from the test suite for run {run.name}: {len(shared)} "
+                f"shared question(s), e.g. {example!r}; build the validation split from rows outside the "
+                "test files"
+            )
 
 
 ROW_FIX = (

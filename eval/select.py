@@ -1,4 +1,4 @@
-"""Checkpoint selection (SPEC §7, paper §5.3): which step of each run to report.
+"""Checkpoint selection (paper §5.3): which step of each run to report.
 
 Rules, each over a run's complete trained checkpoints (step >= 1; step 0, the untrained model,
 is reported separately as ``floor``), maximising the macro average of ``--metric`` (EM by
@@ -11,7 +11,8 @@ default) and taking the earliest step on a tie:
   on the validation suite (``--val-results``) and then reported on the test suite — the
   independent rule the study lacked. The validation and test rows must not share a question.
 
-Input: result folders written by ``python -m eval run`` (``OUT/<run>/global_step_N/summary.json``).
+Input: result folders written by ``python -m eval run`` (``OUT/<run>/global_step_N/summary.json``),
+loaded by :func:`eval.results.load_results`; the rules are :func:`eval.tables.select_checkpoints`.
 Output: a JSON document (``--json``) and a printed table.
 """
 
@@ -19,92 +20,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from eval.store import RowStore, read_json, write_json_atomic
-from reward_fns import normalize_answer
-
-MATCHED_HORIZON = 180
-METRICS = ("em", "f1", "acc")
-AUTO = "auto"
-
-
-def horizon_arg(text: str) -> int | str:
-    """argparse type of ``--matched-horizon``: a positive step count or ``auto``."""
-    if text == AUTO:
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive step count or 'auto', got {text!r}")
-    return value
-
-
-def resolve_matched_horizon(value: int | str, horizons: Iterable[int | None]) -> int:
-    """The matched horizon in steps: ``value`` itself, or for ``auto`` the smallest known run
-    horizon (``None`` = uncapped runs are ignored). Raises ValueError when ``auto`` finds no horizon."""
-    if value != AUTO:
-        return int(value)
-    known = [int(h) for h in horizons if h is not None]
-    if not known:
-        raise ValueError(
-            "--matched-horizon auto needs runs with a known horizon (run.json 'horizon'); pass a number"
-        )
-    return min(known)
-
-
-def load_results(root: Path) -> dict[str, dict[str, Any]]:
-    """``{run: {"info": run.json or {}, "steps": {step: summary}}}`` for complete summaries under ``root``."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"results folder {root} does not exist; run `python -m eval run --out {root}` first")
-    runs: dict[str, dict[str, Any]] = {}
-    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        steps = {}
-        for summary_path in run_dir.glob("global_step_*/summary.json"):
-            summary = read_json(summary_path)
-            if summary.get("complete"):
-                steps[int(summary["step"])] = summary
-        if steps:
-            info_path = run_dir / "run.json"
-            info = read_json(info_path) if info_path.is_file() else {}
-            runs[run_dir.name] = {"info": info, "steps": dict(sorted(steps.items()))}
-    return runs
-
-
-def best_step(scores: dict[int, float]) -> int | None:
-    """The step with the highest score, the earliest on a tie; None when there is none."""
-    if not scores:
-        return None
-    top = max(scores.values())
-    return min(s for s, v in scores.items() if v == top)
-
-
-def _questions(run_root: Path) -> set[str]:
-    out: set[str] = set()
-    for rows_path in run_root.glob("global_step_*/rows.jsonl"):
-        out |= {
-            normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")
-        }
-    return out
-
-
-def check_disjoint(test_root: Path, val_root: Path, run: str) -> None:
-    """Raise ValueError if the validation rows of ``run`` share a (normalised) question with its test rows."""
-    shared = _questions(test_root / run) & _questions(val_root / run)
-    if shared:
-        example = sorted(shared)[0]
-        raise ValueError(
-            f"validation suite is not disjoint from the test suite for run {run}: {len(shared)} shared "
-            f"question(s), e.g. {example!r}; build the validation split from rows outside the test files"
-        )
+from eval.results import AVG_ALL, METRICS, check_disjoint, load_results
+from eval.store import write_json_atomic
+from eval.tables import (
+    MATCHED,
+    MATCHED_HORIZON,
+    OWN,
+    VAL_RULES,
+    horizon_arg,
+    resolve_matched_horizon,
+    select_checkpoints,
+)
 
 
 def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
+    """One selected checkpoint as the JSON document reports it: its summary.json's macro ``metric``
+    (``score``, a fraction in [0, 1]), its ``macro`` and its per-benchmark ``benchmarks``."""
     return {
         "step": step,
         "score": summary["macro"][metric],
@@ -113,76 +47,65 @@ def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
     }
 
 
-def select_run(
-    test: dict[str, Any],
-    val: dict[str, Any] | None,
-    metric: str = "em",
-    matched_horizon: int = MATCHED_HORIZON,
-) -> dict[str, Any]:
-    """The four selections (and the floor) of one run; see the module docstring."""
-    if metric not in METRICS:
-        raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
-    info = test["info"]
-    horizon = info.get("horizon")
-    steps = test["steps"]
-    trained = [s for s in steps if s >= 1]
-    own = [s for s in trained if horizon is None or s <= horizon]
-    matched = [s for s in own if s <= matched_horizon]
-    result: dict[str, Any] = {
-        "shape": info.get("shape"),
-        "seed": info.get("seed"),
-        "horizon": horizon,
-        "steps_evaluated": sorted(steps),
-        "floor": _pick(steps[0], 0, metric) if 0 in steps else None,
-    }
-    for name, candidates in (("own", own), ("matched", matched)):
-        step = best_step({s: steps[s]["macro"][metric] for s in candidates})
-        result[name] = _pick(steps[step], step, metric) if step is not None else None
-        if val is None:
-            continue
-        val_steps = val["steps"]
-        step = best_step({s: val_steps[s]["macro"][metric] for s in candidates if s in val_steps})
-        if step is None:
-            result[f"val_{name}"] = None
-        else:
-            result[f"val_{name}"] = {
-                **_pick(steps[step], step, metric),
-                "val_macro": val_steps[step]["macro"],
-            }
-    return result
-
-
 def select(
     results: Path,
     val_results: Path | None = None,
     metric: str = "em",
     matched_horizon: int | str = MATCHED_HORIZON,
 ) -> dict[str, Any]:
-    """Selections for every run under ``results`` (validation rules only where ``val_results`` has the run).
-    ``matched_horizon`` may be ``"auto"``: the smallest run horizon (see :func:`resolve_matched_horizon`)."""
-    test_runs = load_results(results)
-    val_runs = load_results(val_results) if val_results is not None else {}
-    matched_horizon = resolve_matched_horizon(
-        matched_horizon, (t["info"].get("horizon") for t in test_runs.values())
-    )
-    runs = {}
-    for run, test in test_runs.items():
-        val = val_runs.get(run)
-        if val is not None:
-            check_disjoint(Path(results), Path(val_results), run)  # type: ignore[arg-type]
-        runs[run] = select_run(test, val, metric, matched_horizon)
+    """Selections for every run under ``results`` (validation rules only where ``val_results`` has
+    the run). ``matched_horizon`` (steps) may be ``"auto"``: the smallest known horizon of the
+    evaluated runs. Raises ValueError (:class:`eval.results.ResultsError` for bad input files) on
+    an unknown metric, unreadable results, or validation rows sharing a question with test rows."""
+    if metric not in METRICS:
+        raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
+    test = load_results(results)
+    val = load_results(val_results) if val_results is not None else None
+    if val is not None:
+        check_disjoint(test, val)
+    matched = resolve_matched_horizon(matched_horizon, (r.known_horizon for r in test.evaluated_runs()))
+    picks, _ = select_checkpoints(test.scores, matched, AVG_ALL, metric, None if val is None else val.scores)
+    chosen = {(p.run, p.rule): int(p.step) for p in picks.itertuples()}
+    in_val = set() if val is None else {r.name for r in val.evaluated_runs()}
+    runs: dict[str, Any] = {}
+    for run in test.evaluated_runs():
+        steps = sorted(int(s) for s in test.scores.loc[test.scores["run"] == run.name, "step"].unique())
+        summaries = {s: test.summaries[(run.name, s)] for s in steps}
+        entry: dict[str, Any] = {
+            "shape": run.shape,
+            "seed": run.seed,
+            "horizon": run.known_horizon,
+            "steps_evaluated": steps,
+            "floor": _pick(summaries[0], 0, metric) if 0 in summaries else None,
+        }
+        for rule in (OWN, MATCHED):
+            step = chosen.get((run.name, rule))
+            entry[rule] = None if step is None else _pick(summaries[step], step, metric)
+            if val is None or run.name not in in_val:
+                continue
+            step = chosen.get((run.name, VAL_RULES[rule]))
+            entry[VAL_RULES[rule]] = (
+                None
+                if step is None
+                else {
+                    **_pick(summaries[step], step, metric),
+                    "val_macro": val.summaries[(run.name, step)]["macro"],
+                }
+            )
+        runs[run.name] = entry
     return {
         "metric": metric,
-        "matched_horizon": matched_horizon,
+        "matched_horizon": matched,
         "results": str(results),
         "val_results": str(val_results) if val_results is not None else None,
         "runs": runs,
     }
 
 
-def format_table(selection: dict[str, Any]) -> str:
-    """A markdown table: one line per run, ``step: score`` per rule."""
-    rules = ["own", "matched", "val_own", "val_matched"]
+def format_selection(selection: dict[str, Any]) -> str:
+    """A markdown table of a :func:`select` document: one line per run, ``step: score`` per rule
+    (scores to 3 decimals, ``-`` where a rule chose nothing)."""
+    rules = [OWN, MATCHED, VAL_RULES[OWN], VAL_RULES[MATCHED]]
     metric = selection["metric"].upper()
     header = ["run", "shape", "seed", "horizon", f"floor {metric}"] + [f"{r} (step: {metric})" for r in rules]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -199,6 +122,8 @@ def format_table(selection: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m eval select`` (``argv`` excludes the ``select`` sub-command);
+    returns 2 with a message on stderr when the input is unusable."""
     parser = argparse.ArgumentParser(prog="python -m eval select", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--results", required=True, type=Path, help="test-suite results folder (eval run --out)"
@@ -220,11 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not selection["runs"]:
-        print(f"error: no complete summary.json under {args.results}", file=sys.stderr)
-        return 2
     out = args.json or args.results / "selection.json"
     write_json_atomic(out, selection)
-    print(format_table(selection))
+    print(format_selection(selection))
     print(f"selection written to {out}")
     return 0

@@ -1,16 +1,19 @@
 """Checkpoint selection and the paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown.
 
-Selection rules (SPEC §7, paper §5.3): for every run, the best checkpoint by the selection average
+Selection rules (paper §5.3): for every run, the best checkpoint by the selection average
 (default: EM averaged over all benchmarks, the paper's Avg) among trained checkpoints
 (step >= 1) with step <= cap, where cap is the matched horizon (180) or the run's own horizon
 (``run.json`` ``horizon``). Ties go to the earliest step. Step 0 (the untrained model) is never
-selected; it is the floor row.
+selected; it is the floor row. The validation rules take the same candidate steps but choose
+among them by the validation suite's score. ``python -m eval select`` and ``python -m eval
+report`` both select with :func:`select_checkpoints`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -22,8 +25,39 @@ from search_env.protocol import PRESETS, TRAIN_PRESET
 
 MATCHED = "matched"
 OWN = "own"
+VAL_RULES = {MATCHED: "val_matched", OWN: "val_own"}
+"""The validation-chosen rule of each test-chosen rule (same candidate steps)."""
 FLOOR = "untrained (step 0)"
 AVERAGES = (AVG_ALL, AVG_HELDOUT)
+MATCHED_HORIZON = 180
+"""The study's common step cap."""
+AUTO = "auto"
+
+
+def horizon_arg(text: str) -> int | str:
+    """argparse type of ``--matched-horizon``: a positive step count or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive step count or 'auto', got {text!r}")
+    return value
+
+
+def resolve_matched_horizon(value: int | str, horizons: Iterable[int | None]) -> int:
+    """The matched horizon in steps: ``value`` itself, or for ``auto`` the smallest known run
+    horizon (``None`` = uncapped runs are ignored). Raises ValueError when ``auto`` finds no horizon."""
+    if value != AUTO:
+        return int(value)
+    known = [int(h) for h in horizons if h is not None]
+    if not known:
+        raise ValueError(
+            "--matched-horizon auto needs runs with a known horizon (run.json 'horizon'); pass a number"
+        )
+    return min(known)
 
 
 def order_shapes(shapes: Sequence[str]) -> list[str]:
@@ -41,52 +75,86 @@ def rule_label(rule: str, matched_horizon: int) -> str:
     )
 
 
+def _best_step(values: pd.Series) -> int:
+    """The step (index of ``values``) with the highest value, the earliest on a tie."""
+    return int(values.sort_index().idxmax())  # idxmax returns the first (earliest) maximum
+
+
 def select_checkpoints(
-    scores: pd.DataFrame, matched_horizon: int = 180, criterion: str = AVG_ALL
+    scores: pd.DataFrame,
+    matched_horizon: int = MATCHED_HORIZON,
+    criterion: str = AVG_ALL,
+    metric: str = "em",
+    val_scores: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Best checkpoint per run and rule, by mean EM over ``criterion`` (AVG_ALL or AVG_HELDOUT).
+    """Best checkpoint per run and rule, by ``metric`` (em, f1 or acc, a fraction in [0, 1]) of the
+    ``criterion`` average (AVG_ALL or AVG_HELDOUT); ``scores`` and ``val_scores`` are
+    :attr:`eval.results.Results.scores` frames.
 
     Returns (frame, notes); the frame has one row per (run, rule) with ``run, shape, seed, rule,
-    cap, step, last_step, short, value``: ``cap`` is ``min(matched_horizon, horizon)`` for the
-    matched rule and ``horizon`` for the own rule (checkpoints beyond a run's horizon are never
-    selected, as in ``eval.select``); ``last_step`` is the run's last evaluated trained step within
-    its horizon, ``short`` is True when it is below ``matched_horizon`` (a run that ended early, or
-    whose later checkpoints are not evaluated); ``value`` is the criterion EM of the chosen step. A
-    run with no trained checkpoint within the cap gets no row and a note.
+    cap, step, last_step, short, value, val_value``: ``cap`` (steps) is ``min(matched_horizon,
+    horizon)`` for the matched rule and ``horizon`` for the own rule (checkpoints beyond a run's
+    horizon are never selected); ``last_step`` is the run's last evaluated trained step within its
+    horizon, ``short`` is True when it is below ``matched_horizon`` (a run that ended early, or
+    whose later checkpoints are not evaluated); ``value`` is the chosen step's score on ``scores``.
+    With ``val_scores``, each rule also gets a ``val_matched`` / ``val_own`` row: the candidate
+    step present in ``val_scores`` (same run name) with the best validation score, which is
+    ``val_value`` (NaN on the test-chosen rows). A rule with no candidate step gets no row and a note.
     """
+    if metric not in METRICS:
+        raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
     crit = scores[(scores["benchmark"] == criterion) & (scores["step"] >= 1)]
+    val = None
+    if val_scores is not None:
+        val = val_scores[val_scores["benchmark"] == criterion].set_index(["run", "step"])[metric]
+    name = metric.upper()
     rows, notes = [], []
     for run, sub in crit.groupby("run", sort=True):
         first = sub.iloc[0]
         horizon = int(first["horizon"])
         within, beyond = sub[sub["step"] <= horizon], sub[sub["step"] > horizon]
         if len(beyond):
-            best = beyond.loc[beyond["em"].idxmax()]
+            best = beyond.loc[beyond[metric].idxmax()]
             notes.append(
                 f"run {run}: {len(beyond)} checkpoint(s) beyond its horizon {horizon} ignored by both rules "
-                f"(best of them: step {int(best['step'])}, EM {best['em']:.3f})."
+                f"(best of them: step {int(best['step'])}, {name} {best[metric]:.3f})."
             )
         for rule, cap in ((MATCHED, min(matched_horizon, horizon)), (OWN, horizon)):
-            eligible = within[within["step"] <= cap].sort_values("step")
+            eligible = within[within["step"] <= cap].set_index("step")[metric]
             if eligible.empty:
                 notes.append(f"run {run}: no evaluated trained checkpoint with step <= {cap} ({rule} rule).")
                 continue
-            best = eligible.loc[eligible["em"].idxmax()]  # idxmax returns the first (earliest) maximum
             last_step = int(within["step"].max())
+            cell = {
+                "run": run,
+                "shape": first["shape"],
+                "seed": int(first["seed"]),
+                "cap": cap,
+                "last_step": last_step,
+                "short": last_step < matched_horizon,
+            }
+            step = _best_step(eligible)
+            rows.append({**cell, "rule": rule, "step": step, "value": float(eligible[step])})
+            if val is None:
+                continue
+            on_val = val[val.index.get_level_values("run") == run].droplevel("run")
+            on_val = on_val[on_val.index.isin(eligible.index)]
+            if on_val.empty:
+                notes.append(
+                    f"run {run}: no validation checkpoint with step <= {cap} ({VAL_RULES[rule]} rule)."
+                )
+                continue
+            step = _best_step(on_val)
             rows.append(
                 {
-                    "run": run,
-                    "shape": first["shape"],
-                    "seed": int(first["seed"]),
-                    "rule": rule,
-                    "cap": cap,
-                    "step": int(best["step"]),
-                    "last_step": last_step,
-                    "short": last_step < matched_horizon,
-                    "value": float(best["em"]),
+                    **cell,
+                    "rule": VAL_RULES[rule],
+                    "step": step,
+                    "value": float(eligible[step]),
+                    "val_value": float(on_val[step]),
                 }
             )
-    columns = ["run", "shape", "seed", "rule", "cap", "step", "last_step", "short", "value"]
+    columns = ["run", "shape", "seed", "rule", "cap", "step", "last_step", "short", "value", "val_value"]
     return pd.DataFrame(rows, columns=columns), notes
 
 
@@ -316,7 +384,7 @@ def frame_markdown(frame: pd.DataFrame, digits: int = 3) -> str:
 def search_profile(rows: pd.DataFrame, max_searches: int = 10) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fig. 13 data from per-question rows with a ``shape`` column (caller filters benchmarks).
 
-    A rollout is *completed* when a prediction was extracted, otherwise *aborted* (SPEC §4: ended
+    A rollout is *completed* when a prediction was extracted, otherwise *aborted* (ended
     without an ``<answer>``; the same rule as ``abort_rate`` in summary.json). Returns
     (profile, aborts): profile has ``shape, searches, n, share, em`` over completed rollouts with a
     known search count, counts above ``max_searches`` folded into ``max_searches``, ``share`` = n /
