@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 
 from search_env import protocol
+from search_env.rollout_record import RECORD_KEYS, record_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_LOOPS_YAML = REPO_ROOT / "recipes" / "agent_loops.yaml"
@@ -138,23 +139,15 @@ def rows_to_batch(rows: Sequence[Mapping[str, Any]], n: int = 1) -> DataProto:
 
 
 def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
-    """One dict per rollout: the decoded response (special tokens kept) and the loop's records."""
+    """One dict per rollout: its record (``search_env.rollout_record``, plain values), the decoded
+    response (special tokens kept), its length and its masked (environment) token count."""
     records = []
     responses, masks = batch.batch["responses"], batch.batch["response_mask"]
     lengths = batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1] :].sum(dim=1)
     for i in range(len(batch)):
         length = int(lengths[i])
-        record = {
-            key: batch.non_tensor_batch[key][i]
-            for key in (
-                "termination",
-                "searches",
-                "search_errors",
-                "model_tokens",
-                "retrieved_tokens",
-                "answered",
-            )
-        }
+        fields = {key: batch.non_tensor_batch[key][i] for key in RECORD_KEYS if key in batch.non_tensor_batch}
+        record: dict[str, Any] = dict(record_of(fields))
         record["response"] = tokenizer.decode(responses[i, :length].tolist())
         record["response_length"] = length
         record["masked_tokens"] = int(length - masks[i, :length].sum())
