@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from search_demo.driver import main as demo_main
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -66,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     started, load = time.monotonic(), os.getloadavg()
     if not args.check_only:
-        from search_demo import main as demo_main
-
         rc = demo_main(
             [
                 "run",

@@ -51,9 +51,11 @@ import faiss
 import httpx
 import numpy as np
 
+from search_env.__main__ import build_parser
 from search_env.retrieval.encoder import build_tiny_encoder
+from search_env.retrieval.factory import build_retriever
 from search_env.retrieval.index import train_and_fill, write_index
-from search_env.retrieval.server import ServerProcess, spawn_server
+from search_env.retrieval.server import ServerProcess, lookup_hits, spawn_server
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 QUESTION_FILES = [
@@ -200,7 +202,7 @@ async def _closed_loop(url: str, body_fn: BodyFn, clients: int, seconds: float) 
 
 def run_load(url: str, body_fn: BodyFn, clients: int, seconds: float) -> dict:
     try:
-        import uvloop
+        import uvloop  # optional: uvloop, else asyncio's own loop
 
         return uvloop.run(_closed_loop(url, body_fn, clients, seconds))
     except ImportError:
@@ -259,10 +261,6 @@ def inprocess_worker(serve: list[str], questions: list[str]) -> None:
     """Child process of (a): builds the server's retriever, then per stdin line `{"batch", "seconds",
     "tag"}` runs the server's batch function on batches of that size in one worker thread (as the
     server does) and prints a JSON line with the rate."""
-    from search_env.__main__ import build_parser
-    from search_env.retrieval.factory import build_retriever
-    from search_env.retrieval.server import lookup_hits
-
     retriever = build_retriever(build_parser().parse_args(["serve", *serve]))
     worker = ThreadPoolExecutor(max_workers=1)  # the server searches in one worker thread
     facts = retriever.describe()

@@ -48,13 +48,13 @@ def torchvision_links_cuda() -> bool:
 def install() -> None:
     """Define the missing schemas on a CPU torch next to a CUDA torchvision (idempotent)."""
     global _defined
-    import torch
+    import torch  # heavy: torch; this module is loaded from inside torch's own import
 
     if _defined or torch.version.cuda is not None or torch.version.hip is not None:
         return
     if not torchvision_links_cuda():
         return
-    import torch.library
+    import torch.library  # heavy: torch (as above)
 
     for name, schema in SCHEMAS.items():
         namespace, op = name.split("::")

@@ -24,6 +24,10 @@ import types
 
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3_5.modeling_qwen3_5 import (
+    Qwen3_5GatedDeltaNet,
+    torch_chunk_gated_delta_rule,
+)
 
 from cpu_engine.cache_rows import PrefillCache
 
@@ -167,11 +171,6 @@ def install(model: torch.nn.Module) -> int:
     """Give every Gated-DeltaNet layer of ``model`` the ``padded_prefill`` path (for a
     ``PrefillCache``) and, where it runs transformers' torch fallback rule (not the ``fla``
     kernel), ``chunk_gated_delta_rule``; returns how many layers it changed."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import (
-        Qwen3_5GatedDeltaNet,
-        torch_chunk_gated_delta_rule,
-    )
-
     layers = 0
     for module in model.modules():
         if isinstance(module, Qwen3_5GatedDeltaNet):

@@ -90,7 +90,7 @@ class HFServer:
     """Serves ``generate`` for one rollout replica from an in-memory HF model (a Ray actor)."""
 
     def __init__(self, config: Any, model_path: str, replica_rank: int):
-        from cpu_engine.hf_generate import HFGenerator
+        from cpu_engine.hf_generate import HFGenerator  # heavy: patches import hf_server in every process
 
         self.config = config
         options = read_options(config.engine_kwargs)

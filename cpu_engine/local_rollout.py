@@ -15,7 +15,9 @@ own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` path, with an
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,9 +97,6 @@ class LocalRollout:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the full token-level transcript of rollouts of one question (prompt, response, records)."""
-    import argparse
-    import tempfile
-
     parser = argparse.ArgumentParser(prog="python -m cpu_engine.local_rollout", description=main.__doc__)
     parser.add_argument(
         "--model", required=True, help="HF model folder (e.g. from python -m search_demo.tiny)"

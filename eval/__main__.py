@@ -10,6 +10,7 @@ python -m eval report ...            (eval.report: tables and figures)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -107,9 +108,8 @@ def build_run_parser() -> argparse.ArgumentParser:
 def _resolve_backend(name: str) -> str:
     if name != "auto":
         return name
-    import importlib.util
 
-    import torch
+    import torch  # heavy: torch, only to pick the auto backend
 
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
@@ -137,7 +137,7 @@ def _run_name(args: argparse.Namespace, info: dict) -> str:
 
 def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
-    from eval import runner
+    from eval import runner  # httpx (rich), yaml: off the report's import path
 
     suite = load_suite(args.suite, limit=args.limit, seed=args.subsample_seed, benchmarks=args.benchmarks)
     info = ckpts.run_info(args.run_dir, shape=args.shape, seed=args.seed, horizon=args.horizon)
@@ -187,8 +187,8 @@ def prepare(args: argparse.Namespace):
 
 
 def cmd_run(argv: list[str]) -> int:
-    from eval import runner
-    from eval.backends import EngineSettings, make_backend
+    from eval import runner  # httpx (rich), yaml: off the report's import path
+    from eval.backends import EngineSettings, make_backend  # heavy: verl/torch, only for run
 
     args = build_run_parser().parse_args(argv)
     try:
@@ -224,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         return cmd_run(rest)
     if command == "select":
-        from eval.select import main as select_main
+        from eval.select import main as select_main  # heavy: pandas, only for select
 
         return select_main(rest)
-    from eval.report import main as report_main
+    from eval.report import main as report_main  # heavy: pandas/matplotlib, only for report
 
     return int(report_main(rest) or 0)
 

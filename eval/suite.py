@@ -25,6 +25,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from reward_fns.compute_score import gold_answers
+from search_env.jsonl import iter_jsonl
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / "parquet"
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
@@ -78,8 +81,7 @@ class Suite:
 
 def _jsonl_questions(benchmark: str, file: Path) -> list[Question]:
     """Rows of one jsonl file (FlashRAG or R1-Searcher schema, parsed by ``search_env.data``)."""
-    from search_env.data import parse_row
-    from search_env.jsonl import iter_jsonl
+    from search_env.data import parse_row  # heavy: search_env.data imports pandas
 
     rows: list[Question] = []
     for line_no, obj in iter_jsonl(file, "one JSON object per line: {id, question, golden_answers}"):
@@ -92,9 +94,7 @@ def _jsonl_questions(benchmark: str, file: Path) -> list[Question]:
 
 def _parquet_questions(file: Path) -> dict[str, list[Question]]:
     """verl rows written by ``search_env.data`` grouped by ``data_source`` (id/question from extra_info)."""
-    import pandas as pd
-
-    from reward_fns.compute_score import gold_answers
+    import pandas as pd  # heavy: pandas, only for parquet suites
 
     frame = pd.read_parquet(file)
     for column in ("data_source", "reward_model", "extra_info"):

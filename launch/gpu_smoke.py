@@ -24,9 +24,15 @@ import argparse
 import importlib.metadata
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import httpx
+import numpy as np
+
+from search_env.retrieval import SAMPLE_CORPUS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "launch"))
@@ -60,11 +66,11 @@ def result(ok: bool, text: str) -> int:
 
 
 def cmd_cuda(_: argparse.Namespace) -> int:
-    import torch
+    import torch  # heavy: this stage only
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return 0
-    from preflight import no_cuda_reason
+    from preflight import no_cuda_reason  # hydra (preflight): this stage only
 
     print(f"no CUDA device: {no_cuda_reason()}", file=sys.stderr)
     return 2
@@ -78,8 +84,8 @@ def _version(dist: str) -> str:
 
 
 def cmd_versions(_: argparse.Namespace) -> int:
-    import torch
-    from preflight import driver_version
+    import torch  # heavy: this stage only
+    from preflight import driver_version  # hydra (preflight): this stage only
 
     row("driver", driver_version() or "unknown")
     row("torch", f"{torch.__version__} (CUDA {torch.version.cuda})")
@@ -107,9 +113,9 @@ def cmd_versions(_: argparse.Namespace) -> int:
             f"{second_faiss} ALSO INSTALLED: pip uninstall -y faiss-cpu faiss-gpu && pip install -e '.[gpu]'",
         )
     try:
-        import faiss
+        import faiss  # optional: faiss-gpu may be missing (reported)
 
-        from search_env.retrieval.index import gpu_unavailable_reason
+        from search_env.retrieval.index import gpu_unavailable_reason  # heavy: faiss, only this stage
 
         row("faiss GPUs", f"{faiss.get_num_gpus()} ({gpu_unavailable_reason() or 'faiss can use them'})")
     except ImportError as err:
@@ -123,13 +129,11 @@ def cmd_versions(_: argparse.Namespace) -> int:
 def cmd_tiny(args: argparse.Namespace) -> int:
     """A tiny random ``qwen3_5`` (search_demo.tiny's shape) whose vocabulary is the real 248,320,
     and, with ``--data DIR``, DIR/{train,val}.parquet from the NQ fixture questions."""
-    import subprocess
+    import torch  # heavy: this stage only
+    from transformers import GenerationConfig  # heavy: this stage only
+    from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration  # heavy: this stage only
 
-    import torch
-    from transformers import GenerationConfig
-    from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
-
-    from search_demo import tiny
+    from search_demo import tiny  # heavy: torch, only this stage
 
     out = Path(args.out)
     tokenizer = tiny.build_tokenizer(0)
@@ -158,13 +162,8 @@ def cmd_dense(args: argparse.Namespace) -> int:
     """The E5 code path (a tiny 128-d BERT) on the GPU, IVF-SQ8 built with GPU faiss (`--gpu auto`)
     and served from CPU faiss (`--gpu auto`, the training placement): build-index, serve, /health,
     a 512-query /retrieve."""
-    import subprocess
-
-    import httpx
-
-    from search_env.retrieval import SAMPLE_CORPUS
-    from search_env.retrieval.encoder import build_tiny_encoder
-    from search_env.retrieval.server import spawn_server
+    from search_env.retrieval.encoder import build_tiny_encoder  # heavy: torch, only this stage
+    from search_env.retrieval.server import spawn_server  # heavy: fastapi/uvicorn, only this stage
 
     work = Path(args.work)
     encoder = build_tiny_encoder(work / "encoder", hidden_size=128)
@@ -207,9 +206,7 @@ def compare_searches(cpu: tuple, gpu: tuple) -> dict[str, float]:
     (queries, k): ``overlap`` = mean fraction of each CPU top-k found in the GPU top-k,
     ``top1`` = fraction of queries with the same first id, ``score_diff`` = largest absolute
     difference of the first scores where the first ids agree (0.0 when none agree)."""
-    import numpy as np
-
-    from search_env.retrieval.index import recall_at_k
+    from search_env.retrieval.index import recall_at_k  # heavy: faiss, only the gpu-index stage
 
     same = cpu[1][:, 0] == gpu[1][:, 0]
     diff = np.abs(cpu[0][same, 0] - gpu[0][same, 0])
@@ -235,11 +232,10 @@ def cmd_gpu_index(args: argparse.Namespace) -> int:
     is on the GPU, its top-10 holds >= 99 % of the CPU's and the top-1 scores agree within 1e-3.
     Reports the copy time, ms per query on each, and where wiki-18's 16.3 GB index would go with the
     GPUs' free memory now. Exit 2 without a CUDA device."""
-    import faiss
-    import numpy as np
-    import torch
+    import faiss  # heavy: this stage only
+    import torch  # heavy: this stage only
 
-    from search_env.retrieval import index as ix
+    from search_env.retrieval import index as ix  # heavy: faiss, only this stage
 
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU-index stage needs one (skipped)", file=sys.stderr)
@@ -286,7 +282,7 @@ def cmd_gpu_index(args: argparse.Namespace) -> int:
 
 def _packed_inputs(lengths: list[int], vocab: int, seed: int = 0):
     """Random sequences of ``lengths``; their packed (1, total) form with restarting positions."""
-    import torch
+    import torch  # heavy: torch, only the packed stage
 
     gen = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(10, vocab, (n,), generator=gen) for n in lengths]
@@ -297,7 +293,7 @@ def _packed_inputs(lengths: list[int], vocab: int, seed: int = 0):
 
 
 def _token_logprobs(logits, ids):
-    import torch
+    import torch  # heavy: torch, only the packed stage
 
     logp = torch.log_softmax(logits.float(), dim=-1)
     return logp[:-1].gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)
@@ -307,9 +303,9 @@ def cmd_packed(args: argparse.Namespace) -> int:
     """verl's remove-padding path (packed sequences + cu_seqlens through verl's Qwen3.5 monkey patch:
     fla's Gated-DeltaNet kernels, flash-attn varlen) against each sequence alone, on the tiny
     248K-vocab model. GPU: bf16 + flash_attention_2; ``--cpu`` (tests): fp32 + sdpa, torch fallbacks."""
-    import torch
-    from transformers import AutoModelForImageTextToText
-    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    import torch  # heavy: this stage only
+    from transformers import AutoModelForImageTextToText  # heavy: this stage only
+    from verl.models.transformers.monkey_patch import apply_monkey_patch  # heavy: this stage only
 
     device, dtype, attn = (
         ("cpu", torch.float32, "sdpa") if args.cpu else ("cuda", torch.bfloat16, "flash_attention_2")
@@ -365,7 +361,7 @@ def cmd_rollout_logprobs(args: argparse.Namespace) -> int:
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     """Older checkpoints pruned to weights, the latest complete (search_env.checkpoint_policy)."""
-    from search_env.checkpoint_policy import has_hf_weights
+    from search_env.checkpoint_policy import has_hf_weights  # heavy: verl/torch, only this stage
 
     root = Path(args.ckpt_dir)
     latest = int((root / "latest_checkpointed_iteration.txt").read_text())
@@ -389,9 +385,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
     flash-attention, and log-probs of every token over the 248,320-token vocabulary with verl's own
     ``logprobs_from_logits`` on the rolled labels (no copy of the logits).
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3_5TextConfig
-    from verl.utils.torch_functional import logprobs_from_logits
+    import torch  # heavy: this stage only
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3_5TextConfig  # heavy: this stage only
+    from verl.utils.torch_functional import logprobs_from_logits  # heavy: this stage only
 
     if args.model_dir and (Path(args.model_dir) / "config.json").is_file():
         text = AutoConfig.from_pretrained(args.model_dir).get_text_config()

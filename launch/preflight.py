@@ -17,6 +17,7 @@ repository root.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shlex
@@ -67,15 +68,18 @@ def compose_recipe(recipe: Path, overrides: list[str]) -> DictConfig:
 
 def validate(cfg: DictConfig) -> None:
     """verl's own semantic checks (batch divisibility, micro-batch settings, ...)."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
+    from verl.trainer.ppo.utils import (  # heavy: verl/torch, only to validate
+        need_critic,
+        need_reference_policy,
+    )
+    from verl.utils.config import validate_config  # heavy: verl/torch, only to validate
 
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 
 
 def visible_gpus() -> int:
     """CUDA devices torch can see (0 on a CPU-only torch build)."""
-    import torch
+    import torch  # heavy: torch, only to count GPUs
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -108,7 +112,7 @@ def driver_version() -> str | None:
 
 def no_cuda_reason() -> str:
     """:func:`cuda_diagnosis` for this interpreter's torch, this node's driver and environment."""
-    import torch
+    import torch  # heavy: torch, only to diagnose CUDA
 
     return cuda_diagnosis(
         torch.__version__,
@@ -195,8 +199,6 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
       sequence would see the ones before it (measured: tests/test_launch_gpu.py).
     - ``attn_implementation`` ``flash_attention_2`` (verl's default) needs flash-attn.
     """
-    import importlib.util
-
     has = has_module or (lambda name: importlib.util.find_spec(name) is not None)
     model = cfg.actor_rollout_ref.model
     if model.get("use_remove_padding") and not has("fla"):

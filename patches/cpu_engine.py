@@ -29,7 +29,7 @@ PINNED_REF_POLICY_LINE = "offload_policy = CPUOffloadPolicy(pin_memory=True)"
 
 def register_cpu_engines(transformer_impl: ModuleType) -> None:
     """Register the FSDP LM-head and value-head engines under device ``cpu`` (idempotent)."""
-    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.base import EngineRegistry  # heavy: verl.workers, not at plugin load
 
     for model_type, engine_cls in (
         ("language_model", transformer_impl.FSDPEngineWithLMHead),

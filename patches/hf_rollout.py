@@ -24,7 +24,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cpu_engine.hf_server import BACKEND_NAME, HFServer
 from patches.post_import import when_imported
@@ -42,9 +44,7 @@ def server_actor_name(replica_rank: int, node_rank: int = 0) -> str:
 @functools.cache
 def _replica_class() -> type:
     """Build ``HFReplica`` (a ``RolloutReplica`` subclass) on first use."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    from verl.workers.rollout.replica import RolloutReplica
+    from verl.workers.rollout.replica import RolloutReplica  # heavy: verl.workers, not at plugin load
 
     class HFReplica(RolloutReplica):
         """One ``HFServer`` per replica, pinned to the node of the replica's first worker."""
@@ -74,7 +74,7 @@ def _replica_class() -> type:
 
 @functools.cache
 def _adapter_class() -> type:
-    from verl.workers.rollout.base import BaseRollout
+    from verl.workers.rollout.base import BaseRollout  # heavy: verl.workers, not at plugin load
 
     class HFServerAdapter(BaseRollout):
         """Trainer-side handle of the ``hf`` server: forwards weight updates, nothing to sleep."""
@@ -109,8 +109,6 @@ def _adapter_class() -> type:
             if not self.is_leader:
                 return
             if self._server is None:
-                import ray
-
                 self._server = ray.get_actor(server_actor_name(self.replica_rank))
             loaded = await self._server.load_weights.remote(state, global_steps)
             logger.info("hf rollout: %d tensors loaded (global step %s)", loaded, global_steps)

@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+import transfer_queue as tq
+
 from patches.post_import import when_imported
 from search_env.retriever_guard import (
     RETRIEVER_LOG_ENV,
@@ -48,7 +50,6 @@ def _wrap(original):
     @functools.wraps(original)
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         result = original(self, batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        import transfer_queue as tq
 
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
@@ -83,7 +84,9 @@ def check_retriever(trainer: Any, rows: Sequence[Mapping[str, Any]], metrics: di
     if failures:
         print(f"WARNING: {guard.warning()}", file=sys.stderr, flush=True)
     if stop:
-        from verl.trainer.ppo.v1.replay_buffer import DAPO_FILTERED_REWARD_COUNTS_KEY
+        from verl.trainer.ppo.v1.replay_buffer import (  # heavy: verl's trainer, not at plugin load
+            DAPO_FILTERED_REWARD_COUNTS_KEY,
+        )
 
         trainer.logger.log(
             data={k: v for k, v in metrics.items() if k != DAPO_FILTERED_REWARD_COUNTS_KEY}, step=step

@@ -47,8 +47,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from search_demo import world
+import torch
+from transformers import AutoModelForImageTextToText
+
+from search_demo import tiny, trajectories, widen_heads, world
 from search_env import protocol
+from search_env.retrieval.bm25 import BM25Retriever
+from search_env.retrieval.corpus import Corpus
 
 BASE_VERSION = 4
 """Bumped when this module's output changes for the same inputs."""
@@ -93,9 +98,6 @@ Sample = tuple[list[int], list[float], list[int]]
 @functools.cache
 def _world_index(seed: int) -> tuple[world.World, list[str], Any]:
     """The world of ``seed``, its passages' contents, and a BM25 index over them (in memory)."""
-    from search_env.retrieval.bm25 import BM25Retriever
-    from search_env.retrieval.corpus import Corpus
-
     w = world.build_world(seed)
     tmp = Path(tempfile.mkdtemp(prefix="base_world_"))
     world.write_world(w, tmp)
@@ -147,8 +149,6 @@ def curriculum_samples(
 
 def batch_tensors(samples: Sequence[Sample], pad_id: int) -> tuple[Any, Any, Any, Any]:
     """Right-padded ``input_ids``, ``attention_mask``, loss weights, answer mask (float)."""
-    import torch
-
     width = max(len(s[0]) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -165,8 +165,6 @@ def batch_tensors(samples: Sequence[Sample], pad_id: int) -> tuple[Any, Any, Any
 
 def weighted_loss(model: Any, samples: Sequence[Sample], pad_id: int) -> Any:
     """Next-token cross-entropy weighted per target token, normalised by the weights' sum."""
-    import torch
-
     ids, attn, weights, _ = batch_tensors(samples, pad_id)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     nll = torch.nn.functional.cross_entropy(
@@ -180,8 +178,6 @@ def answer_accuracy(
     model: Any, items: Sequence[tuple[dict, Sample]], pad_id: int, batch: int = 50
 ) -> dict[str, float]:
     """Teacher-forced: share of ``items`` whose every answer token is the argmax, per question type."""
-    import torch
-
     hits: dict[str, list[int]] = {}
     was_training = model.training
     model.eval()
@@ -215,8 +211,6 @@ def train_steps(
     to "the name in the passage" late and abruptly, and a decaying rate can stall it on the plateau
     before the jump (a cosine over the stage did: 0.2 instead of 0.97).
     """
-    import torch
-
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     model.train()
     losses = []
@@ -238,8 +232,6 @@ def train_steps(
 
 def cache_key(cfg: BaseConfig) -> str:
     """Hash of what the base model depends on: tokenizer texts, model config, worlds, settings."""
-    from search_demo import tiny, trajectories
-
     parts = {
         "version": BASE_VERSION,
         "texts": hashlib.sha256("\x00".join(trajectories.tokenizer_texts()).encode()).hexdigest(),
@@ -288,11 +280,6 @@ def build_base_model(
     out: str | Path, cfg: BaseConfig = BaseConfig(), log: Callable[[str], None] = print
 ) -> Path:
     """Train the base model into ``out`` (HF folder with tokenizer + ``base_model.json``)."""
-    import torch
-    from transformers import AutoModelForImageTextToText
-
-    from search_demo import tiny, trajectories, widen_heads
-
     out = Path(out)
     started = time.monotonic()
     torch.set_num_threads(1)  # faster than 2 threads on 2 cores for a model this small, and deterministic

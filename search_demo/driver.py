@@ -53,7 +53,10 @@ def ensure_world(seed: int, out: Path) -> Path:
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
-    from search_demo.warm_start import WarmStartConfig, ensure_warm_start
+    from search_demo.warm_start import (  # heavy: torch/transformers, only for assets
+        WarmStartConfig,
+        ensure_warm_start,
+    )
 
     world_dir = ensure_world(args.world_seed, args.world)
     cfg = WarmStartConfig()
@@ -177,7 +180,7 @@ def report(run_dir: Path) -> dict[str, Any]:
 
 def _composed(run_dir: Path) -> dict[str, Any]:
     """The run's composed recipe (``RUN/recipe.yaml``, written by the preflight), interpolations resolved."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # heavy: omegaconf, only for run
 
     return OmegaConf.to_container(OmegaConf.load(run_dir / "recipe.yaml"), resolve=True)
 

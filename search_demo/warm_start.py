@@ -52,6 +52,7 @@ import json
 import math
 import os
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -59,9 +60,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForImageTextToText, AutoTokenizer
+
 from search_demo import base_model, world
 from search_demo.trajectories import REFERENCE_WORLD_SEED, assistant_message, render_trajectory, turn_text
 from search_env import protocol
+from search_env.retrieval.server import spawn_server
 
 WARM_START_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""
@@ -112,7 +117,7 @@ class TeacherClient:
     """
 
     def __init__(self, config: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], facts: dict[str, str]):
-        from verl.workers.rollout.llm_server import LLMServerClient
+        from verl.workers.rollout.llm_server import LLMServerClient  # heavy: verl, teacher rollouts only
 
         self._base = LLMServerClient(config, load_balancer_handle=None)
         self.tokenizer = tokenizer
@@ -130,7 +135,7 @@ class TeacherClient:
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
     ):
-        from verl.workers.rollout.replica import TokenOutput
+        from verl.workers.rollout.replica import TokenOutput  # heavy: verl, only for the teacher rollouts
 
         prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         row = self._row(prompt_text)
@@ -151,8 +156,6 @@ class TeacherClient:
 @contextlib.contextmanager
 def bm25_server(corpus: Path, port: int | None = None) -> Iterator[str]:
     """A real BM25 retrieval server (``python -m search_env serve``) over ``corpus``; yields its URL."""
-    from search_env.retrieval.server import spawn_server
-
     with spawn_server(["--backend", "bm25", "--corpus", str(corpus)], port=port) as server:
         yield server.url
 
@@ -187,10 +190,14 @@ def demonstrations(
 
     Each sample is ``{"ids": prompt + response token ids, "mask": 1 on the model's own tokens}``.
     """
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # heavy: verl, teacher rollouts only
 
     import search_env.agent_loop  # noqa: F401  (registers search_agent)
-    from search_env.verl_glue import compose_rollout_config, rows_to_batch, write_tool_config
+    from search_env.verl_glue import (  # heavy: verl, only for the teacher rollouts
+        compose_rollout_config,
+        rows_to_batch,
+        write_tool_config,
+    )
 
     rows = [json.loads(line) for line in (world_dir / "train.jsonl").read_text().splitlines()]
     picked = _pick_rows(rows, cfg)
@@ -214,7 +221,6 @@ def demonstrations(
                 ),
             ],
         )
-        from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         teacher = TeacherClient(config, tokenizer, picked, facts)
@@ -292,8 +298,6 @@ def sft(
 
     Next-token loss on the tokens where ``mask`` is 1, weighted ``cfg.name_weight`` on those in
     ``name_ids`` (queries and answers) and 1 elsewhere, normalised by the weights' sum."""
-    import torch
-
     if not samples:
         raise ValueError("no demonstrations to train on (every teacher rollout was dropped)")
     torch.manual_seed(cfg.seed)
@@ -389,11 +393,6 @@ def build_warm_start(
     depends on no demo world (demonstrations come from ``SFT_WORLD_SEEDS``, the base model's
     curriculum from others), so one warm start serves every demo world.
     """
-    import shutil
-
-    import torch
-    from transformers import AutoModelForImageTextToText, AutoTokenizer
-
     base = Path(base or base_model.SHIPPED)
     out = Path(out)
     started = time.monotonic()

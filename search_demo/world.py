@@ -383,7 +383,7 @@ def _write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def write_world(world: World, out: str | Path) -> Path:
     """Write the world's files under ``out`` (see the module docstring); returns ``out``."""
-    from search_env.data import QARow, write_parquet
+    from search_env.data import QARow, write_parquet  # heavy: search_env.data imports pandas
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

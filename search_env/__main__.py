@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.factory import GPU_CHOICES, index_on_gpu, use_gpu
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
+from search_env.retrieval.worker import ProcessRetriever
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
 DEFAULT_NPROBE = 64
@@ -207,14 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from search_env.retrieval.factory import build_retriever
-    from search_env.retrieval.server import create_app, serve
+    from search_env.retrieval.server import create_app, serve  # heavy: fastapi/uvicorn, only for serve
 
     if args.cache_size < 0:
         raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
     if args.search_process == "on":
-        from search_env.retrieval.worker import ProcessRetriever
-
         retriever = ProcessRetriever(build_retriever, (args,), str(args.corpus))
     else:
         retriever = build_retriever(args)
@@ -251,9 +250,8 @@ def _index_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_build_index(args: argparse.Namespace) -> None:
-    from search_env.retrieval.corpus import Corpus
-    from search_env.retrieval.encoder import Encoder
-    from search_env.retrieval.index import build_index
+    from search_env.retrieval.encoder import Encoder  # heavy: torch/transformers, only for build-index
+    from search_env.retrieval.index import build_index  # heavy: faiss, only the index commands
 
     encoder = Encoder(
         args.encoder,
@@ -265,13 +263,13 @@ def cmd_build_index(args: argparse.Namespace) -> None:
 
 
 def cmd_convert_index(args: argparse.Namespace) -> None:
-    from search_env.retrieval.index import convert_index
+    from search_env.retrieval.index import convert_index  # heavy: faiss, only the index commands
 
     convert_index(args.flat, args.out, **_index_options(args))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
-    from search_env.retrieval.index import measure_recall
+    from search_env.retrieval.index import measure_recall  # heavy: faiss, only the index commands
 
     try:
         nprobes = [int(x) for x in args.nprobe.split(",") if x.strip()]

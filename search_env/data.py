@@ -121,7 +121,7 @@ def load_split(source: str, dataset: str, split: str, limit: int | None = None) 
                 f"(as in the {HUB_REPO} repo), or 'hub'"
             )
         return read_jsonl(path, limit)
-    from datasets import load_dataset
+    from datasets import load_dataset  # heavy: datasets, only for --source hub
 
     try:
         table = load_dataset(HUB_REPO, dataset, split=split)

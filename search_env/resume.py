@@ -192,7 +192,7 @@ def recipe_contents(config: Path) -> tuple[str | None, dict[str, list[str]]]:
     """Role -> ``checkpoint.load_contents`` of a composed recipe (``RUN_DIR/recipe.yaml``, written
     by launch/preflight.py), and why it is not checked (None: check it): ``trainer.resume_mode``
     other than ``auto``, or an actor strategy other than FSDP (another checkpoint layout)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # heavy: omegaconf, only for checkpoint --config
 
     cfg = OmegaConf.load(config)
     resume_mode = OmegaConf.select(cfg, "trainer.resume_mode", default="auto")

@@ -84,7 +84,7 @@ class SearchTool(BaseTool):
                 raise ValueError(
                     "SearchTool config: chunk_cap_unit 'tokens' needs 'tokenizer' (the policy's model folder)"
                 )
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # heavy: tokenizer stack, tokens cap only
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(config["tokenizer"]))
         max_retries = config.get("max_retries")

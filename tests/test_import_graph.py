@@ -117,3 +117,32 @@ def test_packages_import_only_what_the_design_allows(package):
         if target.split(".")[0] not in ALLOWED[package] | {package}
     )
     assert not wrong, wrong
+
+
+def uncommented_local_imports(source: str) -> list[int]:
+    """Lines of the function-local import statements of ``source`` whose first line has no ``#``
+    comment (the reason it is not at module level)."""
+    lines = source.splitlines()
+    found: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)) and "#" not in lines[inner.lineno - 1]:
+                    found.add(inner.lineno)
+    return sorted(found)
+
+
+def test_uncommented_local_imports_finds_them():
+    source = "def f():\n    import json  # light\n    import os\n\n    def g():\n        from a import (\n            b,  # no\n        )\n"
+    assert uncommented_local_imports(source) == [3, 6]
+
+
+def test_function_local_imports_say_why():
+    """A function-local import only where it avoids a heavy or optional dependency, with the reason
+    as a comment on its first line (docs/design.md); everything else is imported at module level."""
+    bare = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules().values()
+        for line in uncommented_local_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not bare, "function-local imports without a reason comment: " + ", ".join(bare)

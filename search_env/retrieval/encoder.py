@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import normalizers, pre_tokenizers
 from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizer
 
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.corpus import Corpus
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +144,6 @@ def tiny_wordpiece_vocab(texts: Iterable[str], vocab_size: int) -> dict[str, int
     """A deterministic BERT WordPiece vocabulary: the 5 special tokens, every character seen (alone and
     as `##` continuation, so no word is [UNK]), then the most frequent lower-cased words (ties by
     spelling) up to `vocab_size` entries."""
-    from collections import Counter
-
-    from tokenizers import normalizers, pre_tokenizers
-
     normalizer = normalizers.BertNormalizer(lowercase=True)
     splitter = pre_tokenizers.BertPreTokenizer()
     counts: Counter[str] = Counter()
@@ -173,8 +172,6 @@ def build_tiny_encoder(
 ) -> Path:
     """Write a random-weight BERT (`hidden_size`-d output) and a WordPiece tokenizer whose vocabulary
     comes from `corpus` to `out_dir`; byte-identical for a given seed; no network. Returns `out_dir`."""
-    from search_env.retrieval.corpus import Corpus
-
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} must be divisible by num_heads {num_heads}")
     out = Path(out_dir)

@@ -12,6 +12,7 @@ import os
 import sys
 
 from search_env.retrieval.backend import Retriever
+from search_env.retrieval.corpus import Corpus
 
 GPU_CHOICES = {"auto": None, "on": True, "true": True, "off": False, "false": False}
 """`--gpu` values; true/false are accepted (any case) so a YAML boolean can be passed through."""
@@ -46,13 +47,11 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
     """The `Retriever` that `serve` runs for parsed `serve` arguments (also used by
     bench/retriever.py, so its in-process bound has exactly the server's encoder, index and threads).
     Sets the CPU threads first (see `set_cpu_threads`)."""
-    from search_env.retrieval.corpus import Corpus
-
     set_cpu_threads(args.threads)
 
     corpus = Corpus(args.corpus)
     if args.backend == "bm25":
-        from search_env.retrieval.bm25 import BM25Retriever
+        from search_env.retrieval.bm25 import BM25Retriever  # heavy: bm25s, only for --backend bm25
 
         if args.bm25_index is not None and (args.bm25_index / "params.index.json").is_file():
             return BM25Retriever.load(args.bm25_index, corpus)
@@ -65,8 +64,11 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
             "serve --backend dense needs --index PATH and --encoder PATH "
             "(build an index with `python -m search_env build-index`)"
         )
-    from search_env.retrieval.encoder import Encoder
-    from search_env.retrieval.index import DenseRetriever, load_index
+    from search_env.retrieval.encoder import Encoder  # heavy: torch/transformers, only for --backend dense
+    from search_env.retrieval.index import (  # heavy: faiss, only for --backend dense
+        DenseRetriever,
+        load_index,
+    )
 
     loaded = load_index(  # first: a missing index fails before the encoder is loaded
         args.index, nprobe=args.nprobe, use_gpu=index_on_gpu(args.gpu), mmap=args.index_load == "mmap"

@@ -95,7 +95,7 @@ def gpu_free_bytes() -> list[int]:
     """Free memory of each GPU faiss sees, in bytes, as the driver reports it now (memory held by
     other processes, e.g. vLLM, is not free): `torch.cuda.mem_get_info`. RuntimeError when torch
     sees fewer CUDA devices than faiss (a CPU build of torch)."""
-    import torch
+    import torch  # heavy: torch; the index itself needs only faiss
 
     n = faiss.get_num_gpus()
     if torch.cuda.device_count() < n:
@@ -547,7 +547,7 @@ class DenseRetriever(Retriever):
         return rows.astype(np.int64, copy=False), scores
 
     def describe(self) -> dict:
-        import torch
+        import torch  # heavy: torch; the index itself needs only faiss
 
         return {
             **self.loaded.describe(),
