@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q
+	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15
 
 # World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
 # launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.
