@@ -149,7 +149,7 @@ def _evaluate_demo_checkpoint(ckpt: Path, out: Path) -> None:
 
 def _demo_report(run_dir: Path) -> None:
     """`python -m search_demo report`: per-step rewards and the before/after table, written."""
-    from search_demo import main as demo_main
+    from search_demo.driver import main as demo_main
 
     assert demo_main(["report", "--run-dir", str(run_dir)]) == 0
     table = (run_dir / "demo_report.md").read_text()
