@@ -24,7 +24,7 @@ ALLOWED = {
     "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
     "patches": {"search_env", "cpu_engine"},
 }
-"""Per package, the other project packages it may import (docs/design.md, "What may import what")."""
+"""Per package, the other project packages it may import (docs/design.md §2, its last column)."""
 
 
 def _module_name(path: Path) -> str:
