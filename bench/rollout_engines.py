@@ -34,8 +34,9 @@ import pandas as pd
 import torch
 
 from eval.backends import make_backend
+from search_demo.rollout import demo_rollout_config
 from search_demo.warm_start import bm25_server
-from search_env.verl_glue import compose_rollout_config, rows_to_batch, write_tool_config
+from search_env.verl_glue import rows_to_batch, write_tool_config
 
 REPO = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.8
@@ -62,14 +63,7 @@ def engine_rounds(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.hf_threads)
     rows = pd.read_parquet(args.world / "train.parquet").head(args.rollouts).to_dict("records")
     with tempfile.TemporaryDirectory() as tmp, bm25_server(args.world / "corpus.jsonl") as url:
-        config = compose_rollout_config(
-            args.model,
-            write_tool_config(Path(tmp) / "tools.yaml", [url]),
-            prompt_length=256,
-            response_length=640,
-            agent_loop_config_path=REPO / "recipes/demo_agent_loops.yaml",
-            overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"],
-        )
+        config = demo_rollout_config(args.model, write_tool_config(Path(tmp) / "tools.yaml", [url]))
         started = time.perf_counter()
         backend = make_backend(args.engine, config, str(args.model), seed=args.seed)
         startup = time.perf_counter() - started

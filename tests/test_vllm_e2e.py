@@ -206,19 +206,14 @@ def check_masked_and_scored(tmp: str) -> None:
 
     from eval.backends import make_backend
     from reward_fns.compute_score import compute_score
+    from search_demo.rollout import demo_rollout_config
     from search_demo.warm_start import bm25_server
-    from search_env.verl_glue import compose_rollout_config, rows_to_batch, write_tool_config
+    from search_env.verl_glue import rows_to_batch, write_tool_config
 
     model = ROOT / ".demo" / "warm_start_ci"
     rows = pd.read_parquet(WORLD / "train.parquet").head(6).to_dict("records")
     with bm25_server(WORLD / "corpus.jsonl") as url:
-        config = compose_rollout_config(
-            model,
-            write_tool_config(tmp_path / "tools.yaml", [url]),
-            prompt_length=256,
-            response_length=640,
-            agent_loop_config_path=ROOT / "recipes/demo_agent_loops.yaml",
-        )
+        config = demo_rollout_config(model, write_tool_config(tmp_path / "tools.yaml", [url]))
         for name in ("hf", "vllm"):
             backend = make_backend(name, config, str(model))
             try:
