@@ -16,7 +16,7 @@ calls in flight (``eval.runner.rollout_pool``), so a slow 10-turn rollout never 
 others, and their searches reach the micro-batching retrieval server together.
 
 A record is the response decoded as verl's reward manager decodes it
-(``skip_special_tokens=True``) plus the agent loop's record (``search_env.rollout_record.RECORD_KEYS``).
+(``skip_special_tokens=True``) plus the agent loop's record (``search_env.verl_glue.rollout_records``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from search_env.rollout_record import RECORD_KEYS
-from search_env.verl_glue import rows_to_batch
+from search_env.verl_glue import rollout_records, rows_to_batch
 
 BACKENDS = ("hf", "vllm")
 T = TypeVar("T")
@@ -78,21 +77,6 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def batch_records(batch: Any, tokenizer: Any) -> list[dict[str, Any]]:
-    """Per rollout of a verl ``DataProto``: ``response`` text (special tokens skipped) + records."""
-    prompt_width = batch.batch["prompts"].shape[1]
-    lengths = batch.batch["attention_mask"][:, prompt_width:].sum(dim=1)
-    out = []
-    for i in range(len(batch)):
-        ids = batch.batch["responses"][i, : int(lengths[i])].tolist()
-        record: dict[str, Any] = {"response": tokenizer.decode(ids, skip_special_tokens=True)}
-        for key in RECORD_KEYS:
-            value = batch.non_tensor_batch[key][i] if key in batch.non_tensor_batch else None
-            record[key] = value.item() if hasattr(value, "item") else value
-        out.append(record)
-    return out
-
-
 class AgentLoopBackend:
     """One verl ``AgentLoopWorker`` and the event loop its coroutines (and engine) live on."""
 
@@ -114,7 +98,7 @@ class AgentLoopBackend:
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
         out = await self.generate_sequences(batch)
-        return batch_records(out, self.tokenizer)[0]
+        return rollout_records(out, self.tokenizer, skip_special_tokens=True)[0]
 
     def close(self) -> None:
         """Cancel what still runs on the loop (e.g. vLLM's output handler), then close it."""

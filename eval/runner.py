@@ -143,7 +143,7 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
 
 
 def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
-    """One ``rows.jsonl`` line from a rollout record (see :func:`eval.backends.batch_records`):
+    """One ``rows.jsonl`` line from a rollout record (see :func:`search_env.verl_glue.rollout_records`):
     the question, its scores and the agent loop's record (``search_env.rollout_record.record_of``)."""
     scored = evaluation_scores(record["response"], list(q.golds))
     return {

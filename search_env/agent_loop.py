@@ -53,7 +53,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 
 from search_env import protocol
-from search_env.rollout_record import RolloutRecord, Termination
+from search_env.rollout_record import Termination, record_of
 
 log = logging.getLogger(__name__)
 
@@ -207,16 +207,13 @@ class SearchAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         output = await super().run(sampling_params, **kwargs)
         model_tokens = int(sum(output.response_mask))
-        record = RolloutRecord(
-            termination=self.termination,
-            searches=int(output.extra_fields.get("searches", 0)),
-            search_errors=int(output.extra_fields.get("search_errors", 0)),
-            retrieval_failures=int(output.extra_fields.get("retrieval_failures", 0)),
-            model_tokens=model_tokens,
-            retrieved_tokens=len(output.response_ids) - model_tokens,
-            answered=self.answered,
-        )
-        output.extra_fields.update(record)
+        own = {
+            "termination": self.termination,
+            "model_tokens": model_tokens,
+            "retrieved_tokens": len(output.response_ids) - model_tokens,
+            "answered": self.answered,
+        }
+        output.extra_fields.update(record_of({**output.extra_fields, **own}))  # the tool's counts, 0 if unset
         if not self.mask_retrieved:
             output.response_mask = [1] * len(output.response_ids)
         return output

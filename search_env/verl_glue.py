@@ -138,9 +138,12 @@ def rows_to_batch(rows: Sequence[Mapping[str, Any]], n: int = 1) -> DataProto:
     return DataProto(batch=None, non_tensor_batch=non_tensors)
 
 
-def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
+def rollout_records(
+    batch: DataProto, tokenizer: Any, skip_special_tokens: bool = False
+) -> list[dict[str, Any]]:
     """One dict per rollout: its record (``search_env.rollout_record``, plain values), the decoded
-    response (special tokens kept), its length and its masked (environment) token count."""
+    response (special tokens kept, or skipped as verl's reward manager decodes it with
+    ``skip_special_tokens=True``), its length in tokens and its masked (environment) token count."""
     records = []
     responses, masks = batch.batch["responses"], batch.batch["response_mask"]
     lengths = batch.batch["attention_mask"][:, batch.batch["prompts"].shape[1] :].sum(dim=1)
@@ -148,7 +151,9 @@ def rollout_records(batch: DataProto, tokenizer: Any) -> list[dict[str, Any]]:
         length = int(lengths[i])
         fields = {key: batch.non_tensor_batch[key][i] for key in RECORD_KEYS if key in batch.non_tensor_batch}
         record: dict[str, Any] = dict(record_of(fields))
-        record["response"] = tokenizer.decode(responses[i, :length].tolist())
+        record["response"] = tokenizer.decode(
+            responses[i, :length].tolist(), skip_special_tokens=skip_special_tokens
+        )
         record["response_length"] = length
         record["masked_tokens"] = int(length - masks[i, :length].sum())
         records.append(record)
