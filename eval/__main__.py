@@ -5,6 +5,7 @@ python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limi
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
+python -m eval regimes --sparse RAW [--dense RAW] --out DIR   (eval.regimes: two regimes side by side)
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def cmd_run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("run", "select", "report")
+    commands = ("run", "select", "report", "regimes")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
@@ -227,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         from eval.select import main as select_main  # heavy: pandas, only for select
 
         return select_main(rest)
+    if command == "regimes":
+        from eval.regimes import main as regimes_main  # heavy: pandas/matplotlib, only for regimes
+
+        return regimes_main(rest)
     from eval.report import main as report_main  # heavy: pandas/matplotlib, only for report
 
     return int(report_main(rest) or 0)

@@ -279,3 +279,28 @@ def plot_zero_variance(logs: pd.DataFrame, shapes: Sequence[str], smooth: int, p
     )
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_zero_variance_gain(frame: pd.DataFrame, path: Path) -> Path:
+    """Zero-variance group fraction against EM gain, one point per cell (``eval.regimes.cells``
+    frame: ``regime, group, shape, zero_var, gain``): marker per regime, filled at G = 5."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    shapes = sorted(frame["shape"].unique())
+    markers = {"dense": "o", "sparse": "s"}
+    for (regime, group, shape), sub in frame.groupby(["regime", "group", "shape"]):
+        colour = shape_colour(shape, shapes)
+        ax.scatter(
+            sub["zero_var"],
+            sub["gain"],
+            marker=markers.get(regime, "^"),
+            facecolors=colour if group == 5 else "none",
+            edgecolors=colour,
+            s=46,
+            label=f"{regime} {shape} G={int(group)}",
+        )
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("zero-variance group fraction (own reward, steps 1..matched horizon)")
+    ax.set_ylabel("gain in EM (Avg all), best checkpoint vs step 0")
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title("Tied groups against learning, one point per cell")
+    return _save(fig, path)

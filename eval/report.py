@@ -60,8 +60,8 @@ from eval.tables import (
 )
 
 AVERAGE_TEXT = {
-    AVG_ALL: "unweighted mean over all {n} benchmarks, MuSiQue included (the paper's Avg over its 7)",
-    AVG_HELDOUT: "unweighted mean over the {h} held-out benchmarks (MuSiQue, the training set, excluded)",
+    AVG_ALL: "unweighted mean over all {n} benchmarks, the training set's included (the paper's Avg over its 7)",
+    AVG_HELDOUT: "unweighted mean over the {h} held-out benchmarks (excluded as the training set's: {trained})",
 }
 TABLE_FILES = {"em": "table3_em", "f1": "table4_f1", "acc": "table5_acc"}
 TABLE_TITLES = {
@@ -124,7 +124,7 @@ def bootstrap_cells(
     estimate, lo, hi`` (benchmark includes the two averages). Cells without rows.jsonl, or whose rows
     lack a benchmark, get no CI and a note; rows disagreeing with summary.json get a note."""
     suite = results.suite
-    subsets = {AVG_ALL: suite, AVG_HELDOUT: [b for b in suite if b != IN_DISTRIBUTION]}
+    subsets = {AVG_ALL: suite, AVG_HELDOUT: [b for b in suite if b not in IN_DISTRIBUTION]}
     records, loaded, notes = [], {}, []
     for run, step in sorted(set(zip(cells["run"], cells["step"], strict=True))):
         path = results.rows_path(run, int(step))
@@ -308,7 +308,8 @@ def load_report(args: argparse.Namespace) -> Report:
     floors = floor_checkpoints(scores)
     cells = pd.concat([selections[["run", "step"]], floors.assign(step=0)[["run", "step"]]])
     cis, loaded, ci_notes = bootstrap_cells(results, cells, args.bootstrap, args.seed, args.ci_level)
-    n_all, n_held = len(suite), len([b for b in suite if b != IN_DISTRIBUTION])
+    n_all, n_held = len(suite), len([b for b in suite if b not in IN_DISTRIBUTION])
+    trained = " and ".join(benchmark_label(b) for b in suite if b in IN_DISTRIBUTION) or "none of this suite"
     return Report(
         args=args,
         results=results,
@@ -323,7 +324,7 @@ def load_report(args: argparse.Namespace) -> Report:
         loaded=loaded,
         t1=table1(scores, selections, floors, cis, criterion),
         caption=preset_caption([limits_preset_of(r.path) for r in results.runs.values()]),
-        avg_text={k: v.format(n=n_all, h=n_held) for k, v in AVERAGE_TEXT.items()},
+        avg_text={k: v.format(n=n_all, h=n_held, trained=trained) for k, v in AVERAGE_TEXT.items()},
         notes=[*results.notes, *sel_notes, *_floor_notes(scores, floors), *ci_notes],
     )
 

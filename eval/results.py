@@ -45,6 +45,8 @@ class Benchmark:
     label: str
     multi_hop: bool
     aliases: tuple[str, ...] = ()
+    in_training: bool = False
+    """The study trains on this benchmark's training split: excluded from the held-out average."""
 
 
 SUITE: tuple[Benchmark, ...] = (
@@ -53,11 +55,17 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("popqa", "PopQA", False),
     Benchmark("hotpotqa", "HotpotQA", True, ("hotpot", "hqa")),
     Benchmark("2wikimultihopqa", "2Wiki", True, ("2wiki", "2wikimqa", "twowiki")),
-    Benchmark("musique", "MuSiQue", True, ("mus",)),
+    Benchmark("musique", "MuSiQue", True, ("mus",), in_training=True),
     Benchmark("bamboogle", "Bamboogle", True, ("bamb",)),
+    # the micro study's paper-shaped synthetic suite (search_demo.study_world)
+    Benchmark("syn_two_hop", "Two-hop", True, ("syntwohop",), in_training=True),
+    Benchmark("syn_single_hop", "Single-hop", False, ("synsinglehop",)),
+    Benchmark("syn_three_hop", "Three-hop", True, ("synthreehop",)),
+    Benchmark("syn_comparison", "Comparison", True, ("syncomparison",)),
+    Benchmark("syn_unseen_world", "Unseen world", True, ("synunseenworld",)),
 )
-IN_DISTRIBUTION = "musique"
-"""The training benchmark (MuSiQue); every other benchmark is held out (out-of-distribution)."""
+IN_DISTRIBUTION = frozenset(b.key for b in SUITE if b.in_training)
+"""The training benchmarks (MuSiQue; the synthetic suite's two-hop); every other one is held out."""
 
 _ALIASES = {alias: b.key for b in SUITE for alias in (b.key, *b.aliases)}
 _BY_KEY = {b.key: b for b in SUITE}
@@ -118,7 +126,7 @@ class Results:
     ``scores`` is tidy: one row per (run, step, benchmark) with columns ``run, shape, seed,
     horizon, step, benchmark, n, em, f1, acc, abort_rate, searches_mean``; ``benchmark`` also takes
     the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite) and :data:`AVG_HELDOUT`
-    (unweighted mean over the suite without MuSiQue) for em/f1/acc. ``suite`` lists the real
+    (unweighted mean over the suite without the training benchmark) for em/f1/acc. ``suite`` lists the real
     benchmarks in paper order. ``notes`` says which checkpoints were skipped and why.
     ``summaries`` holds the summary.json document of every (run, step) in ``scores``, as written.
     """
@@ -261,7 +269,7 @@ def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
     """Append the AVG_ALL / AVG_HELDOUT pseudo-benchmark rows for every (run, step)."""
     keys = ["run", "shape", "seed", "horizon", "step"]
-    heldout = [b for b in suite if b != IN_DISTRIBUTION]
+    heldout = [b for b in suite if b not in IN_DISTRIBUTION]
     parts = [frame]
     for name, members in ((AVG_ALL, list(suite)), (AVG_HELDOUT, heldout)):
         sub = frame[frame["benchmark"].isin(members)]

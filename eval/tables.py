@@ -287,7 +287,7 @@ def study_floor(avg: str, suite: Sequence[str]) -> float | None:
     when ``suite`` is not the study's seven benchmarks (a different suite is not comparable)."""
     if set(suite) != set(STUDY_FLOOR_EM):
         return None
-    names = [b for b in STUDY_FLOOR_EM if avg == AVG_ALL or b != IN_DISTRIBUTION]
+    names = [b for b in STUDY_FLOOR_EM if avg == AVG_ALL or b not in IN_DISTRIBUTION]
     return sum(STUDY_FLOOR_EM[b] for b in names) / len(names)
 
 
@@ -358,8 +358,8 @@ def per_benchmark_table(
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     wide = cell_values(scores, selections, floors, metric)[[*suite, *AVERAGES]].reset_index()
-    heldout = len([b for b in suite if b != IN_DISTRIBUTION])
-    names = {b: benchmark_label(b) + (" (ID)" if b == IN_DISTRIBUTION else "") for b in suite}
+    heldout = len([b for b in suite if b not in IN_DISTRIBUTION])
+    names = {b: benchmark_label(b) + (" (ID)" if b in IN_DISTRIBUTION else "") for b in suite}
     names.update({AVG_ALL: f"Avg (all {len(suite)})", AVG_HELDOUT: f"Avg (held-out {heldout})"})
     wide = wide.rename(columns=names).drop(columns="run")
     floor = wide["row"] == FLOOR

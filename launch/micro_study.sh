@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# The whole study on a laptop: the 3 x 3 reward-shape ablation on the synthetic world, end to end.
+# The whole study on a laptop: the micro study's reward-shape ablation on the synthetic world, end to end.
 #
-#   bash launch/micro_study.sh                     # train 9 cells, evaluate every checkpoint, report
+#   bash launch/micro_study.sh                     # dense regime: train 9 cells, evaluate every checkpoint, report
+#   bash launch/micro_study.sh --regime sparse     # sparse regime: 15 + 6 cells (below)
+#   bash launch/micro_study.sh --regime sparse --list   # print the cells (cell, cap, group size, results tree)
 #   CELLS="em_only_s42 f1_only_s42" bash launch/micro_study.sh   # a subset, in this order
 #
-# For each cell {em_only, f1_only, f1_format} x seed {42, 43, 44} (seed-major order, so every seed
-# is complete before the next starts):
-#   1. train:  RLVR_RUN_DIR=$RUNS/<cell> bash launch/run.sh recipes/micro_<cell>.yaml retriever.port=$PORT
-#              (recipes/micro_<cell>.yaml = recipes/micro.yaml + shape, seed and step cap only)
+# Regimes (docs/micro_study/regimes.md):
+#   dense   {em_only, f1_only, f1_format} x seed {42, 43, 44}, recipes/micro_<cell>.yaml (shape, seed and
+#           step cap only), the demo world and warm start.
+#   sparse  recipes/micro_sparse.yaml (verbose warm start, paper-shaped study world), cells set by
+#           overrides: {em_only, f1_only, f1_format} x seed {42..46} at G = 5 (the results tree), then
+#           {em_only, f1_only} x seed {42, 43, 44} at G = 10 (cells <shape>_g10_s<seed>, the g10 tree,
+#           capped at the matched horizon, the smallest cap). Step caps: the GPU study's
+#           180 : 230 : 312 x 1/10 for seeds 42 : 43 : 44, and seed 42 + k takes seed 42 + (k mod 3)'s
+#           cap (45 -> 18, 46 -> 23): the same three horizons, so the matched horizon stays the smallest.
+#
+# For each cell (seed-major order, so every seed is complete before the next starts):
+#   1. train:  RLVR_RUN_DIR=$RUNS/<cell> bash launch/run.sh <recipe> retriever.port=$PORT [overrides]
 #   2. eval:   launch/eval.sh on every checkpoint of the cell, on the world's test split and on its
-#              validation split (OUT=$RESULTS/test, $RESULTS/val). Step 0 (the shared warm start)
-#              is evaluated once per seed, with the seed's first cell.
+#              validation split (OUT=$RESULTS[/g10]/test, .../val). Step 0 (the shared warm start)
+#              is evaluated once per seed and results tree, with that seed's first cell there.
 # then
 #   3. report: python -m eval report --results $RESULTS/test --val-results $RESULTS/val --logs $RUNS
-#              --matched-horizon auto (= the smallest cap, the analogue of the GPU cells' 180)
+#              --matched-horizon auto (= the smallest cap, the analogue of the GPU cells' 180);
+#              sparse: also the group-size tree ($RESULTS/g10) and, with DENSE set to the dense
+#              study's export, the two regimes side by side (python -m eval regimes).
 #   4. export: with EXPORT set, the raw evaluation summaries + rows, run.json and each cell's
 #              metrics.jsonl (not checkpoints) are copied to $EXPORT/raw and the report is written
 #              from that copy to $EXPORT/report, its arguments in $EXPORT/report_args.txt (what
@@ -29,46 +41,98 @@
 # Progress: one line per cell and stage on stderr (also appended to $RUNS/progress.log); the
 # children's output goes to $RUNS/<cell>/micro_{train,eval_test,eval_val}.log.
 #
-# Environment (defaults in brackets):
-#   CELLS          cells to run, in order                                 [all nine, seed-major]
-#   RUNS           run directories                                        [runs/micro]
-#   RESULTS        evaluation results                                     [results/micro]
+# Environment (defaults in brackets; sparse defaults after the bar):
+#   CELLS          cells to run, in order                                 [all of the regime, seed-major]
+#   RUNS           run directories                                        [runs/micro | runs/sparse]
+#   RESULTS        evaluation results                                     [results/micro | results/sparse]
 #   REPORT         report folder (without EXPORT)                         [$RESULTS/report]
 #   EXPORT         copy raw results + report here, e.g. docs/micro_study  []
+#   DENSE          sparse only: the dense study's export, for the side-by-side report [docs/micro_study]
 #   PORT           retriever port of training; evaluation uses PORT+1     [18500]
 #   WORLD          the synthetic world the cells train on                 [the recipes' launch.assets.world]
 #   TEST_SUITE     test split of the world (eval --suite)                 [$WORLD/test]
 #   VAL_SUITE      validation split of the world                          [$WORLD/val.parquet]
 #   CORPUS         the world's corpus (BM25 retriever of evaluation)      [$WORLD/corpus.jsonl]
-#   TEST_LIMIT     questions per benchmark of the test split; empty = all [100]
-#   VAL_LIMIT      questions per benchmark of the validation split        [50]
+#   TEST_LIMIT     questions per benchmark of the test split; empty = all [100 | 60]
+#   VAL_LIMIT      questions per benchmark of the validation split        [50 | 30]
 #   BOOTSTRAP      bootstrap resamples of the report                      [1000]
 #   EXTRA          extra hydra overrides for every cell (e.g. "data.train_batch_size=4")  []
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 cd "$ROOT"
 
+REGIME=dense
+LIST=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --regime) REGIME="${2:-}"; shift 2 ;;
+    --regime=*) REGIME="${1#--regime=}"; shift ;;
+    --list) LIST=1; shift ;;
+    *) die "unknown argument $1 (use --regime dense|sparse, --list)" ;;
+  esac
+done
+[[ "$REGIME" == dense || "$REGIME" == sparse ]] || die "--regime must be dense or sparse, got '$REGIME'"
+
 SHAPES=(em_only f1_only f1_format)
-SEEDS=(42 43 44)
+GPU_CAPS=(180 230 312)  # the GPU study's step caps of seeds 42, 43, 44
+declare -A CAP=() GROUP=() TREE=() SHAPE_OF=() SEED_OF=()
 DEFAULT_CELLS=()
-for seed in "${SEEDS[@]}"; do for shape in "${SHAPES[@]}"; do DEFAULT_CELLS+=("${shape}_s$seed"); done; done
+add_cell() {  # add_cell CELL SHAPE SEED CAP G TREE
+  DEFAULT_CELLS+=("$1")
+  SHAPE_OF[$1]="$2" SEED_OF[$1]="$3" CAP[$1]="$4" GROUP[$1]="$5" TREE[$1]="$6"
+}
+sparse_cap() {  # seed 42 + k: the GPU cap of seed 42 + (k mod 3), x 1/10, rounded to whole steps
+  local c=${GPU_CAPS[$(( ($1 - 42) % 3 ))]}
+  echo $(( (c + 5) / 10 ))
+}
+if [[ "$REGIME" == dense ]]; then
+  for seed in 42 43 44; do for shape in "${SHAPES[@]}"; do
+    cell="${shape}_s$seed"
+    add_cell "$cell" "$shape" "$seed" "$(awk '/total_training_steps:/ { print $2 }' "recipes/micro_$cell.yaml" 2>/dev/null)" 5 ""
+  done; done
+  RUNS="${RUNS:-runs/micro}" RESULTS="${RESULTS:-results/micro}"
+  TEST_LIMIT="${TEST_LIMIT-100}" VAL_LIMIT="${VAL_LIMIT-50}"
+else
+  for seed in 42 43 44 45 46; do for shape in "${SHAPES[@]}"; do
+    add_cell "${shape}_s$seed" "$shape" "$seed" "$(sparse_cap "$seed")" 5 ""
+  done; done
+  MATCHED=$(sparse_cap 42)
+  for seed in 42 43 44; do for shape in em_only f1_only; do
+    add_cell "${shape}_g10_s$seed" "$shape" "$seed" "$MATCHED" 10 g10
+  done; done
+  RUNS="${RUNS:-runs/sparse}" RESULTS="${RESULTS:-results/sparse}"
+  TEST_LIMIT="${TEST_LIMIT-60}" VAL_LIMIT="${VAL_LIMIT-30}"
+fi
+if [[ "$LIST" == 1 ]]; then
+  for cell in "${DEFAULT_CELLS[@]}"; do printf '%s cap=%s G=%s tree=%s\n' "$cell" "${CAP[$cell]}" "${GROUP[$cell]}" "${TREE[$cell]:-main}"; done
+  exit 0
+fi
 read -ra CELL_LIST <<<"${CELLS:-${DEFAULT_CELLS[*]}}"
-RUNS="${RUNS:-runs/micro}"
-RESULTS="${RESULTS:-results/micro}"
 EXPORT="${EXPORT:-}"
+DENSE="${DENSE:-docs/micro_study}"
 REPORT="${REPORT:-$RESULTS/report}"
 PORT="${PORT:-18500}"
-TEST_LIMIT="${TEST_LIMIT-100}"
-VAL_LIMIT="${VAL_LIMIT-50}"
 BOOTSTRAP="${BOOTSTRAP:-1000}"
 read -ra EXTRA_ARGS <<<"${EXTRA:-}"
 
+recipe_of() {  # the recipe file a cell trains with
+  if [[ "$REGIME" == dense ]]; then echo "recipes/micro_$1.yaml"; else echo recipes/micro_sparse.yaml; fi
+}
+overrides_of() {  # the hydra overrides that make a cell of the recipe (none for dense: its recipe is the cell)
+  [[ "$REGIME" == dense ]] && return 0
+  printf '%s\n' "shape=${SHAPE_OF[$1]}" "seed=${SEED_OF[$1]}" "trainer.total_training_steps=${CAP[$1]}" \
+    "actor_rollout_ref.rollout.n=${GROUP[$1]}" "trainer.experiment_name=$1"
+}
+results_of() {  # the results tree of a cell ($RESULTS or $RESULTS/g10)
+  if [[ -n "${TREE[$1]:-}" ]]; then echo "$RESULTS/${TREE[$1]}"; else echo "$RESULTS"; fi
+}
+
 for cell in "${CELL_LIST[@]}"; do
-  [[ -f "recipes/micro_$cell.yaml" ]] || die "no recipe recipes/micro_$cell.yaml (CELLS takes names like f1_only_s44)"
+  [[ -n "${CAP[$cell]:-}" ]] || die "no cell $cell in the $REGIME regime (CELLS takes names like f1_only_s44; --list prints them)"
 done
 mkdir -p "$RUNS" "$RESULTS"
 if [[ -z "${WORLD:-}" ]]; then  # where run.sh builds (or finds) the world the recipes train on
-  WORLD="$("$PYTHON" - "recipes/micro_${CELL_LIST[0]}.yaml" <<'PY'
+  WORLD="$("$PYTHON" - "$(recipe_of "${CELL_LIST[0]}")" <<'PY'
 import sys
 from pathlib import Path
 from hydra import compose, initialize_config_dir
@@ -119,10 +183,6 @@ run_stage() {  # run_stage LOG CMD...: the command in its own process group, out
   return "$rc"
 }
 
-step_cap() {  # the trainer.total_training_steps of a micro cell recipe
-  awk '/total_training_steps:/ { print $2 }' "recipes/micro_$1.yaml"
-}
-
 train_summary() {  # train_summary METRICS.JSONL: "reward/mean first 3 steps -> last 3 steps, zero-var"
   "$PYTHON" - "$1" <<'PY'
 import json, sys
@@ -161,7 +221,7 @@ PY
 
 train_cell() {
   local cell="$1" dir="$RUNS/$1" cap latest t0
-  cap="$(step_cap "$cell")"
+  cap="${CAP[$cell]}"
   if [[ -f "$dir/.micro_trained" ]]; then
     progress "$cell train: done before ($(cat "$dir/.micro_trained"))"
     return 0
@@ -169,8 +229,10 @@ train_cell() {
   mkdir -p "$dir"
   latest="$(cat "$dir/checkpoints/latest_checkpointed_iteration.txt" 2>/dev/null || echo 0)"
   t0=$SECONDS
-  if ! RLVR_RUN_DIR="$dir" run_stage "$dir/micro_train" bash launch/run.sh "recipes/micro_$cell.yaml" \
-      "retriever.port=$PORT" "${EXTRA_ARGS[@]}"; then
+  local cell_args=()
+  mapfile -t cell_args < <(overrides_of "$cell")
+  if ! RLVR_RUN_DIR="$dir" run_stage "$dir/micro_train" bash launch/run.sh "$(recipe_of "$cell")" \
+      "${cell_args[@]}" "retriever.port=$PORT" "${EXTRA_ARGS[@]}"; then
     progress "$cell train: FAILED, see $dir/micro_train.log and $dir/train.log"
     tail -n 30 "$dir/micro_train.log" >&2
     return 1
@@ -192,7 +254,7 @@ eval_cell() {
   fi
   suite="$TEST_SUITE" limit="$TEST_LIMIT"
   [[ "$split" == val ]] && suite="$VAL_SUITE" limit="$VAL_LIMIT"
-  out="$RESULTS/$split"
+  out="$(results_of "$cell")/$split"
   local base=()
   [[ "$first" == 1 ]] || base=(--base-model none)
   t0=$SECONDS
@@ -208,60 +270,89 @@ eval_cell() {
   progress "$cell eval $split: $((SECONDS - t0)) s, $summary"
 }
 
-export_raw() {  # the raw results (no checkpoints, no merged weights) and training logs -> $EXPORT/raw
-  local raw="$EXPORT/raw" split cell
+TREES=("")  # results trees: "" = $RESULTS (the main study), g10 = $RESULTS/g10 (sparse: group size)
+[[ "$REGIME" == sparse ]] && TREES+=(g10)
+
+cells_in() {  # cells_in TREE: the cells of CELL_LIST whose results go to TREE
+  local cell
+  for cell in "${CELL_LIST[@]}"; do [[ "${TREE[$cell]:-}" == "$1" ]] && echo "$cell"; done
+  return 0
+}
+
+export_raw() {  # the raw results (no checkpoints, no merged weights) and training logs -> $EXPORT/raw[/g10]
+  local raw="$EXPORT/raw" split cell tree
   rm -rf "$raw.tmp"
-  for split in test val; do
-    for cell in "${CELL_LIST[@]}"; do
-      local src="$RESULTS/$split/$cell" dst="$raw.tmp/$split/$cell"
-      [[ -f "$src/run.json" ]] || continue
-      mkdir -p "$dst"
-      cp "$src/run.json" "$dst/"
-      for step in "$src"/global_step_*; do
-        [[ -f "$step/summary.json" ]] || continue
-        mkdir -p "$dst/$(basename "$step")"
-        cp "$step/summary.json" "$step/rows.jsonl" "$dst/$(basename "$step")/"
+  for tree in "${TREES[@]}"; do
+    local from="$RESULTS${tree:+/$tree}" to="$raw.tmp${tree:+/$tree}"
+    for cell in $(cells_in "$tree"); do
+      for split in test val; do
+        local src="$from/$split/$cell" dst="$to/$split/$cell"
+        [[ -f "$src/run.json" ]] || continue
+        mkdir -p "$dst"
+        cp "$src/run.json" "$dst/"
+        for step in "$src"/global_step_*; do
+          [[ -f "$step/summary.json" ]] || continue
+          mkdir -p "$dst/$(basename "$step")"
+          cp "$step/summary.json" "$step/rows.jsonl" "$dst/$(basename "$step")/"
+        done
       done
+      if [[ -f "$RUNS/$cell/metrics.jsonl" ]]; then
+        mkdir -p "$to/logs/$cell"
+        cp "$RUNS/$cell/metrics.jsonl" "$to/logs/$cell/"
+      fi
     done
-  done
-  for cell in "${CELL_LIST[@]}"; do
-    if [[ -f "$RUNS/$cell/metrics.jsonl" ]]; then
-      mkdir -p "$raw.tmp/logs/$cell"
-      cp "$RUNS/$cell/metrics.jsonl" "$raw.tmp/logs/$cell/"
-    fi
   done
   cp "$RUNS/progress.log" "$raw.tmp/progress.log"
   rm -rf "$raw"
   mv "$raw.tmp" "$raw"
 }
 
-write_report() {  # write_report RESULTS_ROOT LOGS_ROOT OUT [ARGS_FILE]: ARGS_FILE records the arguments but --out
-  local args=(--results "$1/test" --logs "$2" --matched-horizon auto --bootstrap "$BOOTSTRAP")
-  [[ -d "$1/val" ]] && args+=(--val-results "$1/val")
-  [[ -n "${4:-}" ]] && printf '%s\n' "${args[*]}" >"$4"
-  "$PYTHON" -m eval report "${args[@]}" --out "$3"
+write_report() {  # write_report RESULTS_ROOT OUT ARGS_FILE LOGS...: ARGS_FILE (may be empty) records the arguments but --out
+  local root="$1" out="$2" args_file="$3"
+  shift 3
+  local args=(--results "$root/test" --logs "$@" --matched-horizon auto --bootstrap "$BOOTSTRAP")
+  [[ -d "$root/val" ]] && args+=(--val-results "$root/val")
+  [[ -n "$args_file" ]] && printf '%s\n' "${args[*]}" >"$args_file"
+  "$PYTHON" -m eval report "${args[@]}" --out "$out"
+}
+
+write_reports() {  # every tree's report, then (sparse) the regimes side by side; sets REPORT
+  local tree cell logs
+  for tree in "${TREES[@]}"; do
+    [[ -d "$RESULTS${tree:+/$tree}/test" ]] || continue
+    if [[ -n "$EXPORT" ]]; then
+      write_report "$EXPORT/raw${tree:+/$tree}" "$EXPORT/report${tree:+/$tree}" \
+        "$EXPORT/report_args${tree:+_$tree}.txt" "$EXPORT/raw${tree:+/$tree}/logs" >&2
+    else
+      logs=()
+      for cell in $(cells_in "$tree"); do
+        [[ -f "$RUNS/$cell/metrics.jsonl" ]] && logs+=("$RUNS/$cell/metrics.jsonl")
+      done
+      write_report "$RESULTS${tree:+/$tree}" "$REPORT${tree:+/$tree}" "" "${logs[@]}" >&2
+    fi
+  done
+  [[ -n "$EXPORT" ]] && REPORT="$EXPORT/report"
+  if [[ "$REGIME" == sparse ]]; then
+    local raw="$RESULTS" logs_root="$RUNS"
+    [[ -n "$EXPORT" ]] && raw="$EXPORT/raw" logs_root=""
+    "$PYTHON" -m eval regimes --dense "$DENSE/raw" --sparse "$raw" ${logs_root:+--sparse-logs "$logs_root"} \
+      --out "$REPORT/regimes" --bootstrap "$BOOTSTRAP" >&2
+  fi
 }
 
 T0=$SECONDS
-progress "micro study: ${#CELL_LIST[@]} cells, world $WORLD, runs in $RUNS, results in $RESULTS (test $TEST_SUITE limit ${TEST_LIMIT:-all}, val $VAL_SUITE limit ${VAL_LIMIT:-all})"
+progress "micro study ($REGIME): ${#CELL_LIST[@]} cells, world $WORLD, runs in $RUNS, results in $RESULTS (test $TEST_SUITE limit ${TEST_LIMIT:-all}, val $VAL_SUITE limit ${VAL_LIMIT:-all})"
 declare -A SEEN_SEED=()
-i=0
 for cell in "${CELL_LIST[@]}"; do
-  i=$((i + 1))
-  seed="${cell##*_s}"
+  key="${TREE[$cell]:-main}:${SEED_OF[$cell]}"  # step 0 once per seed and results tree
   first=0
-  [[ -z "${SEEN_SEED[$seed]:-}" ]] && first=1
-  SEEN_SEED[$seed]=1
+  [[ -z "${SEEN_SEED[$key]:-}" ]] && first=1
+  SEEN_SEED[$key]=1
   train_cell "$cell" || exit 1
   eval_cell "$cell" test "$first" || exit 1
   eval_cell "$cell" val "$first" || exit 1
 done
 
-if [[ -n "$EXPORT" ]]; then
-  export_raw
-  write_report "$EXPORT/raw" "$EXPORT/raw/logs" "$EXPORT/report" "$EXPORT/report_args.txt" >&2
-  REPORT="$EXPORT/report"
-else
-  write_report "$RESULTS" "$RUNS" "$REPORT" >&2
-fi
+[[ -n "$EXPORT" ]] && export_raw
+write_reports
 progress "micro study done in $((SECONDS - T0)) s (this invocation); report: $REPORT/index.md"

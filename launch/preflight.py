@@ -296,6 +296,12 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
                 str(repo_path(assets.warm_start)),
                 *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") is not None else []),
                 *(["--base", str(repo_path(assets.base))] if assets.get("base") is not None else []),
+                *(["--regime", str(assets.regime)] if assets.get("regime") is not None else []),
+                *(
+                    ["--unseen-world-seed", str(assets.unseen_world_seed)]
+                    if assets.get("unseen_world_seed") is not None
+                    else []
+                ),
             ]
         )
 

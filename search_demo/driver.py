@@ -3,9 +3,11 @@
 Subcommands::
 
     python -m search_demo assets --world-seed S --world DIR --warm-start DIR
-        the synthetic world (``search_demo.world``) and the SFT warm start
-        (``search_demo.warm_start``), each rebuilt only when missing or stale; launch/run.sh
-        calls it for recipes with ``launch.build_demo_assets``.
+                                 [--regime dense|sparse] [--unseen-world-seed S2]
+        the synthetic world (``search_demo.world``; with ``--unseen-world-seed``, the micro study's
+        paper-shaped ``search_demo.study_world``) and the SFT warm start of the regime
+        (``search_demo.warm_start.REGIMES``), each rebuilt only when missing or stale;
+        launch/run.sh calls it for recipes with ``launch.build_demo_assets``.
     python -m search_demo run [--run-dir runs/demo_cpu] [--port 18450] [--limit 100]
                                       [--also-world-seed S2] [hydra overrides...]
         1. ``bash launch/run.sh recipes/demo_cpu.yaml`` (GRPO; builds the assets on first use);
@@ -53,13 +55,17 @@ def ensure_world(seed: int, out: Path) -> Path:
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
+    from search_demo.study_world import ensure_study_world  # heavy: pandas (parquet), only for assets
     from search_demo.warm_start import (  # heavy: torch/transformers, only for assets
-        WarmStartConfig,
+        REGIMES,
         ensure_warm_start,
     )
 
-    world_dir = ensure_world(args.world_seed, args.world)
-    cfg = WarmStartConfig()
+    if args.unseen_world_seed is None:
+        world_dir = ensure_world(args.world_seed, args.world)
+    else:  # the micro study's paper-shaped suite (search_demo.study_world)
+        world_dir = ensure_study_world(args.world_seed, args.unseen_world_seed, args.world)
+    cfg = REGIMES[args.regime]
     if args.sft_steps is not None:
         cfg = replace(cfg, steps=args.sft_steps)
     model = ensure_warm_start(args.warm_start, cfg, base=args.base, log=lambda m: print(m, flush=True))
@@ -262,6 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     assets.add_argument(
         "--base", type=Path, default=None, help="base model folder (default: the shipped assets/demo_base)"
+    )
+    assets.add_argument(
+        "--regime",
+        choices=["dense", "sparse"],
+        default="dense",
+        help="warm start of the micro study's reward regime (search_demo.warm_start.REGIMES)",
+    )
+    assets.add_argument(
+        "--unseen-world-seed",
+        type=int,
+        default=None,
+        help="build the paper-shaped study world (search_demo.study_world) with this unseen world",
     )
     run = sub.add_parser("run", help="train (launch/run.sh), evaluate (launch/eval.sh), print the report")
     run.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")

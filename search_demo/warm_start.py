@@ -92,6 +92,13 @@ class WarmStartConfig:
     second time often enough to score. Measured on the demo (docs/training.md): 0.15 left the
     greedy policy searching twice already (two-hop EM 0.73: little to learn), 0.5 stopped it
     always (two-hop EM 0.00; GRPO then raised aborts to 0.34); 0 is a flawless teacher."""
+    verbose_answer: float = 0.0
+    """Fraction of the demonstrations in which the teacher answers with the sentence of the passage
+    that holds the answer ("Velmora is a city in Zor" for "Zor"; :func:`answered_verbosely`) instead
+    of the bare name: the verbose answer a small untrained model gives. EM scores such an answer 0
+    and F1 gives it partial credit (0.29-0.44), so a high value makes the sparse regime
+    (:data:`REGIMES`): the greedy warm start answers verbosely almost always, and its samples
+    answer with the bare name now and then. 0 (the dense regime) leaves every answer bare."""
     steps: int = 250
     """SFT steps: deliberately partial (with a flawless teacher, 400 gave held-out EM 0.725, two-hop 0.75)."""
     name_weight: float = 5.0
@@ -166,9 +173,27 @@ def stopped_early(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "hops": row["hops"][:1], "golden_answers": [row["hops"][0]["answer"]]}
 
 
+VERBOSE_ANSWERS = {
+    "born_in": "{s} was born in {a}",
+    "located_in": "{s} is a city in {a}",
+    "founded_by": "{s} is a company founded by {a}",
+    "headquartered_in": "the headquarters of {s} are in {a}",
+}
+"""The sentence a verbose answer gives for the last hop's relation (the world's passage wording)."""
+
+
+def answered_verbosely(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` answered with the sentence stating its last hop (:data:`VERBOSE_ANSWERS`), e.g.
+    "Ana Belt was born in Velmora" for "Velmora": right, but not an exact match."""
+    hop = row["hops"][-1]
+    sentence = VERBOSE_ANSWERS[hop["relation"]].format(s=hop["subject"], a=hop["answer"])
+    return {**row, "golden_answers": [sentence]}
+
+
 def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dict[str, Any]]:
     """The demonstrated rows of one world, in SFT order; ``cfg.two_hop_stop_early`` of the two-hop
-    ones (a seeded draw) replaced by :func:`stopped_early`."""
+    ones (a seeded draw) replaced by :func:`stopped_early`, then ``cfg.verbose_answer`` of all of
+    them (another seeded draw, so it leaves the first unchanged) by :func:`answered_verbosely`."""
     rng = random.Random(f"warm_start:{cfg.seed}")
     single = [r for r in rows if r["type"] == "single_hop"]
     two = [r for r in rows if r["type"] == "two_hop"]
@@ -177,10 +202,12 @@ def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dic
     )
     rng.shuffle(picked)
     early = random.Random(f"stop_early:{cfg.seed}")
-    return [
+    picked = [
         stopped_early(r) if r["type"] == "two_hop" and early.random() < cfg.two_hop_stop_early else r
         for r in picked
     ]
+    verbose = random.Random(f"verbose:{cfg.seed}")
+    return [answered_verbosely(r) if verbose.random() < cfg.verbose_answer else r for r in picked]
 
 
 def demonstrations(
@@ -338,6 +365,16 @@ def sft(
 
 
 # ---- cache and build ---------------------------------------------------------------------------
+
+
+REGIMES: dict[str, WarmStartConfig] = {
+    "dense": WarmStartConfig(),
+    "sparse": WarmStartConfig(verbose_answer=0.85),
+}
+"""The warm starts of the micro study's two reward regimes (``launch.assets.regime``;
+docs/micro_study/regimes.md). ``dense``: bare answers, held-out EM about 0.6 at step 0, a wrong
+rollout rarely has partial F1. ``sparse``: the paper's regime, verbose answers (EM near the
+paper's 9 % floor at step 0, partial F1 common)."""
 
 
 SFT_WORLD_SEEDS = range(-101, -107, -1)

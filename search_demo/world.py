@@ -191,16 +191,17 @@ class World:
 class _Names:
     """Draws names without replacement from the inventory (unique within a world)."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, avoid: frozenset[str] = frozenset()):
         self.rng = rng
         self.pools = {
             "place": list(INVENTORY.places),
             "country": list(INVENTORY.countries),
             "company": list(INVENTORY.company_stems),
         }
-        for pool in self.pools.values():
-            rng.shuffle(pool)
-        self.people: set[str] = set()
+        for kind, pool in self.pools.items():
+            rng.shuffle(pool)  # then filtered: an empty ``avoid`` draws exactly as before
+            self.pools[kind] = [name for name in pool if name not in avoid]
+        self.people: set[str] = set(avoid)
 
     def take(self, kind: str) -> str:
         pool = self.pools[kind]
@@ -356,13 +357,20 @@ def _questions(r: Region, rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
-def build_world(seed: int, sizes: dict[str, RegionSize] | None = None) -> World:
-    """The world of ``seed`` (``sizes``: per-split region sizes, default ``DEFAULT_SIZES``)."""
+def build_world(
+    seed: int, sizes: dict[str, RegionSize] | None = None, avoid: frozenset[str] = frozenset()
+) -> World:
+    """The world of ``seed`` (``sizes``: per-split region sizes, default ``DEFAULT_SIZES``).
+
+    ``avoid``: names this world must not use — single words (places, countries, company stems)
+    and full person names, e.g. :func:`entity_names` of another world, so that both worlds' passages
+    can share one corpus without contradicting each other. Empty (the default): unchanged draws.
+    """
     sizes = dict(sizes or DEFAULT_SIZES)
     if set(sizes) != set(SPLITS):
         raise ValueError(f"sizes must have exactly the splits {SPLITS}, got {sorted(sizes)}")
     rng = random.Random(f"world:{seed}")
-    names = _Names(rng)
+    names = _Names(rng, avoid)
     regions = [_region(split, sizes[split], names, rng) for split in SPLITS]
     texts = _passages(regions, rng)
     rng.shuffle(texts)
@@ -371,10 +379,17 @@ def build_world(seed: int, sizes: dict[str, RegionSize] | None = None) -> World:
     return World(seed=seed, passages=passages, questions=questions, sizes=sizes)
 
 
+def entity_names(w: World) -> frozenset[str]:
+    """Every entity name of ``w`` that another world must avoid (``build_world(avoid=...)``): full
+    names (people, companies, cities, countries) and the company stems."""
+    names = {e for rows in w.questions.values() for r in rows for e in r["entities"]}
+    return frozenset(names | {n.split()[0] for n in names if n.split()[-1] in COMPANY_SUFFIXES})
+
+
 # ---- files -------------------------------------------------------------------------------------
 
 
-def _write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
+def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
@@ -387,11 +402,11 @@ def write_world(world: World, out: str | Path) -> Path:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(world.passages, out / "corpus.jsonl")
+    write_jsonl(world.passages, out / "corpus.jsonl")
     for split, rows in world.questions.items():
-        _write_jsonl(rows, out / f"{split}.jsonl")
+        write_jsonl(rows, out / f"{split}.jsonl")
     for qtype in TYPES:
-        _write_jsonl(
+        write_jsonl(
             [r for r in world.questions["test"] if r["type"] == qtype], out / "test" / f"{qtype}.jsonl"
         )
     for split in ("train", "val"):

@@ -74,7 +74,26 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
             metrics[f"rollout/termination/{reason}"] = terminations.count(reason) / len(terminations)
         metrics["rollout/length_clip_ratio"] = metrics["rollout/termination/length_cap"]
     metrics.update(group_metrics([r.get("score") for r in rewards], groups))
+    em_groups = group_metrics([r.get("em") for r in rewards], groups)
+    if "grpo/zero_variance_group_frac" in em_groups:
+        metrics["grpo/em_zero_variance_group_frac"] = em_groups["grpo/zero_variance_group_frac"]
+    partial = partial_credit_frac([(r.get("em"), r.get("f1")) for r in rewards])
+    if partial is not None:
+        metrics["reward/partial_credit_frac"] = partial
     return metrics
+
+
+def partial_credit_frac(scores: Sequence[tuple[float | None, float | None]]) -> float | None:
+    """Of the wrong rollouts (EM 0), the fraction with partial token F1 (0 < F1 < 1).
+
+    ``scores`` holds each rollout's ``(em, f1)``; rollouts missing either are skipped. None when
+    no rollout is wrong (the fraction is undefined). How often F1 separates rollouts EM ties at
+    zero: the reward density the paper's §6.3 mechanism turns on.
+    """
+    wrong = [f1 for em, f1 in scores if em is not None and f1 is not None and float(em) == 0.0]
+    if not wrong:
+        return None
+    return float(np.mean([0.0 < float(f1) < 1.0 for f1 in wrong]))
 
 
 def group_metrics(scores: Sequence[float | None], groups: Sequence[str]) -> dict[str, float]:

@@ -1,0 +1,368 @@
+"""Two reward regimes side by side: ``python -m eval regimes`` (the micro study's regime report).
+
+Reads the exported raw results of the dense micro study (``--dense``: ``test/``, ``val/``,
+``logs/``) and of the sparse one (``--sparse``: the same, plus the group-size tree ``g10/``) and
+writes one folder:
+
+- ``cells.csv`` — one row per trained cell (regime, G, shape, seed): step-0 and best EM at the
+  matched horizon (both averages), the gain, the zero-variance group fraction under the cell's
+  own reward and under EM, the partial-credit fraction at step 1, the length-clip ratio, response
+  length early and late, and the correlation of training reward with test EM over checkpoints;
+- ``table1.md`` — Table 1 per regime (mean over seeds, per-seed values), the ranking test with the
+  direction stated in advance (EM-only last) and its conservative alternatives;
+- ``group_size.md`` — em_only and f1_only at G = 5 and G = 10 on the same seeds and prompts;
+- ``fig_zero_variance_gain.png`` — zero-variance fraction against gain, one point per cell;
+- ``index.md`` — all of the above and the conclusion, each claim of the paper with its numbers.
+
+Every number comes from the raw files, so the folder regenerates byte for byte (figures aside)
+from the same input (``tests/test_micro_study.py``). Horizon: the matched one (the smallest step
+cap of the regime's cells, as ``eval report --matched-horizon auto``); training-log means are over
+steps 1..matched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from eval import figures
+from eval.checkpoints import get_dotted
+from eval.results import AVG_ALL, AVG_HELDOUT, Results, ResultsError, load_results, load_training_logs
+from eval.stats import RankingTest, ranking_test
+from eval.tables import markdown_table, order_shapes, resolve_matched_horizon, select_checkpoints
+
+PREDICTED_LAST = "em_only"
+"""The direction stated before the runs: the paper's C2, EM-only ranks last."""
+ZERO_VAR = "grpo/zero_variance_group_frac"
+EM_ZERO_VAR = "grpo/em_zero_variance_group_frac"
+PARTIAL = "reward/partial_credit_frac"
+CLIP = "rollout/length_clip_ratio"
+LENGTH = "rollout/model_tokens_mean"
+REWARD = "reward/mean"
+
+
+@dataclass
+class Tree:
+    """One results tree: a regime's main study, or its group-size runs."""
+
+    regime: str
+    results: Results
+    logs: pd.DataFrame
+
+
+def load_tree(regime: str, root: Path, logs: Path | None = None) -> Tree:
+    """``root/test`` results with the training logs under ``logs`` (default ``root/logs``)."""
+    results = load_results(root / "test")
+    log_root = logs or root / "logs"
+    frame = load_training_logs([str(log_root)], results.runs) if log_root.exists() else pd.DataFrame()
+    return Tree(regime, results, frame)
+
+
+def _group_size(results: Results, run: str) -> int:
+    n = get_dotted(results.runs[run].config, "actor_rollout_ref.rollout.n")
+    return int(n) if n is not None else 5
+
+
+def _log_mean(logs: pd.DataFrame, run: str, metric: str, lo: int, hi: int) -> float:
+    if logs.empty:
+        return math.nan
+    sel = logs[(logs["run"] == run) & (logs["metric"] == metric) & logs["step"].between(lo, hi)]
+    return float(sel["value"].mean()) if len(sel) else math.nan
+
+
+def _reward_em_corr(results: Results, logs: pd.DataFrame, run: str, window: int = 3) -> float:
+    """Pearson r over a run's trained checkpoints between test EM (Avg all) and the training
+    reward averaged over the ``window`` steps up to the checkpoint (paper §6.5); NaN under 3 points."""
+    sc = results.scores
+    em = sc[(sc["run"] == run) & (sc["benchmark"] == AVG_ALL) & (sc["step"] >= 1)].set_index("step")["em"]
+    pairs = [(_log_mean(logs, run, REWARD, s - window + 1, s), float(v)) for s, v in em.items()]
+    pairs = [p for p in pairs if not math.isnan(p[0])]
+    if len(pairs) < 3:
+        return math.nan
+    x, y = np.array(pairs).T
+    if x.std() == 0 or y.std() == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def cells(tree: Tree, matched: int) -> pd.DataFrame:
+    """One row per trained run of ``tree`` (columns: module doc) at the ``matched`` horizon."""
+    sc = tree.results.scores
+    sel, _ = select_checkpoints(sc, matched, AVG_ALL)
+    sel = sel[sel["rule"] == "matched"]
+    floor = sc[sc["step"] == 0].groupby(["seed", "benchmark"])["em"].first()
+    rows = []
+    for _, c in sel.iterrows():
+        run, seed, step = c["run"], int(c["seed"]), int(c["step"])
+        at = sc[(sc["run"] == run) & (sc["step"] == step)].set_index("benchmark")["em"]
+        f_all = floor.get((seed, AVG_ALL), math.nan)
+        f_held = floor.get((seed, AVG_HELDOUT), math.nan)
+        length_early = _log_mean(tree.logs, run, LENGTH, 1, 3)
+        length_late = _log_mean(tree.logs, run, LENGTH, matched - 2, matched)
+        rows.append(
+            {
+                "regime": tree.regime,
+                "group": _group_size(tree.results, run),
+                "shape": c["shape"],
+                "seed": seed,
+                "run": run,
+                "step": step,
+                "floor_em": f_all,
+                "best_em": float(at[AVG_ALL]),
+                "gain": float(at[AVG_ALL]) - f_all,
+                "floor_heldout_em": f_held,
+                "best_heldout_em": float(at[AVG_HELDOUT]),
+                "gain_heldout": float(at[AVG_HELDOUT]) - f_held,
+                "zero_var": _log_mean(tree.logs, run, ZERO_VAR, 1, matched),
+                "em_zero_var": _log_mean(tree.logs, run, EM_ZERO_VAR, 1, matched),
+                "partial_credit_step1": _log_mean(tree.logs, run, PARTIAL, 1, 1),
+                "clip_ratio": _log_mean(tree.logs, run, CLIP, 1, matched),
+                "length_early": length_early,
+                "length_late": length_late,
+                "reward_em_r": _reward_em_corr(tree.results, tree.logs, run),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def binomial_tail(k: int, seeds: int, hits: int) -> Fraction:
+    """Exact P(a pre-specified shape is strictly last at >= ``hits`` of ``seeds`` seeds), each seed
+    last with probability 1/k: the conservative test when it is last at only some seeds."""
+    p = Fraction(1, k)
+    return sum((math.comb(seeds, j) * p**j * (1 - p) ** (seeds - j) for j in range(hits, seeds + 1)), Fraction(0))
+
+
+def ranking(frame: pd.DataFrame) -> RankingTest:
+    """The last-place test on best EM (Avg all) at the matched horizon, by seed."""
+    table: dict[int, dict[str, float]] = {}
+    for _, r in frame.iterrows():
+        table.setdefault(int(r["seed"]), {})[r["shape"]] = float(r["best_em"])
+    return ranking_test(table, order_shapes(frame["shape"].unique()))
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _p(p: Fraction | None) -> str:
+    return "-" if p is None else f"{p} = {float(p):.4f}"
+
+
+def ranking_markdown(regime: str, test: RankingTest) -> list[str]:
+    """The ranking test's lines: the pre-stated direction, then the conservative alternatives."""
+    k, s = len(test.shapes), len(test.seeds)
+    if s == 0:
+        return [f"- {regime}: no seed has every shape evaluated; no test."]
+    hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == PREDICTED_LAST)
+    lasts = "; ".join(f"{sd}: {test.last_by_seed[sd] or 'tie'}" for sd in test.seeds)
+    return [
+        f"- **{regime}** ({k} shapes x {s} seeds; last per seed — {lasts}): {PREDICTED_LAST} strictly last at "
+        f"**{hits} of {s}** seeds.",
+        f"  - Stated in advance (C2: {PREDICTED_LAST} last at every seed): exact P = {_p(test.p_given_shape)}; "
+        f"{'reached' if hits == s else 'not reached'}.",
+        f"  - Conservative (post hoc: any shape last at every seed): P = {_p(test.p_any_shape)}; "
+        f"{'reached by ' + test.last_everywhere[0] if test.last_everywhere else 'not reached'}.",
+        f"  - Conservative (binomial: {PREDICTED_LAST} last at >= {hits} of {s} seeds by chance): "
+        f"P = {_p(binomial_tail(k, s, hits)) if hits else '1'}.",
+    ]
+
+
+def table1_markdown(frame: pd.DataFrame) -> str:
+    """Per shape: mean best EM (both averages) at the matched horizon, gain, seed values."""
+    rows = []
+    for shape in order_shapes(frame["shape"].unique()):
+        sub = frame[frame["shape"] == shape].sort_values("seed")
+        rows.append(
+            [
+                shape,
+                str(len(sub)),
+                _f(sub["floor_em"].mean()),
+                _f(sub["best_em"].mean()),
+                _f(sub["gain"].mean()),
+                _f(sub["best_heldout_em"].mean()),
+                _f(sub["gain_heldout"].mean()),
+                ", ".join(f"{int(r.seed)}: {r.best_em:.3f}" for r in sub.itertuples()),
+            ]
+        )
+    header = ["shape", "seeds", "step-0 EM", "best EM (all)", "gain", "best EM (held-out)", "gain (held-out)", "per seed (all)"]
+    return markdown_table(header, rows)
+
+
+def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int]) -> str:
+    """em_only / f1_only x G on ``seeds``: mean gain, zero-variance fractions, partial credit."""
+    rows = []
+    for (shape, group), sub in frame[frame["seed"].isin(seeds)].groupby(["shape", "group"]):
+        rows.append(
+            [
+                shape,
+                str(int(group)),
+                str(len(sub)),
+                _f(sub["best_em"].mean()),
+                _f(sub["gain"].mean()),
+                _f(sub["zero_var"].mean()),
+                _f(sub["em_zero_var"].mean()),
+            ]
+        )
+    header = ["shape", "G", "seeds", "best EM (all)", "gain", "zero-var (own reward)", "zero-var (under EM)"]
+    return markdown_table(header, rows)
+
+
+def _mean(frame: pd.DataFrame, col: str, **where: object) -> float:
+    sub = frame
+    for k, v in where.items():
+        sub = sub[sub[k] == v]
+    return float(sub[col].mean()) if len(sub) else math.nan
+
+
+def _spearman(x: pd.Series, y: pd.Series) -> float:
+    ok = x.notna() & y.notna()
+    if ok.sum() < 3:
+        return math.nan
+    return float(x[ok].rank().corr(y[ok].rank()))
+
+
+def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
+    """The paper's claims, each with this data's numbers and whether it holds in each regime."""
+    lines = []
+    main = frame[frame["group"] == 5]
+    for regime, test in tests.items():
+        sub = main[main["regime"] == regime]
+        means = {s: _mean(sub, "gain", shape=s) for s in order_shapes(sub["shape"].unique())}
+        hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == PREDICTED_LAST)
+        order = " > ".join(f"{s} {sub[sub['shape'] == s]['best_em'].mean():.3f}" for s in sorted(
+            means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean()))
+        held = hits == len(test.seeds) and len(test.seeds) > 0
+        lines.append(
+            f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
+            f"{PREDICTED_LAST} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)})."
+        )
+        zv = {s: _mean(sub, "zero_var", shape=s) for s in means}
+        r = _spearman(sub["zero_var"], sub["gain"])
+        most_tied = max(zv, key=lambda s: zv[s]) if zv else "-"
+        least_gain = min(means, key=lambda s: means[s]) if means else "-"
+        mech = most_tied == PREDICTED_LAST and least_gain == PREDICTED_LAST and r < 0
+        lines.append(
+            f"- **§6.3 (sparse EM ties groups at zero and so learns less), {regime}:** "
+            f"{'holds' if mech else 'does not hold'} — zero-variance fraction "
+            + ", ".join(f"{s} {zv[s]:.3f}" for s in zv)
+            + f"; most tied: {most_tied}, least gain: {least_gain}; Spearman(zero-var, gain) over "
+            f"{len(sub)} cells = {_f(r, 2)}; partial credit at step 1 (wrong rollouts with 0 < F1 < 1): "
+            f"{_f(sub['partial_credit_step1'].mean())}."
+        )
+        early, late = sub["length_early"].mean(), sub["length_late"].mean()
+        lines.append(
+            f"- **§6.4 (responses compress; the length-clip ratio stays low), {regime}:** "
+            f"{'holds' if late < early else 'does not hold'} — policy tokens per rollout {_f(early, 1)} "
+            f"(steps 1-3) -> {_f(late, 1)} (last 3 matched steps); length-clip ratio "
+            + ", ".join(f"{s} {_mean(sub, 'clip_ratio', shape=s):.3f}" for s in means)
+            + "."
+        )
+        rs = sub["reward_em_r"]
+        lines.append(
+            f"- **§6.5 (training reward tracks held-out EM), {regime}:** mean Pearson r over checkpoints "
+            f"{_f(rs.mean(), 2)} (cells with r > 0: {int((rs > 0).sum())} of {int(rs.notna().sum())}); "
+            + ", ".join(f"{s} {_mean(sub, 'reward_em_r', shape=s):.2f}" for s in means)
+            + "."
+        )
+    g10 = frame[frame["group"] == 10]
+    if len(g10):
+        seeds = sorted(g10["seed"].unique())
+        sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
+        gap = {
+            g: _mean(sp[sp["group"] == g], "gain", shape="f1_only") - _mean(sp[sp["group"] == g], "gain", shape="em_only")
+            for g in (5, 10)
+        }
+        zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape="em_only") for g in (5, 10)}
+        closes = abs(gap[10]) < abs(gap[5])
+        lines.append(
+            f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
+            f"f1_only - em_only {gap[5]:+.3f} at G = 5 and {gap[10]:+.3f} at G = 10 "
+            f"({'G = 10 narrows it' if closes else 'G = 10 does not narrow it'}); em_only's zero-variance "
+            f"fraction {zv[5]:.3f} -> {zv[10]:.3f}."
+        )
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval regimes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dense", type=Path, help="the dense study's raw export (test/, logs/)")
+    p.add_argument("--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, g10/)")
+    p.add_argument("--sparse-logs", type=Path, help="training logs of the sparse runs (default: SPARSE/logs)")
+    p.add_argument("--out", type=Path, required=True, help="folder to write")
+    return p
+
+
+def write_regimes(args: argparse.Namespace) -> list[Path]:
+    """Write the report (module doc) to ``args.out``; returns the files written."""
+    trees = []
+    if args.dense is not None:
+        trees.append(load_tree("dense", args.dense))
+    trees.append(load_tree("sparse", args.sparse, args.sparse_logs))
+    g10 = args.sparse / "g10"
+    if (g10 / "test").is_dir():
+        trees.append(load_tree("sparse", g10, (args.sparse_logs / "g10") if args.sparse_logs else None))
+    matched = {}
+    for t in trees:
+        horizons = [r.known_horizon for r in t.results.runs.values()]
+        matched.setdefault(t.regime, resolve_matched_horizon("auto", horizons))
+    frame = pd.concat([cells(t, matched[t.regime]) for t in trees], ignore_index=True)
+    if frame.empty:
+        raise ResultsError(f"{args.sparse}: no trained checkpoint evaluated. Fix: run the study first")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "cells.csv", index=False, float_format="%.6f")
+    main = frame[frame["group"] == 5]
+    tests = {r: ranking(main[main["regime"] == r]) for r in main["regime"].unique()}
+    t1 = []
+    for regime, test in tests.items():
+        sub = main[main["regime"] == regime]
+        t1 += [f"## {regime} regime (matched horizon {matched[regime]})", "", table1_markdown(sub), ""]
+        t1 += ranking_markdown(regime, test) + [""]
+    (out / "table1.md").write_text("# Table 1 per regime\n\n" + "\n".join(t1), encoding="utf-8")
+    g10_frame = frame[frame["group"] == 10]
+    gs = ""
+    if len(g10_frame):
+        seeds = sorted(g10_frame["seed"].unique())
+        sp = frame[(frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])]
+        gs = group_size_markdown(sp, seeds)
+        (out / "group_size.md").write_text(f"# Group size (seeds {seeds})\n\n{gs}\n", encoding="utf-8")
+    fig = figures.plot_zero_variance_gain(frame, out / "fig_zero_variance_gain.png")
+    index = [
+        "# The micro study's two reward regimes side by side",
+        "",
+        "Generated by `python -m eval regimes` from the raw results (see docs/micro_study/regimes.md).",
+        "",
+        "## Conclusion",
+        "",
+        *conclusion(frame, tests),
+        "",
+        "\n".join(t1),
+        *(["## Group size", "", gs, ""] if gs else []),
+        "## Zero-variance fraction against gain",
+        "",
+        f"![zero-variance vs gain]({fig.name})",
+        "",
+        "Filled: G = 5; hollow: G = 10; circles: dense, squares: sparse. Per-cell numbers: `cells.csv`.",
+        "",
+    ]
+    (out / "index.md").write_text("\n".join(index), encoding="utf-8")
+    return sorted(p for p in out.iterdir() if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        written = write_regimes(args)
+    except ResultsError as err:
+        print(f"error: {err}")
+        return 2
+    for path in written:
+        print(path)
+    return 0

@@ -1,0 +1,223 @@
+"""The micro study's world with a suite shaped like the paper's: train on one question type, test on
+five benchmarks, four of them never trained on.
+
+The paper trains on MuSiQue alone (multi-hop bridge questions) and averages EM over seven
+benchmarks, six of them held out: single-hop ones (NQ, TriviaQA, PopQA), other multi-hop ones
+(HotpotQA, 2Wiki with its comparison questions, Bamboogle). :func:`build_study_world` makes the
+same shape from a demo world (``search_demo.world``) of seed ``seed`` and a second world of seed
+``unseen_seed`` whose names avoid the first's:
+
+==================  ===================================================  ========================
+benchmark           questions                                            paper analogue
+==================  ===================================================  ========================
+``syn_two_hop``     two-hop bridge questions (the only type trained on)  MuSiQue (in training)
+``syn_single_hop``  one relation                                         NQ / TriviaQA / PopQA
+``syn_three_hop``   founder -> birthplace -> country                     deeper multi-hop
+``syn_comparison``  "Who was born in C, A or B?" (one of two named)      2Wiki's comparisons
+``syn_unseen_world`` the test questions (both types) of the second world  another corpus's entities
+==================  ===================================================  ========================
+
+Test benchmarks come from each world's test region, validation ones from the first world's
+validation region (the same types but the unseen world's), training rows from its training
+region: no entity of a test or validation question is in a training question. The corpus is both
+worlds' passages (the second world's names avoid the first's, so no passage contradicts another).
+
+Files (the layout of a demo world, so ``launch/micro_study.sh`` and the recipes read it the same
+way): ``corpus.jsonl``, ``train.jsonl`` + ``train.parquet`` (two-hop training rows),
+``val.parquet`` (``data_source`` = benchmark), ``test/<benchmark>.jsonl``, ``world.json``.
+
+CLI::
+
+    python -m search_demo.study_world --seed 0 --unseen-seed 1 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from search_demo import world
+
+STUDY_WORLD_VERSION = 1
+"""Bumped whenever this module's output for the same seeds changes (the world's cache stamp)."""
+TRAIN_TYPE = "two_hop"
+"""The question type training sees (the MuSiQue analogue)."""
+BENCHMARKS = ("syn_two_hop", "syn_single_hop", "syn_three_hop", "syn_comparison", "syn_unseen_world")
+"""Test benchmarks, training's first (eval.results registers them; only the first is in training)."""
+UNSEEN_SIZES = {
+    "train": world.RegionSize(countries=1, cities=1, people=1, companies=1),
+    "val": world.RegionSize(countries=1, cities=1, people=1, companies=1),
+    "test": world.DEFAULT_SIZES["test"],
+}
+"""The unseen world's regions: only its test region is asked about."""
+
+_THREE = ("In which country was the founder of {s} born?", "What country was the founder of {s} born in?")
+_COMPARE = {
+    "born_in": "Who was born in {o}, {a} or {b}?",
+    "headquartered_in": "Which company is based in {o}, {a} or {b}?",
+}
+
+
+def _facts(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """relation -> {subject: answer}, read from single-hop rows (every fact has one)."""
+    facts: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if r["type"] == "single_hop":
+            hop = r["hops"][0]
+            facts.setdefault(hop["relation"], {})[hop["subject"]] = hop["answer"]
+    return facts
+
+
+def _row(split: str, qtype: str, relation: str, question: str, answer: str, hops: list[dict[str, str]]):
+    entities = [hops[0]["subject"]] + [h["answer"] for h in hops]
+    return {
+        "id": "",
+        "question": question,
+        "golden_answers": [answer],
+        "type": qtype,
+        "relation": relation,
+        "hops": hops,
+        "entities": entities,
+        "split": split,
+    }
+
+
+def three_hop_questions(rows: Sequence[dict[str, Any]], split: str, rng: random.Random) -> list[dict[str, Any]]:
+    """One "country of the founder's birthplace" question per company of ``rows``' region."""
+    f = _facts(rows)
+    out = []
+    for company, founder in sorted(f["founded_by"].items()):
+        city = f["born_in"][founder]
+        hops = [
+            {"subject": company, "relation": "founded_by", "answer": founder},
+            {"subject": founder, "relation": "born_in", "answer": city},
+            {"subject": city, "relation": "located_in", "answer": f["located_in"][city]},
+        ]
+        out.append(
+            _row(split, "three_hop", "founded_by+born_in+located_in", rng.choice(_THREE).format(s=company),
+                 hops[-1]["answer"], hops)
+        )
+    return out
+
+
+def comparison_questions(rows: Sequence[dict[str, Any]], split: str, rng: random.Random) -> list[dict[str, Any]]:
+    """Per person and company of the region: which of it and another subject with a different
+    object has this object ("Who was born in C, A or B?"); the named order is random."""
+    f = _facts(rows)
+    out = []
+    for relation, template in _COMPARE.items():
+        table = f[relation]
+        subjects = sorted(table)
+        for subject in subjects:
+            others = [s for s in subjects if table[s] != table[subject]]
+            if not others:
+                continue
+            other = rng.choice(others)
+            a, b = (subject, other) if rng.random() < 0.5 else (other, subject)
+            hops = [{"subject": s, "relation": relation, "answer": table[s]} for s in (a, b)]
+            row = _row(split, "comparison", relation, template.format(o=table[subject], a=a, b=b), subject, hops)
+            row["entities"] = [a, b, table[subject]]
+            out.append(row)
+    return out
+
+
+def _numbered(rows: list[dict[str, Any]], prefix: str, rng: random.Random) -> list[dict[str, Any]]:
+    rng.shuffle(rows)
+    return [{**r, "id": f"{prefix}-{i}"} for i, r in enumerate(rows)]
+
+
+def build_study_world(seed: int, unseen_seed: int) -> dict[str, Any]:
+    """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (see module doc)."""
+    if seed == unseen_seed:
+        raise ValueError(f"unseen_seed must differ from seed (both {seed}): the unseen world would be the same")
+    base = world.build_world(seed)
+    unseen = world.build_world(unseen_seed, sizes=UNSEEN_SIZES, avoid=world.entity_names(base))
+    rng = random.Random(f"study_world:{seed}:{unseen_seed}")
+
+    def in_world(split: str) -> dict[str, list[dict[str, Any]]]:
+        rows = base.questions[split]
+        return {
+            "syn_two_hop": [r for r in rows if r["type"] == TRAIN_TYPE],
+            "syn_single_hop": [r for r in rows if r["type"] == "single_hop"],
+            "syn_three_hop": _numbered(three_hop_questions(rows, split, rng), f"{split}-3hop", rng),
+            "syn_comparison": _numbered(comparison_questions(rows, split, rng), f"{split}-cmp", rng),
+        }
+
+    test = in_world("test")
+    test["syn_unseen_world"] = [{**r, "id": f"unseen-{r['id']}"} for r in unseen.questions["test"]]
+    offset = len(base.passages)
+    passages = base.passages + [
+        {"id": str(offset + i), "contents": p["contents"]} for i, p in enumerate(unseen.passages)
+    ]
+    return {
+        "passages": passages,
+        "train": [r for r in base.questions["train"] if r["type"] == TRAIN_TYPE],
+        "val": in_world("val"),
+        "test": test,
+    }
+
+
+def write_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
+    """Build and write the study world (files: module doc); returns ``out``."""
+    from search_env.data import QARow, write_parquet  # heavy: search_env.data imports pandas
+
+    built = build_study_world(seed, unseen_seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    world.write_jsonl(built["passages"], out / "corpus.jsonl")
+    world.write_jsonl(built["train"], out / "train.jsonl")
+    for name, rows in built["test"].items():
+        world.write_jsonl(rows, out / "test" / f"{name}.jsonl")
+
+    def qa(rows: Sequence[dict[str, Any]]) -> list[QARow]:
+        return [QARow(id=r["id"], question=r["question"], golds=list(r["golden_answers"])) for r in rows]
+
+    write_parquet(qa(built["train"]), f"syn_{TRAIN_TYPE}", "train", out / "train.parquet")
+    val_rows = [(name, r) for name, rows in built["val"].items() for r in rows]
+    write_parquet(qa([r for _, r in val_rows]), [n for n, _ in val_rows], "val", out / "val.parquet")
+    meta = {
+        "kind": "study",
+        "seed": seed,
+        "unseen_seed": unseen_seed,
+        "version": world.WORLD_VERSION,
+        "study_version": STUDY_WORLD_VERSION,
+        "passages": len(built["passages"]),
+        "train": len(built["train"]),
+        "val": {k: len(v) for k, v in built["val"].items()},
+        "test": {k: len(v) for k, v in built["test"].items()},
+    }
+    (out / "world.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
+    """``out`` holding the study world of these seeds (rebuilt when missing or of other seeds/versions)."""
+    out = Path(out)
+    meta = out / "world.json"
+    if meta.is_file():
+        info = json.loads(meta.read_text())
+        want = {"kind": "study", "seed": seed, "unseen_seed": unseen_seed, "version": world.WORLD_VERSION,
+                "study_version": STUDY_WORLD_VERSION}
+        if all(info.get(k) == v for k, v in want.items()):
+            return out
+    return write_study_world(seed, unseen_seed, out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m search_demo.study_world", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, required=True, help="seed of the world trained on")
+    parser.add_argument("--unseen-seed", type=int, required=True, help="seed of the world only tested on")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (created or rewritten)")
+    args = parser.parse_args(argv)
+    out = write_study_world(args.seed, args.unseen_seed, args.out)
+    meta = json.loads((out / "world.json").read_text())
+    print(f"study world {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, train "
+          f"{meta['train']}, val {meta['val']}, test {meta['test']} -> {out}")
+
+
+if __name__ == "__main__":
+    main()
