@@ -31,7 +31,9 @@
 #              from that copy to $EXPORT/report, its arguments in $EXPORT/report_args.txt (what
 #              docs/micro_study/ holds; tests/test_micro_study.py regenerates the tables from it).
 #
-# Resumable: killed at any point (Ctrl-C, SIGTERM, SIGKILL) and run again, it continues. A cell's
+# Resumable: killed at any point (Ctrl-C, SIGTERM, SIGKILL) and run again, it continues. With EXPORT,
+# the export is refreshed after every cell, and a cell finished there but unknown to $RUNS (the
+# study continued on another machine from the committed export) is restored, not rerun. A cell's
 # training is done when $RUNS/<cell>/.micro_trained exists (written atomically once run.sh exited 0
 # with the cell's cap checkpointed); an interrupted cell resumes from its latest checkpoint
 # (verl resume_mode=auto). A split is done when $RUNS/<cell>/.micro_eval_<split> exists; inside it
@@ -307,6 +309,29 @@ export_raw() {  # the raw results (no checkpoints, no merged weights) and traini
   mv "$raw.tmp" "$raw"
 }
 
+restore_cell() {  # a cell complete in $EXPORT/raw but not here (run by an earlier, interrupted invocation on
+  # another machine: the export is committed, the runs folder is not) -> its results and markers
+  local cell="$1" tree="${TREE[$1]:-}" split
+  [[ -n "$EXPORT" && ! -f "$RUNS/$cell/.micro_trained" ]] || return 0
+  local raw="$EXPORT/raw${tree:+/$tree}" res
+  res="$(results_of "$cell")"
+  [[ -f "$raw/logs/$cell/metrics.jsonl" ]] || return 0
+  for split in test val; do
+    [[ -f "$raw/$split/$cell/global_step_${CAP[$cell]}/summary.json" ]] || return 0
+  done
+  [[ -f "$RUNS/progress.log" || ! -f "$EXPORT/raw/progress.log" ]] || cp "$EXPORT/raw/progress.log" "$RUNS/progress.log"
+  mkdir -p "$RUNS/$cell"
+  for split in test val; do
+    mkdir -p "$res/$split"
+    rm -rf "$res/$split/$cell"
+    cp -r "$raw/$split/$cell" "$res/$split/$cell"
+    mark "$RUNS/$cell/.micro_eval_$split" "restored from $raw"
+  done
+  cp "$raw/logs/$cell/metrics.jsonl" "$RUNS/$cell/metrics.jsonl"
+  mark "$RUNS/$cell/.micro_trained" "cap ${CAP[$cell]}, restored from $raw (trained elsewhere; no checkpoints here)"
+  progress "$cell: restored from $raw (train and eval done by an earlier invocation)"
+}
+
 write_report() {  # write_report RESULTS_ROOT OUT ARGS_FILE LOGS...: ARGS_FILE (may be empty) records the arguments but --out
   local root="$1" out="$2" args_file="$3"
   shift 3
@@ -348,11 +373,12 @@ for cell in "${CELL_LIST[@]}"; do
   first=0
   [[ -z "${SEEN_SEED[$key]:-}" ]] && first=1
   SEEN_SEED[$key]=1
+  restore_cell "$cell"
   train_cell "$cell" || exit 1
   eval_cell "$cell" test "$first" || exit 1
   eval_cell "$cell" val "$first" || exit 1
+  [[ -n "$EXPORT" ]] && export_raw  # the export always holds every finished cell (commit it to keep them)
 done
 
-[[ -n "$EXPORT" ]] && export_raw
 write_reports
 progress "micro study done in $((SECONDS - T0)) s (this invocation); report: $REPORT/index.md"

@@ -92,13 +92,12 @@ class WarmStartConfig:
     second time often enough to score. Measured on the demo (docs/training.md): 0.15 left the
     greedy policy searching twice already (two-hop EM 0.73: little to learn), 0.5 stopped it
     always (two-hop EM 0.00; GRPO then raised aborts to 0.34); 0 is a flawless teacher."""
-    verbose_answer: float = 0.0
-    """Fraction of the demonstrations in which the teacher answers with the sentence of the passage
-    that holds the answer ("Velmora is a city in Zor" for "Zor"; :func:`answered_verbosely`) instead
-    of the bare name: the verbose answer a small untrained model gives. EM scores such an answer 0
-    and F1 gives it partial credit (0.29-0.44), so a high value makes the sparse regime
-    (:data:`REGIMES`): the greedy warm start answers verbosely almost always, and its samples
-    answer with the bare name now and then. 0 (the dense regime) leaves every answer bare."""
+    phrased_answer: float = 0.0
+    """Fraction of the demonstrations in which the teacher answers with the name inside a short
+    phrase ("in Velmora", "by Ana Belt"; :func:`answered_in_a_phrase`) instead of the bare name, as
+    a small untrained model answers. EM scores it 0 and F1 gives it partial credit (0.67-0.8), so a
+    high value makes the sparse regime (:data:`REGIMES`): the greedy warm start phrases almost every
+    answer, its samples give the bare name now and then. 0 (the dense regime): every answer bare."""
     steps: int = 250
     """SFT steps: deliberately partial (with a flawless teacher, 400 gave held-out EM 0.725, two-hop 0.75)."""
     name_weight: float = 5.0
@@ -173,27 +172,26 @@ def stopped_early(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "hops": row["hops"][:1], "golden_answers": [row["hops"][0]["answer"]]}
 
 
-VERBOSE_ANSWERS = {
-    "born_in": "{s} was born in {a}",
-    "located_in": "{s} is a city in {a}",
-    "founded_by": "{s} is a company founded by {a}",
-    "headquartered_in": "the headquarters of {s} are in {a}",
+ANSWER_PHRASES = {
+    "born_in": "in {a}",
+    "located_in": "in {a}",
+    "founded_by": "by {a}",
+    "headquartered_in": "in {a}",
 }
-"""The sentence a verbose answer gives for the last hop's relation (the world's passage wording)."""
+"""The phrase a phrased answer puts the name in, by the last hop's relation."""
 
 
-def answered_verbosely(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` answered with the sentence stating its last hop (:data:`VERBOSE_ANSWERS`), e.g.
-    "Ana Belt was born in Velmora" for "Velmora": right, but not an exact match."""
+def answered_in_a_phrase(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` answered with its answer in the phrase of its last hop's relation
+    (:data:`ANSWER_PHRASES`), e.g. "in Velmora" for "Velmora": right, but not an exact match."""
     hop = row["hops"][-1]
-    sentence = VERBOSE_ANSWERS[hop["relation"]].format(s=hop["subject"], a=hop["answer"])
-    return {**row, "golden_answers": [sentence]}
+    return {**row, "golden_answers": [ANSWER_PHRASES[hop["relation"]].format(a=row["golden_answers"][0])]}
 
 
 def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dict[str, Any]]:
     """The demonstrated rows of one world, in SFT order; ``cfg.two_hop_stop_early`` of the two-hop
-    ones (a seeded draw) replaced by :func:`stopped_early`, then ``cfg.verbose_answer`` of all of
-    them (another seeded draw, so it leaves the first unchanged) by :func:`answered_verbosely`."""
+    ones (a seeded draw) replaced by :func:`stopped_early`, then ``cfg.phrased_answer`` of all of
+    them (another seeded draw, so it leaves the first unchanged) by :func:`answered_in_a_phrase`."""
     rng = random.Random(f"warm_start:{cfg.seed}")
     single = [r for r in rows if r["type"] == "single_hop"]
     two = [r for r in rows if r["type"] == "two_hop"]
@@ -206,8 +204,8 @@ def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dic
         stopped_early(r) if r["type"] == "two_hop" and early.random() < cfg.two_hop_stop_early else r
         for r in picked
     ]
-    verbose = random.Random(f"verbose:{cfg.seed}")
-    return [answered_verbosely(r) if verbose.random() < cfg.verbose_answer else r for r in picked]
+    phrased = random.Random(f"phrased:{cfg.seed}")
+    return [answered_in_a_phrase(r) if phrased.random() < cfg.phrased_answer else r for r in picked]
 
 
 def demonstrations(
@@ -369,12 +367,15 @@ def sft(
 
 REGIMES: dict[str, WarmStartConfig] = {
     "dense": WarmStartConfig(),
-    "sparse": WarmStartConfig(verbose_answer=0.85),
+    "sparse": WarmStartConfig(phrased_answer=0.8),
 }
 """The warm starts of the micro study's two reward regimes (``launch.assets.regime``;
-docs/micro_study/regimes.md). ``dense``: bare answers, held-out EM about 0.6 at step 0, a wrong
-rollout rarely has partial F1. ``sparse``: the paper's regime, verbose answers (EM near the
-paper's 9 % floor at step 0, partial F1 common)."""
+docs/micro_study/regimes.md), the same but for the answer's form. ``dense``: bare answers,
+held-out EM about 0.6 at step 0, a wrong rollout rarely has partial F1. ``sparse``: the paper's
+regime, answers in a phrase (EM near the paper's 9 % floor at step 0, partial F1 common). A first
+sparse teacher answered with whole sentences ("Ana Belt was born in Velmora"); its samples then
+never searched twice on two-hop questions and scored 0 under every shape (measured; the
+regimes page has the numbers), so the phrase is kept to one word."""
 
 
 SFT_WORLD_SEEDS = range(-101, -107, -1)

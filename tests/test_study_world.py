@@ -1,4 +1,4 @@
-"""The sparse regime's pieces: the paper-shaped study world (search_demo.study_world), the verbose
+"""The sparse regime's pieces: the paper-shaped study world (search_demo.study_world), the phrasing
 warm-start teacher (search_demo.warm_start), the partial-credit and EM-tie metrics, and the
 synthetic benchmarks' place in the held-out average."""
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from eval.results import IN_DISTRIBUTION, canonical_benchmark
 from reward_fns import exact_match, token_f1
 from search_demo import study_world, world
-from search_demo.warm_start import REGIMES, WarmStartConfig, _pick_rows, answered_verbosely
+from search_demo.warm_start import REGIMES, WarmStartConfig, _pick_rows, answered_in_a_phrase
 from search_env.rollout_stats import partial_credit_frac, rollout_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,22 +102,22 @@ def test_study_world_is_deterministic_and_cached(tmp_path):
         study_world.build_study_world(2, 2)
 
 
-def test_verbose_answer_is_right_but_not_an_exact_match():
+def test_phrased_answer_is_right_but_not_an_exact_match():
     rows = world.build_world(0).questions["train"]
     for row in rows[:60]:
-        verbose = answered_verbosely(row)["golden_answers"][0]
+        phrased = answered_in_a_phrase(row)["golden_answers"][0]
         gold = row["golden_answers"]
-        assert exact_match(verbose, gold) == 0.0 and 0.2 < token_f1(verbose, gold) < 1.0, (gold, verbose)
+        assert exact_match(phrased, gold) == 0.0 and 0.6 < token_f1(phrased, gold) < 1.0, (gold, phrased)
 
 
-def test_verbose_draw_leaves_the_stop_early_draw_unchanged():
+def test_phrased_draw_leaves_the_stop_early_draw_unchanged():
     rows = world.build_world(-101).questions["train"]
     plain = _pick_rows(rows, WarmStartConfig())
-    verbose = _pick_rows(rows, REGIMES["sparse"])
-    assert [r["id"] for r in plain] == [r["id"] for r in verbose]
-    assert [len(r["hops"]) for r in plain] == [len(r["hops"]) for r in verbose]
-    changed = [p["golden_answers"] != v["golden_answers"] for p, v in zip(plain, verbose, strict=True)]
-    assert abs(sum(changed) / len(changed) - REGIMES["sparse"].verbose_answer) < 0.06
+    phrased = _pick_rows(rows, REGIMES["sparse"])
+    assert [r["id"] for r in plain] == [r["id"] for r in phrased]
+    assert [len(r["hops"]) for r in plain] == [len(r["hops"]) for r in phrased]
+    changed = [p["golden_answers"] != v["golden_answers"] for p, v in zip(plain, phrased, strict=True)]
+    assert abs(sum(changed) / len(changed) - REGIMES["sparse"].phrased_answer) < 0.06
     assert REGIMES["dense"] == WarmStartConfig()
 
 
