@@ -136,7 +136,9 @@ def binomial_tail(k: int, seeds: int, hits: int) -> Fraction:
     """Exact P(a pre-specified shape is strictly last at >= ``hits`` of ``seeds`` seeds), each seed
     last with probability 1/k: the conservative test when it is last at only some seeds."""
     p = Fraction(1, k)
-    return sum((math.comb(seeds, j) * p**j * (1 - p) ** (seeds - j) for j in range(hits, seeds + 1)), Fraction(0))
+    return sum(
+        (math.comb(seeds, j) * p**j * (1 - p) ** (seeds - j) for j in range(hits, seeds + 1)), Fraction(0)
+    )
 
 
 def ranking(frame: pd.DataFrame) -> RankingTest:
@@ -191,7 +193,16 @@ def table1_markdown(frame: pd.DataFrame) -> str:
                 ", ".join(f"{int(r.seed)}: {r.best_em:.3f}" for r in sub.itertuples()),
             ]
         )
-    header = ["shape", "seeds", "step-0 EM", "best EM (all)", "gain", "best EM (held-out)", "gain (held-out)", "per seed (all)"]
+    header = [
+        "shape",
+        "seeds",
+        "step-0 EM",
+        "best EM (all)",
+        "gain",
+        "best EM (held-out)",
+        "gain (held-out)",
+        "per seed (all)",
+    ]
     return markdown_table(header, rows)
 
 
@@ -236,8 +247,10 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
         sub = main[main["regime"] == regime]
         means = {s: _mean(sub, "gain", shape=s) for s in order_shapes(sub["shape"].unique())}
         hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == PREDICTED_LAST)
-        order = " > ".join(f"{s} {sub[sub['shape'] == s]['best_em'].mean():.3f}" for s in sorted(
-            means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean()))
+        order = " > ".join(
+            f"{s} {sub[sub['shape'] == s]['best_em'].mean():.3f}"
+            for s in sorted(means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean())
+        )
         held = hits == len(test.seeds) and len(test.seeds) > 0
         lines.append(
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
@@ -276,7 +289,8 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
         seeds = sorted(g10["seed"].unique())
         sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
         gap = {
-            g: _mean(sp[sp["group"] == g], "gain", shape="f1_only") - _mean(sp[sp["group"] == g], "gain", shape="em_only")
+            g: _mean(sp[sp["group"] == g], "gain", shape="f1_only")
+            - _mean(sp[sp["group"] == g], "gain", shape="em_only")
             for g in (5, 10)
         }
         zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape="em_only") for g in (5, 10)}
@@ -293,7 +307,9 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval regimes", description=__doc__.split("\n\n")[0])
     p.add_argument("--dense", type=Path, help="the dense study's raw export (test/, logs/)")
-    p.add_argument("--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, g10/)")
+    p.add_argument(
+        "--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, g10/)"
+    )
     p.add_argument("--sparse-logs", type=Path, help="training logs of the sparse runs (default: SPARSE/logs)")
     p.add_argument("--out", type=Path, required=True, help="folder to write")
     return p
@@ -330,7 +346,9 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     gs = ""
     if len(g10_frame):
         seeds = sorted(g10_frame["seed"].unique())
-        sp = frame[(frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])]
+        sp = frame[
+            (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])
+        ]
         gs = group_size_markdown(sp, seeds)
         (out / "group_size.md").write_text(f"# Group size (seeds {seeds})\n\n{gs}\n", encoding="utf-8")
     fig = figures.plot_zero_variance_gain(frame, out / "fig_zero_variance_gain.png")

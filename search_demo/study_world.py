@@ -86,7 +86,9 @@ def _row(split: str, qtype: str, relation: str, question: str, answer: str, hops
     }
 
 
-def three_hop_questions(rows: Sequence[dict[str, Any]], split: str, rng: random.Random) -> list[dict[str, Any]]:
+def three_hop_questions(
+    rows: Sequence[dict[str, Any]], split: str, rng: random.Random
+) -> list[dict[str, Any]]:
     """One "country of the founder's birthplace" question per company of ``rows``' region."""
     f = _facts(rows)
     out = []
@@ -98,13 +100,21 @@ def three_hop_questions(rows: Sequence[dict[str, Any]], split: str, rng: random.
             {"subject": city, "relation": "located_in", "answer": f["located_in"][city]},
         ]
         out.append(
-            _row(split, "three_hop", "founded_by+born_in+located_in", rng.choice(_THREE).format(s=company),
-                 hops[-1]["answer"], hops)
+            _row(
+                split,
+                "three_hop",
+                "founded_by+born_in+located_in",
+                rng.choice(_THREE).format(s=company),
+                hops[-1]["answer"],
+                hops,
+            )
         )
     return out
 
 
-def comparison_questions(rows: Sequence[dict[str, Any]], split: str, rng: random.Random) -> list[dict[str, Any]]:
+def comparison_questions(
+    rows: Sequence[dict[str, Any]], split: str, rng: random.Random
+) -> list[dict[str, Any]]:
     """Per person and company of the region: which of it and another subject with a different
     object has this object ("Who was born in C, A or B?"); the named order is random."""
     f = _facts(rows)
@@ -119,7 +129,9 @@ def comparison_questions(rows: Sequence[dict[str, Any]], split: str, rng: random
             other = rng.choice(others)
             a, b = (subject, other) if rng.random() < 0.5 else (other, subject)
             hops = [{"subject": s, "relation": relation, "answer": table[s]} for s in (a, b)]
-            row = _row(split, "comparison", relation, template.format(o=table[subject], a=a, b=b), subject, hops)
+            row = _row(
+                split, "comparison", relation, template.format(o=table[subject], a=a, b=b), subject, hops
+            )
             row["entities"] = [a, b, table[subject]]
             out.append(row)
     return out
@@ -133,7 +145,9 @@ def _numbered(rows: list[dict[str, Any]], prefix: str, rng: random.Random) -> li
 def build_study_world(seed: int, unseen_seed: int) -> dict[str, Any]:
     """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (see module doc)."""
     if seed == unseen_seed:
-        raise ValueError(f"unseen_seed must differ from seed (both {seed}): the unseen world would be the same")
+        raise ValueError(
+            f"unseen_seed must differ from seed (both {seed}): the unseen world would be the same"
+        )
     base = world.build_world(seed)
     unseen = world.build_world(unseen_seed, sizes=UNSEEN_SIZES, avoid=world.entity_names(base))
     rng = random.Random(f"study_world:{seed}:{unseen_seed}")
@@ -200,23 +214,32 @@ def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
     meta = out / "world.json"
     if meta.is_file():
         info = json.loads(meta.read_text())
-        want = {"kind": "study", "seed": seed, "unseen_seed": unseen_seed, "version": world.WORLD_VERSION,
-                "study_version": STUDY_WORLD_VERSION}
+        want = {
+            "kind": "study",
+            "seed": seed,
+            "unseen_seed": unseen_seed,
+            "version": world.WORLD_VERSION,
+            "study_version": STUDY_WORLD_VERSION,
+        }
         if all(info.get(k) == v for k, v in want.items()):
             return out
     return write_study_world(seed, unseen_seed, out)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m search_demo.study_world", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m search_demo.study_world", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--seed", type=int, required=True, help="seed of the world trained on")
     parser.add_argument("--unseen-seed", type=int, required=True, help="seed of the world only tested on")
     parser.add_argument("--out", required=True, type=Path, help="output folder (created or rewritten)")
     args = parser.parse_args(argv)
     out = write_study_world(args.seed, args.unseen_seed, args.out)
     meta = json.loads((out / "world.json").read_text())
-    print(f"study world {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, train "
-          f"{meta['train']}, val {meta['val']}, test {meta['test']} -> {out}")
+    print(
+        f"study world {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, train "
+        f"{meta['train']}, val {meta['val']}, test {meta['test']} -> {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -367,7 +367,7 @@ def sft(
 
 REGIMES: dict[str, WarmStartConfig] = {
     "dense": WarmStartConfig(),
-    "sparse": WarmStartConfig(phrased_answer=0.8),
+    "sparse": WarmStartConfig(phrased_answer=0.8, two_hop_stop_early=0.0),
 }
 """The warm starts of the micro study's two reward regimes (``launch.assets.regime``;
 docs/micro_study/regimes.md), the same but for the answer's form. ``dense``: bare answers,
@@ -375,7 +375,10 @@ held-out EM about 0.6 at step 0, a wrong rollout rarely has partial F1. ``sparse
 regime, answers in a phrase (EM near the paper's 9 % floor at step 0, partial F1 common). A first
 sparse teacher answered with whole sentences ("Ana Belt was born in Velmora"); its samples then
 never searched twice on two-hop questions and scored 0 under every shape (measured; the
-regimes page has the numbers), so the phrase is kept to one word."""
+regimes page has the numbers), so the phrase is kept to one word. The sparse teacher never stops
+early: with the dense regime's 35 % early stops, 13-16 % of the wrong sampled rollouts had partial
+F1 (most were wrong entities, F1 0), under the regime's 25 % target; what GRPO has to learn here is
+the answer's form, the behaviour EM rewards and F1 only partly."""
 
 
 SFT_WORLD_SEEDS = range(-101, -107, -1)

@@ -95,7 +95,9 @@ def test_study_world_is_deterministic_and_cached(tmp_path):
     )
     assert set(pd.read_parquet(out / "val.parquet")["data_source"]) == set(study_world.BENCHMARKS[:-1])
     stamp = (out / "world.json").stat().st_mtime_ns
-    assert study_world.ensure_study_world(0, 1, out) == out and (out / "world.json").stat().st_mtime_ns == stamp
+    assert (
+        study_world.ensure_study_world(0, 1, out) == out and (out / "world.json").stat().st_mtime_ns == stamp
+    )
     again = study_world.build_study_world(0, 1)
     assert again["test"] == study_world.build_study_world(0, 1)["test"]
     with pytest.raises(ValueError, match="unseen_seed must differ"):
@@ -124,8 +126,10 @@ def test_phrased_draw_leaves_the_stop_early_draw_unchanged():
 def test_partial_credit_fraction_and_em_ties():
     assert partial_credit_frac([(1.0, 1.0), (1.0, 1.0)]) is None  # nothing wrong: undefined
     assert partial_credit_frac([(0.0, 0.5), (0.0, 0.0), (1.0, 1.0), (None, 0.3)]) == 0.5
-    extra = [{"reward_extra_info": {"score": f1, "em": em, "f1": f1}} for em, f1 in
-             [(0, 0.3), (0, 0.3), (0, 0.0), (0, 0.0), (1, 1.0), (0, 0.4)]]
+    extra = [
+        {"reward_extra_info": {"score": f1, "em": em, "f1": f1}}
+        for em, f1 in [(0, 0.3), (0, 0.3), (0, 0.0), (0, 0.0), (1, 1.0), (0, 0.4)]
+    ]
     m = rollout_metrics(extra, ["a", "a", "b", "b", "c", "c"])
     # F1 ties group a (0.3, 0.3) and b; EM ties a and b; c differs under both
     assert m["grpo/zero_variance_group_frac"] == pytest.approx(2 / 3)
@@ -147,7 +151,11 @@ def test_partial_credit_fraction_is_a_fraction_of_the_wrong(scores):
 def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
     out = subprocess.run(
         ["bash", "launch/micro_study.sh", "--regime", "sparse", "--list"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout.split("\n")
     cells = {}
     for line in filter(None, out):
@@ -160,7 +168,11 @@ def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
     assert {n.split("_g10")[0] for n in g10} == {"em_only", "f1_only"}
     assert all(c["G"] == "10" and c["cap"] == "18" for c in g10.values())
     bad = subprocess.run(
-        ["bash", "launch/micro_study.sh", "--regime", "sparce"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["bash", "launch/micro_study.sh", "--regime", "sparce"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and "--regime must be dense or sparse" in bad.stderr
 

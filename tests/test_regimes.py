@@ -1,0 +1,102 @@
+"""`python -m eval regimes` (eval/regimes.py): cells, the ranking test with its conservative
+alternatives, the group-size table and the conclusion, on real exported results (the committed
+dense micro study) and on a sparse tree made from them with a G = 10 copy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from eval.__main__ import main as eval_main
+from eval.regimes import binomial_tail, ranking
+
+ROOT = Path(__file__).resolve().parent.parent
+DENSE = ROOT / "docs" / "micro_study" / "raw"
+
+needs_dense = pytest.mark.skipif(not (DENSE / "test").is_dir(), reason="docs/micro_study/raw holds no run")
+
+
+def test_binomial_tail_is_exact():
+    assert binomial_tail(3, 5, 5) == Fraction(1, 243)  # = the pre-stated test's P when last everywhere
+    assert binomial_tail(3, 5, 0) == 1
+    assert binomial_tail(3, 5, 4) == Fraction(11, 243)  # C(5,4) 2/3^5 + 1/3^5
+    assert binomial_tail(3, 3, 2) == Fraction(7, 27)
+
+
+def test_ranking_counts_only_seeds_with_every_shape():
+    frame = pd.DataFrame(
+        [
+            ("em_only", 42, 0.1),
+            ("f1_only", 42, 0.3),
+            ("em_only", 43, 0.2),
+            ("f1_only", 43, 0.5),
+            ("em_only", 44, 0.9),
+        ],
+        columns=["shape", "seed", "best_em"],
+    )
+    test = ranking(frame)
+    assert test.seeds == (42, 43) and test.incomplete_seeds == (44,)
+    assert test.last_everywhere == ("em_only",) and test.p_given_shape == Fraction(1, 4)
+
+
+def _sparse_from_dense(tmp: Path) -> Path:
+    """A sparse-layout tree: the dense results as the main tree, and em_only/f1_only of seeds 42-43
+    as G = 10 runs (run.json config rollout.n = 10) in g10/."""
+    sparse = tmp / "sparse"
+    shutil.copytree(DENSE, sparse)
+    for sub in ("test", "val", "logs"):
+        (sparse / "g10" / sub).mkdir(parents=True)
+    for shape in ("em_only", "f1_only"):
+        for seed in (42, 43):
+            run = f"{shape}_s{seed}"
+            for split in ("test", "val"):
+                shutil.copytree(DENSE / split / run, sparse / "g10" / split / run)
+                info = json.loads((sparse / "g10" / split / run / "run.json").read_text())
+                info["config"].setdefault("actor_rollout_ref", {}).setdefault("rollout", {})["n"] = 10
+                (sparse / "g10" / split / run / "run.json").write_text(json.dumps(info))
+            shutil.copytree(DENSE / "logs" / run, sparse / "g10" / "logs" / run)
+    return sparse
+
+
+@needs_dense
+def test_regimes_report_from_real_results(tmp_path):
+    sparse = _sparse_from_dense(tmp_path)
+    out = tmp_path / "report"
+    assert eval_main(["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--out", str(out)]) == 0
+    cells = pd.read_csv(out / "cells.csv")
+    assert len(cells) == 9 + 9 + 4
+    assert set(cells.loc[cells["group"] == 10, "run"]) == {
+        "em_only_s42",
+        "em_only_s43",
+        "f1_only_s42",
+        "f1_only_s43",
+    }
+    dense = cells[cells["regime"] == "dense"].set_index("run")
+    # the dense study's own numbers (docs/micro_study/README.md): step 0 0.590, em_only_s42 best 0.835 by step 18
+    assert dense["floor_em"].round(3).eq(0.59).all()
+    assert dense.loc["em_only_s42", "best_em"] == pytest.approx(0.835)
+    assert dense.loc["em_only_s42", "gain"] == pytest.approx(0.245)
+    assert (dense["step"] <= 18).all() and dense["zero_var"].between(0, 1).all()
+    index = (out / "index.md").read_text()
+    for claim in ("C2 (EM-only last), dense", "§6.3", "§6.4", "§6.5", "Group size (§7)"):
+        assert claim in index
+    assert "em_only last at 0 of 3 seeds (exact P 1/27" in index
+    table = (out / "table1.md").read_text()
+    assert "Conservative (post hoc: any shape last at every seed): P = 1/9" in table
+    assert "| em_only | 10 |" in (out / "group_size.md").read_text()
+    assert (out / "fig_zero_variance_gain.png").stat().st_size > 10_000
+    again = tmp_path / "again"
+    assert eval_main(["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--out", str(again)]) == 0
+    for name in ("cells.csv", "table1.md", "group_size.md", "index.md"):
+        assert (again / name).read_text() == (out / name).read_text()
+
+
+def test_regimes_without_results_names_the_fix(tmp_path, capsys):
+    (tmp_path / "sparse" / "test").mkdir(parents=True)
+    assert eval_main(["regimes", "--sparse", str(tmp_path / "sparse"), "--out", str(tmp_path / "o")]) == 2
+    assert "Fix" in capsys.readouterr().out
