@@ -319,7 +319,6 @@ restore_cell() {  # a cell complete in $EXPORT/raw but not here (run by an earli
   for split in test val; do
     [[ -f "$raw/$split/$cell/global_step_${CAP[$cell]}/summary.json" ]] || return 0
   done
-  [[ -f "$RUNS/progress.log" || ! -f "$EXPORT/raw/progress.log" ]] || cp "$EXPORT/raw/progress.log" "$RUNS/progress.log"
   mkdir -p "$RUNS/$cell"
   for split in test val; do
     mkdir -p "$res/$split"
@@ -366,6 +365,9 @@ write_reports() {  # every tree's report, then (sparse) the regimes side by side
 }
 
 T0=$SECONDS
+if [[ -n "$EXPORT" && ! -f "$RUNS/progress.log" && -f "$EXPORT/raw/progress.log" ]]; then
+  cp "$EXPORT/raw/progress.log" "$RUNS/progress.log"  # continued elsewhere: keep the earlier lines
+fi
 progress "micro study ($REGIME): ${#CELL_LIST[@]} cells, world $WORLD, runs in $RUNS, results in $RESULTS (test $TEST_SUITE limit ${TEST_LIMIT:-all}, val $VAL_SUITE limit ${VAL_LIMIT:-all})"
 declare -A SEEN_SEED=()
 for cell in "${CELL_LIST[@]}"; do

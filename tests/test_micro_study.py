@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -293,3 +294,37 @@ def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tm
     assert len(lines) == 27  # 9 cells x (train, eval test, eval val)
     assert (tmp_path / "report" / "table1.md").is_file() and (tmp_path / "report" / "table1_val.md").is_file()
     assert (runs / "progress.log").read_text().count("done before") == 27
+
+
+@needs_committed_run
+def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path):
+    """A study continued on a machine without its runs folder: the cell the export already holds
+    is restored (results, log, markers), nothing is trained or evaluated, and the export, rewritten,
+    keeps its results and its earlier progress lines."""
+    export = tmp_path / "export"
+    for sub in ("test", "val", "logs"):
+        shutil.copytree(STUDY / "raw" / sub / "em_only_s42", export / "raw" / sub / "em_only_s42")
+    shutil.copy(STUDY / "raw" / "progress.log", export / "raw" / "progress.log")
+    env = {
+        **os.environ,
+        "RUNS": str(tmp_path / "runs"),
+        "RESULTS": str(tmp_path / "results"),
+        "EXPORT": str(export),
+        "CELLS": "em_only_s42",
+        "BOOTSTRAP": "10",
+        "PORT": "18720",
+    }
+    done = subprocess.run(
+        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "em_only_s42: restored from" in done.stderr and "train: done before" in done.stderr
+    assert not (tmp_path / "runs" / "em_only_s42" / "micro_train.log").exists()  # nothing was run
+    for split in ("test", "val"):
+        for f in (STUDY / "raw" / split / "em_only_s42").rglob("*"):
+            if f.is_file():
+                rel = f.relative_to(STUDY / "raw")
+                assert (export / "raw" / rel).read_bytes() == f.read_bytes(), rel
+    log = (export / "raw" / "progress.log").read_text()
+    assert log.startswith((STUDY / "raw" / "progress.log").read_text()) and "restored from" in log
+    assert (export / "report" / "table1.md").is_file()
