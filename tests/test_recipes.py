@@ -197,6 +197,32 @@ def test_demo_cpu_recipe():
     assert "scripted_turn_prob" not in (r.engine_kwargs.get("hf") or {})
     assert cfg.data.seed == a.actor.data_loader_seed == r.seed == cfg.seed
     assert a.actor.use_kl_loss and cfg.algorithm.adv_estimator == "grpo"  # same algorithm, smaller run
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    for part in (a.actor, a.ref):  # no bf16 autocast on CPU (8x slower without AVX-512 bf16)
+        assert OmegaConf.to_container(part.fsdp_config.mixed_precision, resolve=True) == fp32
+    gpu = _compose("f1_only_s44").actor_rollout_ref
+    assert gpu.actor.fsdp_config.get("mixed_precision") is None  # the GPU recipe keeps verl's bf16
+
+
+def test_sparse_regime_recipe_is_the_micro_recipe_with_its_world_and_warm_start():
+    cfg, micro = _compose("micro_sparse"), _compose("micro_em_only_s42")
+    assets = cfg.launch.assets
+    assert (assets.regime, assets.unseen_world_seed) == (
+        "sparse",
+        1,
+    ) and micro.launch.assets.regime == "dense"
+    assert assets.world != micro.launch.assets.world and assets.warm_start != micro.launch.assets.warm_start
+    assert cfg.data.train_files == f"{assets.world}/train.parquet"
+    same = (
+        "actor_rollout_ref.actor.optim.lr",
+        "data.train_batch_size",
+        "actor_rollout_ref.rollout.n",
+        "data.max_response_length",
+        "trainer.save_freq",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+    )
+    for key in same:
+        assert OmegaConf.select(cfg, key) == OmegaConf.select(micro, key), key
 
 
 def test_unknown_key_is_rejected():
