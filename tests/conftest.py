@@ -170,9 +170,44 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+CI_ASSETS_TIMEOUT_S = 1800
+"""Limit of the one build of the CI world and warm start (:func:`ensure_ci_assets`): 250 SFT steps
+took 460-520 s on a 2-core AVX2 machine, more than half of a run's :data:`DEMO_RUN_TIMEOUT_S`."""
+_CI_ASSETS_READY = False
+
+
+def ensure_ci_assets() -> None:
+    """Build the demo world and the CI warm start (``python -m search_demo assets``, cached in
+    .demo/) once per test session, before the first run, so that no run's timeout pays for it."""
+    global _CI_ASSETS_READY
+    if _CI_ASSETS_READY:
+        return
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
+    cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
+    subprocess.run(
+        ["flock", "/tmp/rlvr_heavy.lock", *cmd],
+        cwd=root,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=True,
+        capture_output=True,
+        timeout=CI_ASSETS_TIMEOUT_S,
+    )
+    _CI_ASSETS_READY = True
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With e2e tests selected, build the CI assets before any test starts: outside every
+    per-test timeout (pytest-timeout), not only outside each run's."""
+    if any(item.get_closest_marker("e2e") for item in session.items):
+        ensure_ci_assets()
+
+
 def demo_cmd(port: int, *overrides: str) -> list[str]:
     """``launch/run.sh recipes/demo_cpu.yaml`` with :data:`CI_OVERRIDES`, the retriever on ``port``,
-    then ``overrides``; serialised with other heavy runs through /tmp/rlvr_heavy.lock."""
+    then ``overrides``; serialised with other heavy runs through /tmp/rlvr_heavy.lock. Builds the
+    CI assets first (:func:`ensure_ci_assets`, once per session)."""
+    ensure_ci_assets()
     return [
         "flock",
         "/tmp/rlvr_heavy.lock",
