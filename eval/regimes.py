@@ -310,7 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, g10/)"
     )
-    p.add_argument("--sparse-logs", type=Path, help="training logs of the sparse runs (default: SPARSE/logs)")
+    p.add_argument(
+        "--sparse-logs",
+        type=Path,
+        help="folder of every sparse cell's <cell>/metrics.jsonl, e.g. the runs folder (default: SPARSE/logs and SPARSE/g10/logs)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder to write")
     return p
 
@@ -323,7 +327,7 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     trees.append(load_tree("sparse", args.sparse, args.sparse_logs))
     g10 = args.sparse / "g10"
     if (g10 / "test").is_dir():
-        trees.append(load_tree("sparse", g10, (args.sparse_logs / "g10") if args.sparse_logs else None))
+        trees.append(load_tree("sparse", g10, args.sparse_logs))  # a runs folder holds every cell's log
     matched = {}
     for t in trees:
         horizons = [r.known_horizon for r in t.results.runs.values()]
