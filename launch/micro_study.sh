@@ -281,15 +281,19 @@ cells_in() {  # cells_in TREE: the cells of CELL_LIST whose results go to TREE
   return 0
 }
 
-export_raw() {  # the raw results (no checkpoints, no merged weights) and training logs -> $EXPORT/raw[/g10]
+export_raw() {  # the raw results (no checkpoints, no merged weights) and training logs -> $EXPORT/raw[/g10],
+  # merged into what the export holds: a cell this invocation has no results for (run elsewhere and
+  # not restored, or outside CELLS) keeps its exported files
   local raw="$EXPORT/raw" split cell tree
   rm -rf "$raw.tmp"
+  if [[ -d "$raw" ]]; then cp -r "$raw" "$raw.tmp"; else mkdir -p "$raw.tmp"; fi
   for tree in "${TREES[@]}"; do
     local from="$RESULTS${tree:+/$tree}" to="$raw.tmp${tree:+/$tree}"
     for cell in $(cells_in "$tree"); do
       for split in test val; do
         local src="$from/$split/$cell" dst="$to/$split/$cell"
         [[ -f "$src/run.json" ]] || continue
+        rm -rf "$dst"
         mkdir -p "$dst"
         cp "$src/run.json" "$dst/"
         for step in "$src"/global_step_*; do
@@ -369,13 +373,15 @@ if [[ -n "$EXPORT" && ! -f "$RUNS/progress.log" && -f "$EXPORT/raw/progress.log"
   cp "$EXPORT/raw/progress.log" "$RUNS/progress.log"  # continued elsewhere: keep the earlier lines
 fi
 progress "micro study ($REGIME): ${#CELL_LIST[@]} cells, world $WORLD, runs in $RUNS, results in $RESULTS (test $TEST_SUITE limit ${TEST_LIMIT:-all}, val $VAL_SUITE limit ${VAL_LIMIT:-all})"
+for cell in "${DEFAULT_CELLS[@]}"; do
+  restore_cell "$cell"  # every exported cell of the regime first (CELLS may leave some out)
+done
 declare -A SEEN_SEED=()
 for cell in "${CELL_LIST[@]}"; do
   key="${TREE[$cell]:-main}:${SEED_OF[$cell]}"  # step 0 once per seed and results tree
   first=0
   [[ -z "${SEEN_SEED[$key]:-}" ]] && first=1
   SEEN_SEED[$key]=1
-  restore_cell "$cell"
   train_cell "$cell" || exit 1
   eval_cell "$cell" test "$first" || exit 1
   eval_cell "$cell" val "$first" || exit 1

@@ -41,20 +41,27 @@ from search_demo import world as world_mod
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
 TABLE_METRICS = ("em", "f1", "searches", "abort")
+REGIME_NAMES = ("dense", "sparse")
+"""The keys of ``search_demo.warm_start.REGIMES`` (listed here so the command line parses without
+importing torch; a test keeps the two equal)."""
 """Columns of the before/after table: mean EM, F1, searches per rollout, abort rate (no answer)."""
 
 
 def ensure_world(seed: int, out: Path) -> Path:
     """``out`` holding the world of ``seed`` (built when missing, or of another seed/version)."""
-    meta = out / "world.json"
-    if meta.is_file():
-        info = json.loads(meta.read_text())
-        if info.get("seed") == seed and info.get("version") == world_mod.WORLD_VERSION:
-            return out
+    if world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION}):
+        return out
     return world_mod.write_world(world_mod.build_world(seed), out)
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
+    if args.unseen_world_seed == args.world_seed:
+        print(
+            f"error: --unseen-world-seed must differ from --world-seed (both {args.world_seed}): "
+            "the unseen world would be the training world; pick another seed",
+            file=sys.stderr,
+        )
+        return 2
     from search_demo.study_world import ensure_study_world  # heavy: pandas (parquet), only for assets
     from search_demo.warm_start import (  # heavy: torch/transformers, only for assets
         REGIMES,
@@ -256,7 +263,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m search_demo`` command line (subcommands assets, run, evaluate, report)."""
     parser = argparse.ArgumentParser(prog="python -m search_demo", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     assets = sub.add_parser("assets", help="build the world and the warm start when missing or stale")
@@ -271,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     assets.add_argument(
         "--regime",
-        choices=["dense", "sparse"],
+        choices=REGIME_NAMES,
         default="dense",
         help="warm start of the micro study's reward regime (search_demo.warm_start.REGIMES)",
     )
@@ -301,7 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rep = sub.add_parser("report", help="print the report of a finished demo run")
     rep.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_cpu")
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, rest = build_parser().parse_known_args(argv)
     if args.command == "assets":
         return cmd_assets(args)
     if args.command == "run":

@@ -210,19 +210,15 @@ def write_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
 
 def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
     """``out`` holding the study world of these seeds (rebuilt when missing or of other seeds/versions)."""
-    out = Path(out)
-    meta = out / "world.json"
-    if meta.is_file():
-        info = json.loads(meta.read_text())
-        want = {
-            "kind": "study",
-            "seed": seed,
-            "unseen_seed": unseen_seed,
-            "version": world.WORLD_VERSION,
-            "study_version": STUDY_WORLD_VERSION,
-        }
-        if all(info.get(k) == v for k, v in want.items()):
-            return out
+    want = {
+        "kind": "study",
+        "seed": seed,
+        "unseen_seed": unseen_seed,
+        "version": world.WORLD_VERSION,
+        "study_version": STUDY_WORLD_VERSION,
+    }
+    if world.stamp_matches(out, want):
+        return Path(out)
     return write_study_world(seed, unseen_seed, out)
 
 

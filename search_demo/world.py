@@ -396,6 +396,16 @@ def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def stamp_matches(out: str | Path, want: dict[str, Any]) -> bool:
+    """Whether ``out/world.json`` exists and holds every key of ``want`` with its value (a folder
+    built by another seed, kind or generator version does not match and is rebuilt)."""
+    meta = Path(out) / "world.json"
+    if not meta.is_file():
+        return False
+    info = json.loads(meta.read_text())
+    return all(info.get(k) == v for k, v in want.items())
+
+
 def write_world(world: World, out: str | Path) -> Path:
     """Write the world's files under ``out`` (see the module docstring); returns ``out``."""
     from search_env.data import QARow, write_parquet  # heavy: search_env.data imports pandas

@@ -300,10 +300,13 @@ def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tm
 def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path):
     """A study continued on a machine without its runs folder: the cell the export already holds
     is restored (results, log, markers), nothing is trained or evaluated, and the export, rewritten,
-    keeps its results and its earlier progress lines."""
+    keeps its results and its earlier progress lines. A finished cell outside CELLS is restored too
+    and survives the export's refresh (an export used to be rebuilt from this invocation's results
+    alone, dropping every exported cell not yet restored)."""
     export = tmp_path / "export"
-    for sub in ("test", "val", "logs"):
-        shutil.copytree(STUDY / "raw" / sub / "em_only_s42", export / "raw" / sub / "em_only_s42")
+    for cell in ("em_only_s42", "f1_only_s42"):
+        for sub in ("test", "val", "logs"):
+            shutil.copytree(STUDY / "raw" / sub / cell, export / "raw" / sub / cell)
     shutil.copy(STUDY / "raw" / "progress.log", export / "raw" / "progress.log")
     env = {
         **os.environ,
@@ -319,12 +322,14 @@ def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "em_only_s42: restored from" in done.stderr and "train: done before" in done.stderr
+    assert "f1_only_s42: restored from" in done.stderr
     assert not (tmp_path / "runs" / "em_only_s42" / "micro_train.log").exists()  # nothing was run
-    for split in ("test", "val"):
-        for f in (STUDY / "raw" / split / "em_only_s42").rglob("*"):
-            if f.is_file():
-                rel = f.relative_to(STUDY / "raw")
-                assert (export / "raw" / rel).read_bytes() == f.read_bytes(), rel
+    for cell in ("em_only_s42", "f1_only_s42"):
+        for sub in ("test", "val", "logs"):
+            for f in (STUDY / "raw" / sub / cell).rglob("*"):
+                if f.is_file():
+                    rel = f.relative_to(STUDY / "raw")
+                    assert (export / "raw" / rel).read_bytes() == f.read_bytes(), rel
     log = (export / "raw" / "progress.log").read_text()
     assert log.startswith((STUDY / "raw" / "progress.log").read_text()) and "restored from" in log
     assert (export / "report" / "table1.md").is_file()

@@ -104,6 +104,42 @@ def test_study_world_is_deterministic_and_cached(tmp_path):
         study_world.build_study_world(2, 2)
 
 
+def test_a_stamp_of_other_seeds_rebuilds_the_study_world(tmp_path):
+    out = study_world.write_study_world(0, 1, tmp_path / "w")
+    assert world.stamp_matches(out, {"kind": "study", "seed": 0, "unseen_seed": 1})
+    assert not world.stamp_matches(out, {"kind": "study", "seed": 0, "unseen_seed": 2})
+    assert not world.stamp_matches(tmp_path / "missing", {"seed": 0})
+    study_world.ensure_study_world(0, 2, out)
+    assert json.loads((out / "world.json").read_text())["unseen_seed"] == 2
+
+
+def test_demo_command_line_offers_every_regime_and_rejects_one_world_twice(tmp_path, capsys):
+    from search_demo import driver
+
+    assert driver.REGIME_NAMES == tuple(REGIMES)
+    base = ["assets", "--world-seed", "0", "--world", "w", "--warm-start", "ws", "--regime"]
+    for name in REGIMES:
+        assert driver.build_parser().parse_args([*base, name]).regime == name
+    with pytest.raises(SystemExit):
+        driver.build_parser().parse_args([*base, "sparce"])
+    code = driver.main(
+        [
+            "assets",
+            "--world-seed",
+            "3",
+            "--unseen-world-seed",
+            "3",
+            "--world",
+            str(tmp_path / "w"),
+            "--warm-start",
+            str(tmp_path / "ws"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--unseen-world-seed must differ from --world-seed (both 3)" in err
+    assert not (tmp_path / "w").exists()
+
+
 def test_phrased_answer_is_right_but_not_an_exact_match():
     rows = world.build_world(0).questions["train"]
     for row in rows[:60]:
