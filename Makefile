@@ -24,10 +24,13 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	touch $(STAMP)
 
 # The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.
+# Two pytest-xdist workers, a test file per worker at a time: a heavy e2e run (tests/heavy_slot.py
+# allows two at once) leaves most of a core idle between its stages, which the other worker uses.
+TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15
+	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
 
 # World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
 # launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.

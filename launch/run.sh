@@ -203,6 +203,7 @@ ARGS+=(
 if [[ -z "${RAY_ADDRESS:-}" ]]; then  # a private local Ray instance, removed on exit
   RAY_TMP="$(mktemp -d /tmp/rlvr_ray.XXXXXX)"
   echo "$RAY_TMP" >"$RUN_DIR/.ray_tmp"  # removed by the next run when this one is killed
+  log "private Ray instance, temp dir $RAY_TMP (removed on exit)"
   ARGS+=("+ray_kwargs.ray_init._temp_dir=$RAY_TMP")
 else  # join the running cluster (README "Multi-node"): its nodes bring their own CPUs and GPUs,
   # and its workers do not inherit this shell's environment, so the run's variables go with the job

@@ -425,6 +425,17 @@ def _warn_if_base_stale(base: Path, log: Any) -> None:
         )
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (a stamp that reads the same on every
+    clone), else absolute."""
+    resolved = path.resolve()
+    return str(
+        resolved.relative_to(base_model.REPO_ROOT)
+        if resolved.is_relative_to(base_model.REPO_ROOT)
+        else resolved
+    )
+
+
 def build_warm_start(
     out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), base: Path | None = None, log: Any = print
 ) -> Path:
@@ -463,7 +474,7 @@ def build_warm_start(
     stamp = {
         "key": key,
         "config": asdict(cfg),
-        "base": str(base),
+        "base": _shown(base),
         "base_key": base_stamp(base)["key"],
         "sft_worlds": list(SFT_WORLD_SEEDS),
         "demonstrations": counts,

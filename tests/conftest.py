@@ -15,8 +15,10 @@ retrieval server.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -173,26 +175,40 @@ def free_port() -> int:
 CI_ASSETS_TIMEOUT_S = 1800
 """Limit of the one build of the CI world and warm start (:func:`ensure_ci_assets`): 250 SFT steps
 took 460-520 s on a 2-core AVX2 machine, more than half of a run's :data:`DEMO_RUN_TIMEOUT_S`."""
+SHIPPED_CI_WARM_START = Path(__file__).resolve().parent.parent / "assets" / "warm_start_ci"
+"""The CI warm start as built from the shipped base model (``python -m search_demo.warm_start --out
+assets/warm_start_ci --steps 250 --force``): copied into .demo/ so that a fresh clone's test run
+does not spend ~5 min on SFT. ``search_demo assets`` still checks its cache key and rebuilds it if
+the code has changed since (slow, but right); ``tests/test_warm_start.py`` fails until it is
+rebuilt."""
 _CI_ASSETS_READY = False
 
 
 def ensure_ci_assets() -> None:
     """Build the demo world and the CI warm start (``python -m search_demo assets``, cached in
-    .demo/) once per test session, before the first run, so that no run's timeout pays for it."""
+    .demo/; the warm start seeded from :data:`SHIPPED_CI_WARM_START`) once per test session, before
+    the first run, so that no run's timeout pays for it. One build at a time on the machine (an
+    exclusive lock on /tmp/rlvr_ci_assets.lock: xdist workers and other sessions wait for it)."""
     global _CI_ASSETS_READY
     if _CI_ASSETS_READY:
         return
     root = Path(__file__).resolve().parent.parent
+    cached = root / ".demo" / "warm_start_ci"
     cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
-    cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
-    subprocess.run(
-        ["flock", "/tmp/rlvr_heavy.lock", *cmd],
-        cwd=root,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        check=True,
-        capture_output=True,
-        timeout=CI_ASSETS_TIMEOUT_S,
-    )
+    cmd += ["--warm-start", str(cached.relative_to(root)), "--sft-steps", str(CI_SFT_STEPS)]
+    with open("/tmp/rlvr_ci_assets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cached / "warm_start.json").is_file() and SHIPPED_CI_WARM_START.is_dir():
+            shutil.rmtree(cached, ignore_errors=True)
+            shutil.copytree(SHIPPED_CI_WARM_START, cached)
+        subprocess.run(
+            cmd,
+            cwd=root,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            check=True,
+            capture_output=True,
+            timeout=CI_ASSETS_TIMEOUT_S,
+        )
     _CI_ASSETS_READY = True
 
 
@@ -203,14 +219,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ensure_ci_assets()
 
 
+HEAVY_SLOT = (sys.executable, str(Path(__file__).with_name("heavy_slot.py")))
+"""Prefix of a heavy command: run it holding a heavy-run slot (``tests/heavy_slot.py``)."""
+
+
 def demo_cmd(port: int, *overrides: str) -> list[str]:
     """``launch/run.sh recipes/demo_cpu.yaml`` with :data:`CI_OVERRIDES`, the retriever on ``port``,
-    then ``overrides``; serialised with other heavy runs through /tmp/rlvr_heavy.lock. Builds the
-    CI assets first (:func:`ensure_ci_assets`, once per session)."""
+    then ``overrides``, holding one of the machine's heavy-run slots (``tests/heavy_slot.py``: at
+    most two such runs at once). Builds the CI assets first (:func:`ensure_ci_assets`, once per
+    session)."""
     ensure_ci_assets()
     return [
-        "flock",
-        "/tmp/rlvr_heavy.lock",
+        *HEAVY_SLOT,
         "bash",
         "launch/run.sh",
         "recipes/demo_cpu.yaml",

@@ -3,12 +3,13 @@
 metrics every step, checkpoints every step under the checkpoint policy, and its checkpoints go
 through `launch/eval.sh`, the demo's report and `python -m eval report`. Killing and resuming a run
 is tested in tests/test_run_killed.py. Heavy: one trainer start-up (~1.5 min on 2 cores) and three
-steps, serialised with other heavy runs through /tmp/rlvr_heavy.lock."""
+steps, in one of the heavy-run slots (tests/heavy_slot.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -66,23 +67,26 @@ def _check_metrics_plausible(step: int, logged: dict, dump: Path) -> None:
         assert logged[name] == pytest.approx(recomputed[name]), (step, name)
 
 
-def _private_ray_leftovers() -> set[str]:
-    """Private Ray temp dirs of launch/run.sh, and processes still using one."""
-    found = {str(p) for p in Path("/tmp").glob("rlvr_ray.*")}
+def _ray_leftovers(stderr: str) -> list[str]:
+    """The private Ray temp dir launch/run.sh named in ``stderr`` if it still exists, and every
+    process still using it (this run's only: other runs may be going on beside it)."""
+    found = re.search(r"private Ray instance, temp dir (/tmp/rlvr_ray\.\w+)", stderr)
+    assert found, "run.sh did not name its private Ray temp dir"
+    temp = found.group(1)
+    left = [temp] if Path(temp).exists() else []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "/tmp/rlvr_ray." in cmdline:
-            found.add(f"pid {proc.name}: {cmdline[:120]}")
-    return found
+        if temp in cmdline:
+            left.append(f"pid {proc.name}: {cmdline[:120]}")
+    return left
 
 
 @pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 300)
 def test_demo_trains_checkpoints_and_evaluates(tmp_path):
     run_dir, port = tmp_path / "demo", free_port()
-    before = _private_ray_leftovers()
     run = _run_demo(
         run_dir,
         port,
@@ -114,7 +118,7 @@ def test_demo_trains_checkpoints_and_evaluates(tmp_path):
         _check_metrics_plausible(step, logged_step, run_dir / "rollouts" / f"{step}.jsonl")
     assert "rollout/searches_mean" in run.stderr, "the console logger does not print the study's metrics"
     assert port_free(port), "the retriever outlived the run"
-    assert _private_ray_leftovers() <= before, "Ray processes or temp dirs outlived the run"
+    assert not _ray_leftovers(run.stderr), "Ray processes or temp dirs outlived the run"
     _evaluate_demo_checkpoint(ckpt, run_dir / "eval")
     _demo_report(run_dir)
     _report(run_dir / "eval", run_dir / "metrics.jsonl", tmp_path / "report")

@@ -8,7 +8,7 @@ small as tests/conftest.py's demo_cmd runs it): once step 1 is logged its retrie
   warned about, and the trainer stops non-zero after ``retriever.max_failed_steps`` (2) of them
   with a message naming the retriever URL and the steps.
 
-Heavy: one trainer start-up (~1.5 min on 2 cores) each, serialised through /tmp/rlvr_heavy.lock."""
+Heavy: one trainer start-up (~1.5 min on 2 cores) each, in one of the heavy-run slots (tests/heavy_slot.py)."""
 
 from __future__ import annotations
 

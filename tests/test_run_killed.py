@@ -4,8 +4,8 @@ started again with the same command: it resumes from the last complete checkpoin
 once, and nothing of the killed runs holds a port or a lock.
 
 The e2e test runs the CPU demo three times on one run directory (10.6 min measured on 2 cores
-shared with other runs, about 3 min a run; serialised with other heavy runs through
-/tmp/rlvr_heavy.lock). The others are fast: what verl 0.9.1 does under it (so an upgrade fails
+shared with other runs, about 3 min a run; each in one of the heavy-run slots,
+tests/heavy_slot.py). The others are fast: what verl 0.9.1 does under it (so an upgrade fails
 here first), the launcher's checkpoint choice (``search_env.resume``) on hand-made checkpoints,
 and run.sh stopping on a stray process.
 """

@@ -17,8 +17,8 @@ ranks on two Ray nodes, and vLLM evaluation.
   one reward function).
 - ``BACKEND=vllm bash launch/eval.sh`` evaluates the resulting checkpoint with both rollout presets.
 
-Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each), serialised through
-/tmp/rlvr_heavy.lock."""
+Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each), each in one of the
+heavy-run slots (tests/heavy_slot.py)."""
 
 from __future__ import annotations
 

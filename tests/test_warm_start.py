@@ -92,6 +92,25 @@ def test_cache_key_follows_the_inputs(tmp_path: Path):
     assert warm_start.cache_key(cfg, base) != key
 
 
+def test_the_shipped_ci_warm_start_is_current():
+    """assets/warm_start_ci (the e2e tests' warm start, shipped so a fresh clone skips ~5 min of
+    SFT) must be what the code builds now; when it fails, rebuild and commit it."""
+    import json
+
+    from conftest import CI_SFT_STEPS, SHIPPED_CI_WARM_START
+
+    from search_demo import base_model
+
+    stamp = json.loads((SHIPPED_CI_WARM_START / warm_start.STAMP).read_text())
+    want = warm_start.cache_key(replace(warm_start.REGIMES["dense"], steps=CI_SFT_STEPS), base_model.SHIPPED)
+    assert stamp["key"] == want, (
+        f"assets/warm_start_ci was built from other inputs (key {stamp['key']}, the code's {want}); "
+        f"rebuild it: .venv/bin/python -m search_demo.warm_start --out assets/warm_start_ci "
+        f"--steps {CI_SFT_STEPS} --force, then commit it"
+    )
+    assert (SHIPPED_CI_WARM_START / "model.safetensors").stat().st_size > 1_000_000
+
+
 def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_hop_questions():
     rows = world.build_world(0).questions["train"]
     cfg = replace(warm_start.WarmStartConfig(), two_hop_stop_early=0.5)

@@ -1,0 +1,59 @@
+"""Run a command while holding one of this machine's slots for heavy test runs.
+
+    python tests/heavy_slot.py COMMAND [ARGS...]
+
+Heavy runs (the CPU demo through ``launch/run.sh``, the CI asset build aside) are limited to
+``RLVR_HEAVY_SLOTS`` at a time (default 2: one per pytest-xdist worker of ``make test``) across
+every test session on the machine: slot ``i`` is an exclusive ``flock`` on
+``<RLVR_HEAVY_LOCK_DIR>/rlvr_heavy.<i>.lock`` (default dir /tmp). The command is exec'd with the slot's descriptor open, so the slot is
+held until the command and every process it started (which inherit the descriptor) have exited,
+however they end; nothing is left to clean up. Waits for a free slot, polling every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+
+SLOTS_ENV = "RLVR_HEAVY_SLOTS"
+DEFAULT_SLOTS = 2
+LOCK_DIR_ENV = "RLVR_HEAVY_LOCK_DIR"
+
+
+def slot_count(environ: dict[str, str] | os._Environ = os.environ) -> int:
+    """``RLVR_HEAVY_SLOTS`` as a positive int (default 2); ValueError naming the variable otherwise."""
+    raw = environ.get(SLOTS_ENV, str(DEFAULT_SLOTS))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{SLOTS_ENV} must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def acquire(slots: int, lock_dir: str = "/tmp", poll_s: float = 0.5) -> int:
+    """An open descriptor holding an exclusive lock on the first free slot (waits for one)."""
+    paths = [os.path.join(lock_dir, f"rlvr_heavy.{i}.lock") for i in range(slots)]
+    fds = [os.open(path, os.O_CREAT | os.O_RDWR, 0o666) for path in paths]
+    while True:
+        for fd in fds:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for other in fds:
+                if other != fd:
+                    os.close(other)
+            return fd
+        time.sleep(poll_s)
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: python tests/heavy_slot.py COMMAND [ARGS...]")
+    fd = acquire(slot_count(), os.environ.get(LOCK_DIR_ENV, "/tmp"))
+    os.set_inheritable(fd, True)
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
