@@ -38,6 +38,11 @@
 # with the cell's cap checkpointed); an interrupted cell resumes from its latest checkpoint
 # (verl resume_mode=auto). A split is done when $RUNS/<cell>/.micro_eval_<split> exists; inside it
 # eval's store skips every checkpoint whose summary.json is written and every row already on disk.
+# Side by side: JOBS cells at a time (default 2), each taking the next cell of the list when it is
+# done (cell j's retriever ports: PORT + 10 j for training, + 1 for evaluation). A GRPO step on CPU
+# keeps one process busy at a time (rollout, log-probs, update), so two cells share two cores
+# well; a cell's results do not depend on what runs beside it (seeded rollouts, deterministic
+# updates). A failed cell stops the study once the cells beside it are done (exit 1).
 # One study at a time: a lock on $RUNS/.lock, held by every process the study starts (so leftovers
 # of a SIGKILLed study also block a second one until they exit).
 # Progress: one line per cell and stage on stderr (also appended to $RUNS/progress.log); the
@@ -51,6 +56,7 @@
 #   EXPORT         copy raw results + report here, e.g. docs/micro_study  []
 #   DENSE          sparse only: the dense study's export, for the side-by-side report [docs/micro_study]
 #   PORT           retriever port of training; evaluation uses PORT+1     [18500]
+#   JOBS           cells run side by side (ports PORT + 10 j for the j-th)  [2]
 #   WORLD          the synthetic world the cells train on                 [the recipes' launch.assets.world]
 #   TEST_SUITE     test split of the world (eval --suite)                 [$WORLD/test]
 #   VAL_SUITE      validation split of the world                          [$WORLD/val.parquet]
@@ -114,6 +120,8 @@ EXPORT="${EXPORT:-}"
 DENSE="${DENSE:-docs/micro_study}"
 REPORT="${REPORT:-$RESULTS/report}"
 PORT="${PORT:-18500}"
+JOBS="${JOBS:-2}"
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a whole number >= 1 (cells run side by side), got '$JOBS'"
 BOOTSTRAP="${BOOTSTRAP:-1000}"
 read -ra EXTRA_ARGS <<<"${EXTRA:-}"
 
@@ -283,7 +291,15 @@ cells_in() {  # cells_in TREE: the cells of CELL_LIST whose results go to TREE
 
 export_raw() {  # the raw results (no checkpoints, no merged weights) and training logs -> $EXPORT/raw[/g10],
   # merged into what the export holds: a cell this invocation has no results for (run elsewhere and
-  # not restored, or outside CELLS) keeps its exported files
+  # not restored, or outside CELLS) keeps its exported files. One refresh at a time (cells finish
+  # side by side).
+  (
+    flock 8
+    export_raw_now
+  ) 8>"$RUNS/.export.lock"
+}
+
+export_raw_now() {
   local raw="$EXPORT/raw" split cell tree
   rm -rf "$raw.tmp"
   if [[ -d "$raw" ]]; then cp -r "$raw" "$raw.tmp"; else mkdir -p "$raw.tmp"; fi
@@ -377,16 +393,62 @@ for cell in "${DEFAULT_CELLS[@]}"; do
   restore_cell "$cell"  # every exported cell of the regime first (CELLS may leave some out)
 done
 declare -A SEEN_SEED=()
+FIRST=()  # per cell of CELL_LIST: 1 if it evaluates its seed's step 0 (once per seed and results tree)
 for cell in "${CELL_LIST[@]}"; do
-  key="${TREE[$cell]:-main}:${SEED_OF[$cell]}"  # step 0 once per seed and results tree
-  first=0
-  [[ -z "${SEEN_SEED[$key]:-}" ]] && first=1
+  key="${TREE[$cell]:-main}:${SEED_OF[$cell]}"
+  if [[ -z "${SEEN_SEED[$key]:-}" ]]; then FIRST+=(1); else FIRST+=(0); fi
   SEEN_SEED[$key]=1
-  train_cell "$cell" || exit 1
-  eval_cell "$cell" test "$first" || exit 1
-  eval_cell "$cell" val "$first" || exit 1
-  [[ -n "$EXPORT" ]] && export_raw  # the export always holds every finished cell (commit it to keep them)
 done
+
+run_cell() {  # run_cell INDEX SLOT: train, evaluate on test and val, refresh the export
+  local cell="${CELL_LIST[$1]}" first="${FIRST[$1]}"
+  local PORT=$((PORT + 10 * $2))  # this slot's ports (train_cell and eval_cell read PORT)
+  train_cell "$cell" || return 1
+  eval_cell "$cell" test "$first" || return 1
+  eval_cell "$cell" val "$first" || return 1
+  [[ -z "$EXPORT" ]] || export_raw  # the export always holds every finished cell (commit it to keep them)
+}
+
+QUEUE="$RUNS/.queue"  # index in CELL_LIST of the next cell to start, shared by the slots
+claim() {  # the next cell's index on stdout; status 1 when none is left or a cell failed
+  (
+    flock 9
+    [[ ! -f "$RUNS/.failed" ]] || exit 1
+    local next
+    next="$(<"$QUEUE")"
+    ((next < ${#CELL_LIST[@]})) || exit 1
+    echo $((next + 1)) >"$QUEUE"
+    echo "$next"
+  ) 9>"$RUNS/.queue.lock"
+}
+
+slot() {  # slot J: run cells from the queue until it is empty; a failed cell stops every slot's next start
+  local index
+  trap 'stop_child; exit 130' TERM
+  while index="$(claim)"; do
+    if ! run_cell "$index" "$1"; then
+      : >"$RUNS/.failed"
+      return 1
+    fi
+  done
+}
+
+rm -f "$RUNS/.failed"
+echo 0 >"$QUEUE"
+SLOTS=()
+for ((j = 0; j < JOBS; j++)); do
+  slot "$j" &
+  SLOTS+=("$!")
+done
+trap 'log "interrupted: stopping the running stages (run again to resume)"; kill -TERM "${SLOTS[@]}" 2>/dev/null; wait; exit 130' INT TERM
+failed=0
+for pid in "${SLOTS[@]}"; do
+  wait "$pid" || failed=1
+done
+if ((failed)); then
+  log "a cell failed (its lines above; $RUNS/progress.log): fix it and run again to resume"
+  exit 1
+fi
 
 write_reports
 progress "micro study done in $((SECONDS - T0)) s (this invocation); report: $REPORT/index.md"

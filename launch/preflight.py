@@ -217,6 +217,20 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
         )
 
 
+def check_reward(cfg: DictConfig, plan: Plan) -> None:
+    """Our reward functions: ``shape`` must name one (a typo otherwise surfaces deep inside verl,
+    after start-up, as "no materializable trajectories")."""
+    fn = cfg.reward.custom_reward_function
+    if str(fn.get("path")) != "pkg://reward_fns.compute_score":
+        return  # a user's own reward function: verl loads and checks it
+    from reward_fns.shapes import SHAPES
+
+    plan.need(
+        fn.name in SHAPES,
+        f"reward shape {fn.name!r} is unknown: set shape= to one of {', '.join(sorted(SHAPES))}",
+    )
+
+
 def check_resume(cfg: DictConfig, plan: Plan) -> None:
     """An explicit ``resume_from_path`` must be a complete checkpoint: the checkpoint policy
     (search_env.checkpoint_policy) keeps optimizer and extra state only in the latest one."""
@@ -419,6 +433,7 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     plan.config = cfg
     plan_demo_assets(cfg, plan)
     check_kernels(cfg, plan)
+    check_reward(cfg, plan)
     check_resume(cfg, plan)
     check_model(cfg, plan)
     check_data(cfg, plan)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -152,7 +151,7 @@ DEMO_RUN_TIMEOUT_S = 900  # per invocation, lock wait included; the recipe's own
 CI_SFT_STEPS = 250  # the demo's; with 150 the sampled policy answered in 40 % of rollouts
 
 CI_OVERRIDES = (
-    "launch.assets.warm_start=.demo/warm_start_ci",  # a shorter SFT than the demo's own warm start
+    "launch.assets.warm_start=.demo/warm_start_ci",  # its own folder: a test run never waits on a demo
     f"launch.assets.sft_steps={CI_SFT_STEPS}",
     "data.train_batch_size=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -175,32 +174,23 @@ def free_port() -> int:
 CI_ASSETS_TIMEOUT_S = 1800
 """Limit of the one build of the CI world and warm start (:func:`ensure_ci_assets`): 250 SFT steps
 took 460-520 s on a 2-core AVX2 machine, more than half of a run's :data:`DEMO_RUN_TIMEOUT_S`."""
-SHIPPED_CI_WARM_START = Path(__file__).resolve().parent.parent / "assets" / "warm_start_ci"
-"""The CI warm start as built from the shipped base model (``python -m search_demo.warm_start --out
-assets/warm_start_ci --steps 250 --force``): copied into .demo/ so that a fresh clone's test run
-does not spend ~5 min on SFT. ``search_demo assets`` still checks its cache key and rebuilds it if
-the code has changed since (slow, but right); ``tests/test_warm_start.py`` fails until it is
-rebuilt."""
 _CI_ASSETS_READY = False
 
 
 def ensure_ci_assets() -> None:
     """Build the demo world and the CI warm start (``python -m search_demo assets``, cached in
-    .demo/; the warm start seeded from :data:`SHIPPED_CI_WARM_START`) once per test session, before
-    the first run, so that no run's timeout pays for it. One build at a time on the machine (an
-    exclusive lock on /tmp/rlvr_ci_assets.lock: xdist workers and other sessions wait for it)."""
+    .demo/; the warm start is the shipped ``assets/warm_start_dense``, copied, unless the code no
+    longer builds that model) once per test session, before the first run, so that no run's
+    timeout pays for it. One build at a time on the machine (an exclusive lock on
+    /tmp/rlvr_ci_assets.lock: xdist workers and other sessions wait for it)."""
     global _CI_ASSETS_READY
     if _CI_ASSETS_READY:
         return
     root = Path(__file__).resolve().parent.parent
-    cached = root / ".demo" / "warm_start_ci"
     cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
-    cmd += ["--warm-start", str(cached.relative_to(root)), "--sft-steps", str(CI_SFT_STEPS)]
+    cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
     with open("/tmp/rlvr_ci_assets.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (cached / "warm_start.json").is_file() and SHIPPED_CI_WARM_START.is_dir():
-            shutil.rmtree(cached, ignore_errors=True)
-            shutil.copytree(SHIPPED_CI_WARM_START, cached)
         subprocess.run(
             cmd,
             cwd=root,

@@ -296,6 +296,34 @@ def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tm
     assert (runs / "progress.log").read_text().count("done before") == 27
 
 
+def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path):
+    """JOBS=2: two cells start together; both fail in preflight (an unknown
+    reward shape), so the third never starts and the study exits 1, naming the failure."""
+    env = {
+        **os.environ,
+        "RUNS": str(tmp_path / "runs"),
+        "RESULTS": str(tmp_path / "results"),
+        "PORT": "18740",
+        "JOBS": "2",
+        "CELLS": "em_only_s42 f1_only_s42 f1_format_s42",
+        "EXTRA": "shape=no_such_shape",
+    }
+    done = subprocess.run(
+        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.count("reward shape 'no_such_shape' is unknown") == 2
+    assert "a cell failed" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == [
+        "em_only_s42",
+        "f1_only_s42",
+    ]
+    bad = subprocess.run(
+        ["bash", "launch/micro_study.sh"], cwd=ROOT, env={**env, "JOBS": "0"}, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "JOBS must be a whole number >= 1" in bad.stderr
+
+
 @needs_committed_run
 def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path):
     """A study continued on a machine without its runs folder: the cell the export already holds

@@ -307,6 +307,16 @@ def test_preflight_checks_the_retriever_fault_settings(tmp_path):
     assert yaml.safe_load((tmp_path / "tools.yaml").read_text())["tools"][0]["config"]["retry_budget_s"] == 5
 
 
+def test_preflight_names_an_unknown_reward_shape(tmp_path):
+    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
+    assert (
+        "reward shape 'f1_onyl' is unknown: set shape= to one of em_only, f1_format, f1_only" in plan.problems
+    )
+    assert not any(
+        "reward shape" in p for p in _preflight().make_plan(RECIPES / "demo_cpu.yaml", [], tmp_path).problems
+    )
+
+
 def test_preflight_takes_external_retrievers(tmp_path):
     plan = _preflight().make_plan(
         RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path

@@ -3,6 +3,7 @@ verl's agent loop against a real BM25 server, the cache key, the SFT loss mask."
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,23 +93,34 @@ def test_cache_key_follows_the_inputs(tmp_path: Path):
     assert warm_start.cache_key(cfg, base) != key
 
 
-def test_the_shipped_ci_warm_start_is_current():
-    """assets/warm_start_ci (the e2e tests' warm start, shipped so a fresh clone skips ~5 min of
-    SFT) must be what the code builds now; when it fails, rebuild and commit it."""
-    import json
-
-    from conftest import CI_SFT_STEPS, SHIPPED_CI_WARM_START
-
+@pytest.mark.parametrize("regime", sorted(warm_start.SHIPPED))
+def test_the_shipped_warm_starts_are_what_the_code_builds(regime: str):
+    """assets/warm_start_<regime> (shipped built: a warm start trained on another CPU is another
+    model) must carry the key the code computes now; when it fails, rebuild and commit it."""
     from search_demo import base_model
 
-    stamp = json.loads((SHIPPED_CI_WARM_START / warm_start.STAMP).read_text())
-    want = warm_start.cache_key(replace(warm_start.REGIMES["dense"], steps=CI_SFT_STEPS), base_model.SHIPPED)
+    folder = warm_start.SHIPPED[regime]
+    stamp = json.loads((folder / warm_start.STAMP).read_text())
+    want = warm_start.cache_key(warm_start.REGIMES[regime], base_model.SHIPPED)
     assert stamp["key"] == want, (
-        f"assets/warm_start_ci was built from other inputs (key {stamp['key']}, the code's {want}); "
-        f"rebuild it: .venv/bin/python -m search_demo.warm_start --out assets/warm_start_ci "
-        f"--steps {CI_SFT_STEPS} --force, then commit it"
+        f"{folder.name} was built from other inputs (key {stamp['key']}, the code's {want}); rebuild it: "
+        f".venv/bin/python -m search_demo.warm_start --out assets/{folder.name} --regime {regime} --force, "
+        "then commit it (and rerun what was trained from the old one)"
     )
-    assert (SHIPPED_CI_WARM_START / "model.safetensors").stat().st_size > 1_000_000
+    assert (folder / "model.safetensors").stat().st_size > 1_000_000
+
+
+def test_a_matching_shipped_warm_start_is_copied_not_trained(tmp_path: Path):
+    logged: list[str] = []
+    out = warm_start.ensure_warm_start(tmp_path / "ws", warm_start.REGIMES["sparse"], log=logged.append)
+    shipped = warm_start.SHIPPED["sparse"]
+    assert (out / "model.safetensors").read_bytes() == (shipped / "model.safetensors").read_bytes()
+    assert logged == [
+        f"warm start {json.loads((shipped / warm_start.STAMP).read_text())['key']}: copied "
+        f"the shipped assets/warm_start_sparse to {out} (no SFT: same inputs)"
+    ]
+    assert warm_start.ensure_warm_start(out, warm_start.REGIMES["sparse"], log=logged.append) == out
+    assert len(logged) == 1  # cached now
 
 
 def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_hop_questions():
