@@ -41,9 +41,10 @@
 # Side by side: JOBS cells at a time (default 2), each taking the next cell of the list when it is
 # done (cell j's retriever ports: PORT + 10 j for training, + 1 for evaluation). A GRPO step on CPU
 # keeps one process busy at a time (rollout, log-probs, update), so two cells share two cores
-# well. Rollouts are seeded per request, so a neighbour changes a cell only through the batches
-# its requests share (float rounding; timing does the same to a cell run alone). A failed cell
-# stops the study once the cells beside it are done (exit 1).
+# well. Rollouts are seeded per request, so a neighbour changes a cell only through timing: which
+# of the cell's own requests share a batch in its engine (float rounding at near ties), as any
+# other load does to a cell run alone. A failed cell stops the study once the cells beside it are
+# done (exit 1).
 # One study at a time: a lock on $RUNS/.lock, held by every process the study starts (so leftovers
 # of a SIGKILLed study also block a second one until they exit).
 # Progress: one line per cell and stage on stderr (also appended to $RUNS/progress.log); the
