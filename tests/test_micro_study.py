@@ -319,7 +319,12 @@ def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path
         "f1_only_s42",
     ]
     bad = subprocess.run(
-        ["bash", "launch/micro_study.sh"], cwd=ROOT, env={**env, "JOBS": "0"}, capture_output=True, text=True
+        ["bash", "launch/micro_study.sh"],
+        cwd=ROOT,
+        env={**env, "JOBS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert bad.returncode == 2 and "JOBS must be a whole number >= 1" in bad.stderr
 
