@@ -8,14 +8,19 @@ writes one folder:
   matched horizon (both averages), the gain, the zero-variance group fraction under the cell's
   own reward and under EM, the partial-credit fraction at step 1, the length-clip ratio, response
   length early and late, and the correlation of training reward with test EM over checkpoints;
-- ``table1.md`` — Table 1 per regime (mean over seeds, per-seed values), the ranking test with the
-  direction stated in advance (EM-only last) and its conservative alternatives;
-- ``group_size.md`` — em_only and f1_only at G = 5 and G = 10 on the same seeds and prompts;
+- ``table1.md`` — Table 1 per regime (mean over seeds with a 95 % CI, per-seed values), the
+  ranking test with the direction stated in advance (EM-only last) and its conservative
+  alternatives;
+- ``group_size.md`` — em_only and f1_only at G = 5 and G = 10 on the same seeds and prompts, and
+  the gain gap f1_only - em_only (paired by seed) at each G with its 95 % CI;
 - ``fig_zero_variance_gain.png`` — zero-variance fraction against gain, one point per cell;
 - ``index.md`` — all of the above and the conclusion, each claim of the paper with its numbers.
 
 Every number comes from the raw files, so the folder regenerates byte for byte (figures aside)
-from the same input (``tests/test_micro_study.py``). Horizon: the matched one (the smallest step
+from the same input (``tests/test_regimes.py``). CIs are percentile intervals of ``--bootstrap``
+resamples of the seeds (a cell is the unit: seeds are the independent replicates; with 3-5 seeds
+the interval is coarse and says so by its width), each drawn from a generator seeded by what it
+describes, so they regenerate too. Horizon: the matched one (the smallest step
 cap of the regime's cells, as ``eval report --matched-horizon auto``); training-log means are over
 steps 1..matched.
 """
@@ -35,7 +40,7 @@ import pandas as pd
 from eval import figures
 from eval.checkpoints import get_dotted
 from eval.results import AVG_ALL, AVG_HELDOUT, Results, ResultsError, load_results, load_training_logs
-from eval.stats import RankingTest, ranking_test
+from eval.stats import RankingTest, bootstrap_means, percentile_interval, ranking_test
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon, select_checkpoints
 
 PREDICTED_LAST = "em_only"
@@ -176,9 +181,35 @@ def ranking_markdown(regime: str, test: RankingTest) -> list[str]:
     ]
 
 
-def table1_markdown(frame: pd.DataFrame) -> str:
-    """Per shape: mean best EM (both averages) at the matched horizon, gain, seed values."""
+def seed_ci(values: Sequence[float], n_boot: int, key: str) -> tuple[float, float]:
+    """95 % percentile interval of the mean of per-seed ``values`` over ``n_boot`` resamples of
+    the seeds; the generator is seeded from ``key`` (what the interval describes), so a report
+    regenerates exactly. NaN values are dropped; (NaN, NaN) with no value or ``n_boot`` < 1."""
+    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if not len(data) or n_boot < 1:
+        return math.nan, math.nan
+    rng = np.random.default_rng(list(key.encode()))
+    low, high = percentile_interval(bootstrap_means(data[:, None], n_boot, rng))
+    return float(low[0]), float(high[0])
+
+
+def _ci(interval: tuple[float, float]) -> str:
+    return "-" if math.isnan(interval[0]) else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
+
+
+def paired_gap(frame: pd.DataFrame, better: str, worse: str) -> list[float]:
+    """Per seed holding both shapes: gain of ``better`` minus gain of ``worse`` (seed order)."""
+    gains = frame.pivot_table(index="seed", columns="shape", values="gain")
+    if better not in gains or worse not in gains:
+        return []
+    return [float(v) for v in (gains[better] - gains[worse]).dropna().sort_index()]
+
+
+def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
+    """Per shape: mean best EM (both averages) at the matched horizon, gain with its seed CI,
+    seed values."""
     rows = []
+    regime = "/".join(sorted(frame["regime"].unique()))
     for shape in order_shapes(frame["shape"].unique()):
         sub = frame[frame["shape"] == shape].sort_values("seed")
         rows.append(
@@ -188,6 +219,7 @@ def table1_markdown(frame: pd.DataFrame) -> str:
                 _f(sub["floor_em"].mean()),
                 _f(sub["best_em"].mean()),
                 _f(sub["gain"].mean()),
+                _ci(seed_ci(list(sub["gain"]), n_boot, f"gain/{regime}/{shape}")),
                 _f(sub["best_heldout_em"].mean()),
                 _f(sub["gain_heldout"].mean()),
                 ", ".join(f"{int(r.seed)}: {r.best_em:.3f}" for r in sub.itertuples()),
@@ -199,6 +231,7 @@ def table1_markdown(frame: pd.DataFrame) -> str:
         "step-0 EM",
         "best EM (all)",
         "gain",
+        "gain 95% CI (seeds)",
         "best EM (held-out)",
         "gain (held-out)",
         "per seed (all)",
@@ -206,8 +239,23 @@ def table1_markdown(frame: pd.DataFrame) -> str:
     return markdown_table(header, rows)
 
 
-def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int]) -> str:
-    """em_only / f1_only x G on ``seeds``: mean gain, zero-variance fractions, partial credit."""
+def group_gaps(
+    frame: pd.DataFrame, seeds: Sequence[int], n_boot: int
+) -> dict[int, tuple[float, tuple[float, float]]]:
+    """Per group size: mean paired gain gap f1_only - em_only over ``seeds`` and its seed CI."""
+    out = {}
+    for group in sorted(frame["group"].unique()):
+        sub = frame[(frame["group"] == group) & frame["seed"].isin(seeds)]
+        gaps = paired_gap(sub, "f1_only", "em_only")
+        mean = float(np.mean(gaps)) if gaps else math.nan
+        key = f"gap/{'/'.join(sorted(sub['regime'].unique()))}/G{int(group)}/seeds{list(seeds)}"
+        out[int(group)] = (mean, seed_ci(gaps, n_boot, key))
+    return out
+
+
+def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int) -> str:
+    """em_only / f1_only x G on ``seeds``: mean gain, zero-variance fractions; then the paired
+    gain gap f1_only - em_only per G with its seed CI."""
     rows = []
     for (shape, group), sub in frame[frame["seed"].isin(seeds)].groupby(["shape", "group"]):
         rows.append(
@@ -222,7 +270,13 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int]) -> str:
             ]
         )
     header = ["shape", "G", "seeds", "best EM (all)", "gain", "zero-var (own reward)", "zero-var (under EM)"]
-    return markdown_table(header, rows)
+    gaps = group_gaps(frame, seeds, n_boot)
+    gap_rows = [[str(g), _f(m), _ci(ci)] for g, (m, ci) in gaps.items()]
+    return (
+        markdown_table(header, rows)
+        + "\n\nGain gap f1_only - em_only, paired by seed (positive: F1 learns more):\n\n"
+        + markdown_table(["G", "mean gap", "95% CI (seeds)"], gap_rows)
+    )
 
 
 def _mean(frame: pd.DataFrame, col: str, **where: object) -> float:
@@ -239,8 +293,9 @@ def _spearman(x: pd.Series, y: pd.Series) -> float:
     return float(x[ok].rank().corr(y[ok].rank()))
 
 
-def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
-    """The paper's claims, each with this data's numbers and whether it holds in each regime."""
+def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) -> list[str]:
+    """The paper's claims, each with this data's numbers (95 % seed CIs of mean gains) and whether
+    it holds in each regime."""
     lines = []
     main = frame[frame["group"] == 5]
     for regime, test in tests.items():
@@ -252,9 +307,16 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
             for s in sorted(means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean())
         )
         held = hits == len(test.seeds) and len(test.seeds) > 0
+        gains = ", ".join(
+            f"{s} {means[s]:+.3f} {_ci(seed_ci(list(sub[sub['shape'] == s]['gain']), n_boot, f'gain/{regime}/{s}'))}"
+            for s in means
+        )
+        gap = paired_gap(sub, "f1_only", PREDICTED_LAST)
         lines.append(
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
-            f"{PREDICTED_LAST} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)})."
+            f"{PREDICTED_LAST} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)}); "
+            f"mean gain (95% seed CI) {gains}; f1_only - {PREDICTED_LAST} paired by seed "
+            f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}."
         )
         zv = {s: _mean(sub, "zero_var", shape=s) for s in means}
         r = _spearman(sub["zero_var"], sub["gain"])
@@ -288,16 +350,13 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest]) -> list[str]:
     if len(g10):
         seeds = sorted(g10["seed"].unique())
         sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
-        gap = {
-            g: _mean(sp[sp["group"] == g], "gain", shape="f1_only")
-            - _mean(sp[sp["group"] == g], "gain", shape="em_only")
-            for g in (5, 10)
-        }
+        gaps = group_gaps(sp, seeds, n_boot)
         zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape="em_only") for g in (5, 10)}
-        closes = abs(gap[10]) < abs(gap[5])
+        closes = abs(gaps[10][0]) < abs(gaps[5][0])
         lines.append(
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
-            f"f1_only - em_only {gap[5]:+.3f} at G = 5 and {gap[10]:+.3f} at G = 10 "
+            f"f1_only - em_only (paired by seed, 95% CI) {gaps[5][0]:+.3f} {_ci(gaps[5][1])} at G = 5 and "
+            f"{gaps[10][0]:+.3f} {_ci(gaps[10][1])} at G = 10 "
             f"({'G = 10 narrows it' if closes else 'G = 10 does not narrow it'}); em_only's zero-variance "
             f"fraction {zv[5]:.3f} -> {zv[10]:.3f}."
         )
@@ -316,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of every sparse cell's <cell>/metrics.jsonl, e.g. the runs folder (default: SPARSE/logs and SPARSE/g10/logs)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder to write")
+    p.add_argument(
+        "--bootstrap", type=int, default=1000, help="resamples of the seeds for each 95%% CI (0: no CIs)"
+    )
     return p
 
 
@@ -343,7 +405,12 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     t1 = []
     for regime, test in tests.items():
         sub = main[main["regime"] == regime]
-        t1 += [f"## {regime} regime (matched horizon {matched[regime]})", "", table1_markdown(sub), ""]
+        t1 += [
+            f"## {regime} regime (matched horizon {matched[regime]})",
+            "",
+            table1_markdown(sub, args.bootstrap),
+            "",
+        ]
         t1 += ranking_markdown(regime, test) + [""]
     (out / "table1.md").write_text("# Table 1 per regime\n\n" + "\n".join(t1), encoding="utf-8")
     g10_frame = frame[frame["group"] == 10]
@@ -353,7 +420,7 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         sp = frame[
             (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])
         ]
-        gs = group_size_markdown(sp, seeds)
+        gs = group_size_markdown(sp, seeds, args.bootstrap)
         (out / "group_size.md").write_text(f"# Group size (seeds {seeds})\n\n{gs}\n", encoding="utf-8")
     fig = figures.plot_zero_variance_gain(frame, out / "fig_zero_variance_gain.png")
     index = [
@@ -363,7 +430,7 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         "",
         "## Conclusion",
         "",
-        *conclusion(frame, tests),
+        *conclusion(frame, tests, args.bootstrap),
         "",
         "\n".join(t1),
         *(["## Group size", "", gs, ""] if gs else []),
@@ -380,6 +447,11 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.bootstrap < 0:
+        print(
+            f"error: --bootstrap {args.bootstrap}: must be >= 0. Fix: pass a count of resamples (0: no CIs)"
+        )
+        return 2
     try:
         written = write_regimes(args)
     except ResultsError as err:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from eval.__main__ import main as eval_main
-from eval.regimes import binomial_tail, ranking
+from eval.regimes import binomial_tail, paired_gap, ranking, seed_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 DENSE = ROOT / "docs" / "micro_study" / "raw"
@@ -44,6 +44,30 @@ def test_ranking_counts_only_seeds_with_every_shape():
     assert test.last_everywhere == ("em_only",) and test.p_given_shape == Fraction(1, 4)
 
 
+def test_seed_ci_brackets_the_mean_and_regenerates():
+    gains = [0.10, 0.30, 0.20, 0.25, 0.15]
+    low, high = seed_ci(gains, 2000, "gain/sparse/em_only")
+    assert min(gains) <= low < 0.2 < high <= max(gains)
+    assert (low, high) == seed_ci(gains, 2000, "gain/sparse/em_only")  # seeded by what it describes
+    assert seed_ci([0.4, 0.4, 0.4], 500, "k") == (pytest.approx(0.4), pytest.approx(0.4))
+    assert all(x != x for x in seed_ci([], 500, "k") + seed_ci(gains, 0, "k"))  # NaN: no CI
+
+
+def test_paired_gap_pairs_by_seed_and_skips_unpaired():
+    frame = pd.DataFrame(
+        [
+            ("em_only", 42, 0.1),
+            ("f1_only", 42, 0.3),
+            ("em_only", 43, 0.2),
+            ("f1_only", 43, 0.1),
+            ("em_only", 44, 0.5),
+        ],
+        columns=["shape", "seed", "gain"],
+    )
+    assert paired_gap(frame, "f1_only", "em_only") == [pytest.approx(0.2), pytest.approx(-0.1)]
+    assert paired_gap(frame, "f1_format", "em_only") == []
+
+
 def _sparse_from_dense(tmp: Path) -> Path:
     """A sparse-layout tree: the dense results as the main tree, and em_only/f1_only of seeds 42-43
     as G = 10 runs (run.json config rollout.n = 10) in g10/."""
@@ -67,7 +91,8 @@ def _sparse_from_dense(tmp: Path) -> Path:
 def test_regimes_report_from_real_results(tmp_path):
     sparse = _sparse_from_dense(tmp_path)
     out = tmp_path / "report"
-    assert eval_main(["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--out", str(out)]) == 0
+    argv = ["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--bootstrap", "400"]
+    assert eval_main([*argv, "--out", str(out)]) == 0
     cells = pd.read_csv(out / "cells.csv")
     assert len(cells) == 9 + 9 + 4
     assert set(cells.loc[cells["group"] == 10, "run"]) == {
@@ -88,12 +113,26 @@ def test_regimes_report_from_real_results(tmp_path):
     assert "em_only last at 0 of 3 seeds (exact P 1/27" in index
     table = (out / "table1.md").read_text()
     assert "Conservative (post hoc: any shape last at every seed): P = 1/9" in table
-    assert "| em_only | 10 |" in (out / "group_size.md").read_text()
+    group_size = (out / "group_size.md").read_text()
+    assert "| em_only | 10 |" in group_size and "Gain gap f1_only - em_only, paired by seed" in group_size
+    # every mean gain carries its seed CI, and the interval holds the mean
+    for line in table.splitlines():
+        if line.startswith(("| em_only |", "| f1_only |", "| f1_format |")):
+            gain, ci = line.split("|")[5:7]
+            low, high = (float(x) for x in ci.strip(" []").split(","))
+            assert low <= float(gain) <= high
+    assert "mean gain (95% seed CI) em_only +" in index and "at G = 10" in index
     assert (out / "fig_zero_variance_gain.png").stat().st_size > 10_000
     again = tmp_path / "again"
-    assert eval_main(["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--out", str(again)]) == 0
+    assert eval_main([*argv, "--out", str(again)]) == 0
     for name in ("cells.csv", "table1.md", "group_size.md", "index.md"):
         assert (again / name).read_text() == (out / name).read_text()
+
+
+def test_regimes_rejects_a_negative_bootstrap(tmp_path, capsys):
+    argv = ["regimes", "--sparse", str(tmp_path), "--out", str(tmp_path / "o"), "--bootstrap", "-1"]
+    assert eval_main(argv) == 2
+    assert "--bootstrap -1" in capsys.readouterr().out and not (tmp_path / "o").exists()
 
 
 def test_regimes_without_results_names_the_fix(tmp_path, capsys):
