@@ -269,6 +269,19 @@ def test_search_profile_pools_every_benchmark_without_multi_hop_ones(small_repor
     assert "pools every benchmark" in (out / "index.md").read_text()
 
 
+def _study(timeout: int, **env: str) -> subprocess.CompletedProcess:
+    """``bash launch/micro_study.sh`` from the repository root with ``env`` over this process's
+    environment, its output captured; killed after ``timeout`` seconds."""
+    return subprocess.run(
+        ["bash", "launch/micro_study.sh"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tmp_path):
     """Every cell marked done: the script neither trains nor evaluates, only reports (resume path)."""
     base, _ = small_report
@@ -279,16 +292,7 @@ def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tm
         for marker in (".micro_trained", ".micro_eval_test", ".micro_eval_val"):
             (cell / marker).write_text("done in an earlier run\n")
         (cell / "metrics.jsonl").write_text((base / "logs" / cell.name / "metrics.jsonl").read_text())
-    env = {
-        **os.environ,
-        "RUNS": str(runs),
-        "RESULTS": str(base),
-        "REPORT": str(tmp_path / "report"),
-        "BOOTSTRAP": "20",
-    }
-    proc = subprocess.run(
-        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = _study(300, RUNS=str(runs), RESULTS=str(base), REPORT=str(tmp_path / "report"), BOOTSTRAP="20")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "done before" in line]
     assert len(lines) == 27  # 9 cells x (train, eval test, eval val)
@@ -300,7 +304,6 @@ def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path
     """JOBS=2: two cells start together; both fail in preflight (an unknown
     reward shape), so the third never starts and the study exits 1, naming the failure."""
     env = {
-        **os.environ,
         "RUNS": str(tmp_path / "runs"),
         "RESULTS": str(tmp_path / "results"),
         "PORT": "18740",
@@ -308,9 +311,7 @@ def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path
         "CELLS": "em_only_s42 f1_only_s42 f1_format_s42",
         "EXTRA": "shape=no_such_shape",
     }
-    done = subprocess.run(
-        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    done = _study(600, **env)
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.count("reward shape 'no_such_shape' is unknown") == 2
     assert "a cell failed" in done.stderr
@@ -318,14 +319,7 @@ def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path
         "em_only_s42",
         "f1_only_s42",
     ]
-    bad = subprocess.run(
-        ["bash", "launch/micro_study.sh"],
-        cwd=ROOT,
-        env={**env, "JOBS": "0"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = _study(60, **{**env, "JOBS": "0"})
     assert bad.returncode == 2 and "JOBS must be a whole number >= 1" in bad.stderr
 
 
@@ -341,17 +335,14 @@ def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path)
         for sub in ("test", "val", "logs"):
             shutil.copytree(STUDY / "raw" / sub / cell, export / "raw" / sub / cell)
     shutil.copy(STUDY / "raw" / "progress.log", export / "raw" / "progress.log")
-    env = {
-        **os.environ,
-        "RUNS": str(tmp_path / "runs"),
-        "RESULTS": str(tmp_path / "results"),
-        "EXPORT": str(export),
-        "CELLS": "em_only_s42",
-        "BOOTSTRAP": "10",
-        "PORT": "18720",
-    }
-    done = subprocess.run(
-        ["bash", "launch/micro_study.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    done = _study(
+        300,
+        RUNS=str(tmp_path / "runs"),
+        RESULTS=str(tmp_path / "results"),
+        EXPORT=str(export),
+        CELLS="em_only_s42",
+        BOOTSTRAP="10",
+        PORT="18720",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "em_only_s42: restored from" in done.stderr and "train: done before" in done.stderr
