@@ -253,6 +253,17 @@ def group_gaps(
     return out
 
 
+def gap_verdict(gaps: dict[int, tuple[float, tuple[float, float]]]) -> str:
+    """Whether G = 10 closes the G = 5 gain gap: only a gap whose CI excludes 0 can be closed."""
+    mean5, (low5, high5) = gaps[5]
+    mean10 = gaps[10][0]
+    if math.isnan(mean5) or math.isnan(mean10):
+        return "not measured"
+    if math.isnan(low5) or low5 <= 0 <= high5:
+        return "no gap at G = 5 to close: its CI covers 0"
+    return "G = 10 narrows it" if abs(mean10) < abs(mean5) else "G = 10 does not narrow it"
+
+
 def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int) -> str:
     """em_only / f1_only x G on ``seeds``: mean gain, zero-variance fractions; then the paired
     gain gap f1_only - em_only per G with its seed CI."""
@@ -348,16 +359,14 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
         )
     g10 = frame[frame["group"] == 10]
     if len(g10):
-        seeds = sorted(g10["seed"].unique())
+        seeds = sorted(int(sd) for sd in g10["seed"].unique())
         sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
         gaps = group_gaps(sp, seeds, n_boot)
         zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape="em_only") for g in (5, 10)}
-        closes = abs(gaps[10][0]) < abs(gaps[5][0])
         lines.append(
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
             f"f1_only - em_only (paired by seed, 95% CI) {gaps[5][0]:+.3f} {_ci(gaps[5][1])} at G = 5 and "
-            f"{gaps[10][0]:+.3f} {_ci(gaps[10][1])} at G = 10 "
-            f"({'G = 10 narrows it' if closes else 'G = 10 does not narrow it'}); em_only's zero-variance "
+            f"{gaps[10][0]:+.3f} {_ci(gaps[10][1])} at G = 10 ({gap_verdict(gaps)}); em_only's zero-variance "
             f"fraction {zv[5]:.3f} -> {zv[10]:.3f}."
         )
     return lines
@@ -416,12 +425,14 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     g10_frame = frame[frame["group"] == 10]
     gs = ""
     if len(g10_frame):
-        seeds = sorted(g10_frame["seed"].unique())
+        seeds = sorted(int(sd) for sd in g10_frame["seed"].unique())
         sp = frame[
             (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])
         ]
         gs = group_size_markdown(sp, seeds, args.bootstrap)
-        (out / "group_size.md").write_text(f"# Group size (seeds {seeds})\n\n{gs}\n", encoding="utf-8")
+        (out / "group_size.md").write_text(
+            f"# Group size (seeds {', '.join(map(str, seeds))})\n\n{gs}\n", encoding="utf-8"
+        )
     fig = figures.plot_zero_variance_gain(frame, out / "fig_zero_variance_gain.png")
     index = [
         "# The micro study's two reward regimes side by side",

@@ -28,8 +28,9 @@
 #              study's export, the two regimes side by side (python -m eval regimes).
 #   4. export: with EXPORT set, the raw evaluation summaries + rows, run.json and each cell's
 #              metrics.jsonl (not checkpoints) are copied to $EXPORT/raw and the report is written
-#              from that copy to $EXPORT/report, its arguments in $EXPORT/report_args.txt (what
-#              docs/micro_study/ holds; tests/test_micro_study.py regenerates the tables from it).
+#              from that copy to $EXPORT/report, its arguments in $EXPORT/report_args.txt (sparse:
+#              also report_args_g10.txt and report_args_regimes.txt), what docs/micro_study/ and
+#              docs/micro_study_sparse/ hold; tests/test_micro_study.py regenerates the tables from it.
 #
 # Resumable: killed at any point (Ctrl-C, SIGTERM, SIGKILL) and run again, it continues. With EXPORT,
 # the export is refreshed after every cell, and a cell finished there but unknown to $RUNS (the
@@ -381,8 +382,9 @@ write_reports() {  # every tree's report, then (sparse) the regimes side by side
   if [[ "$REGIME" == sparse ]]; then
     local raw="$RESULTS" logs_root="$RUNS"
     [[ -n "$EXPORT" ]] && raw="$EXPORT/raw" logs_root=""
-    "$PYTHON" -m eval regimes --dense "$DENSE/raw" --sparse "$raw" ${logs_root:+--sparse-logs "$logs_root"} \
-      --out "$REPORT/regimes" --bootstrap "$BOOTSTRAP" >&2
+    local args=(--dense "$DENSE/raw" --sparse "$raw" ${logs_root:+--sparse-logs "$logs_root"} --bootstrap "$BOOTSTRAP")
+    [[ -n "$EXPORT" ]] && printf '%s\n' "${args[*]}" >"$EXPORT/report_args_regimes.txt"
+    "$PYTHON" -m eval regimes "${args[@]}" --out "$REPORT/regimes" >&2
   fi
 }
 

@@ -1,5 +1,6 @@
-"""The micro study (launch/micro_study.sh, docs/micro_study/): its committed report is exactly what
-`python -m eval report` regenerates from the committed raw results, its cells mirror the GPU cells,
+"""The micro study (launch/micro_study.sh, docs/micro_study/, docs/micro_study_sparse/): its committed
+reports are exactly what `python -m eval report` and `python -m eval regimes` regenerate from the
+committed raw results, its cells mirror the GPU cells,
 and the report options it relies on (`--matched-horizon auto`, `--val-results`, the zero-variance
 outputs, the search profile of a suite without the paper's multi-hop benchmarks) work."""
 
@@ -17,6 +18,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from eval.regimes import main as regimes_main
 from eval.report import main as report_main
 from eval.select import horizon_arg, resolve_matched_horizon
 
@@ -27,48 +29,96 @@ SHAPES = ("em_only", "f1_only", "f1_format")
 GPU_CAPS = {42: 180, 43: 230, 44: 312}
 
 
+SPARSE = ROOT / "docs" / "micro_study_sparse"
+SPARSE_CAPS = {42: 18, 43: 23, 44: 31, 45: 18, 46: 23}
+"""The caps rule for five seeds (docs/micro_study/regimes.md): seed 42 + k takes seed 42 + (k mod 3)'s."""
+
 needs_committed_run = pytest.mark.skipif(
     not (STUDY / "report_args.txt").is_file(),
     reason="docs/micro_study/ holds no run yet: EXPORT=docs/micro_study bash launch/micro_study.sh writes it",
 )
+COMMITTED_REPORTS = [
+    pytest.param(STUDY, "", id="dense"),
+    pytest.param(SPARSE, "", id="sparse"),
+    pytest.param(SPARSE, "g10", id="sparse-g10"),
+]
 
 
-def _committed_command() -> list[str]:
-    """The `python -m eval report` arguments recorded with the committed report (report_args.txt)."""
-    return shlex.split((STUDY / "report_args.txt").read_text())
+def _committed_command(export: Path = STUDY, tree: str = "") -> list[str]:
+    """The arguments recorded with a committed report (report_args[_TREE].txt); skips the test if absent."""
+    path = export / f"report_args{'_' + tree if tree else ''}.txt"
+    if not path.is_file():
+        pytest.skip(f"{path.relative_to(ROOT)} is not committed: the study has not written that report")
+    return shlex.split(path.read_text())
 
 
-@needs_committed_run
-def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path, monkeypatch):
-    args = _committed_command()
+def _same_tables(out: Path, committed: Path) -> list[str]:
+    """Assert every .md/.csv of ``committed`` (one level) is byte-equal in ``out``; returns the names."""
+    tables = sorted(p.name for p in committed.iterdir() if p.suffix in {".md", ".csv"})
+    for name in tables:
+        assert (out / name).read_text() == (committed / name).read_text(), f"{name} differs when regenerated"
+    assert {p.name for p in committed.glob("*.png")} == {p.name for p in out.glob("*.png")}
+    return tables
+
+
+@pytest.mark.parametrize(("export", "tree"), COMMITTED_REPORTS)
+def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path, monkeypatch, export, tree):
+    args = _committed_command(export, tree)
     out = tmp_path / "report"
     monkeypatch.chdir(ROOT)  # the recorded paths are relative to the repository root
     assert report_main([*args, "--out", str(out)]) == 0
-    committed = STUDY / "report"
-    tables = sorted(p.name for p in committed.iterdir() if p.suffix in {".md", ".csv"})
+    tables = _same_tables(out, export / "report" / tree)
     assert {"table1.md", "table1.csv", "statistics.md", "ranking_test.csv", "table1_val.md"} <= set(tables)
-    for name in tables:
-        assert (out / name).read_text() == (committed / name).read_text(), f"{name} differs when regenerated"
-    figures = {p.name for p in committed.glob("*.png")}
-    assert figures == {p.name for p in out.glob("*.png")}
 
 
-@needs_committed_run
-def test_committed_raw_results_are_complete_and_checkpoint_free():
-    raw = STUDY / "raw"
+def test_committed_regimes_report_regenerates_from_both_exports(tmp_path, monkeypatch):
+    args = _committed_command(SPARSE, "regimes")
+    out = tmp_path / "regimes"
+    monkeypatch.chdir(ROOT)
+    assert regimes_main([*args, "--out", str(out)]) == 0
+    tables = _same_tables(out, SPARSE / "report" / "regimes")
+    assert {"cells.csv", "table1.md", "group_size.md", "index.md"} <= set(tables)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        pytest.param(STUDY / "raw", {f"{sh}_s{sd}": None for sh in SHAPES for sd in GPU_CAPS}, id="dense"),
+        pytest.param(
+            SPARSE / "raw",
+            {f"{sh}_s{sd}": cap for sh in SHAPES for sd, cap in SPARSE_CAPS.items()},
+            id="sparse",
+        ),
+        pytest.param(
+            SPARSE / "raw" / "g10",
+            {f"{sh}_g10_s{sd}": 18 for sh in SHAPES[:2] for sd in (42, 43, 44)},
+            id="sparse-g10",
+        ),
+    ],
+)
+def test_committed_raw_results_are_complete_and_checkpoint_free(raw: Path, expected: dict[str, int | None]):
+    """Every cell of the regime, evaluated at every checkpoint up to its cap (None: the cap its
+    run.json records), with its training log; no model weights committed."""
+    if (
+        not (raw.parent / "report_args.txt").is_file()
+        and not (raw.parent.parent / "report_args.txt").is_file()
+    ):
+        pytest.skip(f"{raw.relative_to(ROOT)}: no finished study committed")
     for split in ("test", "val"):
         runs = sorted(p.name for p in (raw / split).iterdir() if p.is_dir())
-        assert runs == sorted(f"{shape}_s{seed}" for shape in SHAPES for seed in GPU_CAPS)
+        assert runs == sorted(expected)
         for run in runs:
             info = json.loads((raw / split / run / "run.json").read_text())
             steps = sorted(int(p.name.split("_")[-1]) for p in (raw / split / run).glob("global_step_*"))
-            assert steps and steps[-1] == info["horizon"], f"{split}/{run}: last step is not the cap"
+            assert steps and steps[-1] == info["horizon"] == (expected[run] or info["horizon"]), (
+                f"{split}/{run}"
+            )
             for step in steps:
                 summary = json.loads((raw / split / run / f"global_step_{step}" / "summary.json").read_text())
                 assert summary["complete"] and summary["step"] == step
-    for run in (p.name for p in (raw / "test").iterdir() if p.is_dir()):
+    for run in expected:
         assert (raw / "logs" / run / "metrics.jsonl").stat().st_size > 0
-    assert not [p for p in STUDY.rglob("*") if p.suffix in {".pt", ".safetensors", ".bin"}]
+    assert not [p for p in raw.parent.rglob("*") if p.suffix in {".pt", ".safetensors", ".bin"}]
 
 
 def _cell(shape: str, seed: int) -> dict:

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from eval.__main__ import main as eval_main
-from eval.regimes import binomial_tail, paired_gap, ranking, seed_ci
+from eval.regimes import binomial_tail, gap_verdict, paired_gap, ranking, seed_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 DENSE = ROOT / "docs" / "micro_study" / "raw"
@@ -68,6 +68,14 @@ def test_paired_gap_pairs_by_seed_and_skips_unpaired():
     assert paired_gap(frame, "f1_format", "em_only") == []
 
 
+def test_only_a_gap_that_excludes_zero_can_be_closed():
+    assert gap_verdict({5: (0.004, (-0.007, 0.013)), 10: (-0.001, (-0.003, 0.002))}).startswith("no gap")
+    assert gap_verdict({5: (0.10, (0.05, 0.15)), 10: (0.02, (-0.01, 0.05))}) == "G = 10 narrows it"
+    assert (
+        gap_verdict({5: (-0.10, (-0.15, -0.05)), 10: (-0.12, (-0.2, -0.05))}) == "G = 10 does not narrow it"
+    )
+
+
 def _sparse_from_dense(tmp: Path) -> Path:
     """A sparse-layout tree: the dense results as the main tree, and em_only/f1_only of seeds 42-43
     as G = 10 runs (run.json config rollout.n = 10) in g10/."""
@@ -114,6 +122,7 @@ def test_regimes_report_from_real_results(tmp_path):
     table = (out / "table1.md").read_text()
     assert "Conservative (post hoc: any shape last at every seed): P = 1/9" in table
     group_size = (out / "group_size.md").read_text()
+    assert group_size.startswith("# Group size (seeds 42, 43)")
     assert "| em_only | 10 |" in group_size and "Gain gap f1_only - em_only, paired by seed" in group_size
     # every mean gain carries its seed CI, and the interval holds the mean
     for line in table.splitlines():
