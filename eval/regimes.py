@@ -5,9 +5,10 @@ Reads the exported raw results of the dense micro study (``--dense``: ``test/``,
 writes one folder:
 
 - ``cells.csv`` — one row per trained cell (regime, G, shape, seed): step-0 and best EM at the
-  matched horizon (both averages), the gain, the zero-variance group fraction under the cell's
-  own reward and under EM, the partial-credit fraction at step 1, the length-clip ratio, response
-  length early and late, and the correlation of training reward with test EM over checkpoints;
+  matched horizon (both averages), the gain, the EM of its first checkpoint (how fast it starts),
+  the zero-variance group fraction under the cell's own reward and under EM, the partial-credit
+  fraction at step 1, the length-clip ratio, response length early and late, and the
+  correlation of training reward with test EM over checkpoints;
 - ``table1.md`` — Table 1 per regime (mean over seeds with a 95 % CI, per-seed values), the
   ranking test with the direction stated in advance (EM-only last) and its conservative
   alternatives;
@@ -97,6 +98,16 @@ def _reward_em_corr(results: Results, logs: pd.DataFrame, run: str, window: int 
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def _first_checkpoint(scores: pd.DataFrame, run: str) -> tuple[int, float]:
+    """(step, test EM Avg all) of a run's first trained checkpoint: how fast it starts, which a
+    best-by-horizon table hides when every shape reaches the same ceiling."""
+    em = scores[(scores["run"] == run) & (scores["benchmark"] == AVG_ALL) & (scores["step"] >= 1)]
+    if em.empty:
+        return -1, math.nan
+    row = em.loc[em["step"].idxmin()]
+    return int(row["step"]), float(row["em"])
+
+
 def cells(tree: Tree, matched: int) -> pd.DataFrame:
     """One row per trained run of ``tree`` (columns: module doc) at the ``matched`` horizon."""
     sc = tree.results.scores
@@ -110,6 +121,7 @@ def cells(tree: Tree, matched: int) -> pd.DataFrame:
         f_all = floor.get((seed, AVG_ALL), math.nan)
         f_held = floor.get((seed, AVG_HELDOUT), math.nan)
         length_early = _log_mean(tree.logs, run, LENGTH, 1, 3)
+        first = _first_checkpoint(sc, run)
         length_late = _log_mean(tree.logs, run, LENGTH, matched - 2, matched)
         rows.append(
             {
@@ -132,6 +144,8 @@ def cells(tree: Tree, matched: int) -> pd.DataFrame:
                 "length_early": length_early,
                 "length_late": length_late,
                 "reward_em_r": _reward_em_corr(tree.results, tree.logs, run),
+                "first_step": first[0],
+                "first_em": first[1],
             }
         )
     return pd.DataFrame(rows)
@@ -222,6 +236,7 @@ def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
                 _ci(seed_ci(list(sub["gain"]), n_boot, f"gain/{regime}/{shape}")),
                 _f(sub["best_heldout_em"].mean()),
                 _f(sub["gain_heldout"].mean()),
+                _f(sub["first_em"].mean()),
                 ", ".join(f"{int(r.seed)}: {r.best_em:.3f}" for r in sub.itertuples()),
             ]
         )
@@ -234,6 +249,7 @@ def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
         "gain 95% CI (seeds)",
         "best EM (held-out)",
         "gain (held-out)",
+        "EM at the first checkpoint",
         "per seed (all)",
     ]
     return markdown_table(header, rows)
@@ -276,11 +292,21 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int) 
                 str(len(sub)),
                 _f(sub["best_em"].mean()),
                 _f(sub["gain"].mean()),
+                _f(sub["first_em"].mean()),
                 _f(sub["zero_var"].mean()),
                 _f(sub["em_zero_var"].mean()),
             ]
         )
-    header = ["shape", "G", "seeds", "best EM (all)", "gain", "zero-var (own reward)", "zero-var (under EM)"]
+    header = [
+        "shape",
+        "G",
+        "seeds",
+        "best EM (all)",
+        "gain",
+        "EM at the first checkpoint",
+        "zero-var (own reward)",
+        "zero-var (under EM)",
+    ]
     gaps = group_gaps(frame, seeds, n_boot)
     gap_rows = [[str(g), _f(m), _ci(ci)] for g, (m, ci) in gaps.items()]
     return (
@@ -327,7 +353,10 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
             f"{PREDICTED_LAST} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)}); "
             f"mean gain (95% seed CI) {gains}; f1_only - {PREDICTED_LAST} paired by seed "
-            f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}."
+            f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}; "
+            "EM at the first checkpoint (how fast a shape starts) "
+            + ", ".join(f"{s} {_mean(sub, 'first_em', shape=s):.3f}" for s in means)
+            + "."
         )
         zv = {s: _mean(sub, "zero_var", shape=s) for s in means}
         r = _spearman(sub["zero_var"], sub["gain"])
@@ -367,7 +396,13 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
             f"f1_only - em_only (paired by seed, 95% CI) {gaps[5][0]:+.3f} {_ci(gaps[5][1])} at G = 5 and "
             f"{gaps[10][0]:+.3f} {_ci(gaps[10][1])} at G = 10 ({gap_verdict(gaps)}); em_only's zero-variance "
-            f"fraction {zv[5]:.3f} -> {zv[10]:.3f}."
+            f"fraction {zv[5]:.3f} -> {zv[10]:.3f}; EM at the first checkpoint, G = 5 -> 10: "
+            + ", ".join(
+                f"{s} {_mean(sp[sp['group'] == 5], 'first_em', shape=s):.3f} -> "
+                f"{_mean(sp[sp['group'] == 10], 'first_em', shape=s):.3f}"
+                for s in ("em_only", "f1_only")
+            )
+            + "."
         )
     return lines
 

@@ -114,6 +114,9 @@ def test_regimes_report_from_real_results(tmp_path):
     assert dense["floor_em"].round(3).eq(0.59).all()
     assert dense.loc["em_only_s42", "best_em"] == pytest.approx(0.835)
     assert dense.loc["em_only_s42", "gain"] == pytest.approx(0.245)
+    # its first checkpoint (step 6): 0.795 in the committed README's per-checkpoint table
+    assert dense.loc["em_only_s42", "first_step"] == 6
+    assert dense.loc["em_only_s42", "first_em"] == pytest.approx(0.795)
     assert (dense["step"] <= 18).all() and dense["zero_var"].between(0, 1).all()
     index = (out / "index.md").read_text()
     for claim in ("C2 (EM-only last), dense", "§6.3", "§6.4", "§6.5", "Group size (§7)"):
