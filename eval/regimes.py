@@ -207,6 +207,12 @@ def seed_ci(values: Sequence[float], n_boot: int, key: str) -> tuple[float, floa
     return float(low[0]), float(high[0])
 
 
+def gain_ci(frame: pd.DataFrame, shape: str, n_boot: int) -> tuple[float, float]:
+    """``seed_ci`` of ``shape``'s gains in ``frame`` (one regime), keyed by regime and shape."""
+    regime = "/".join(sorted(frame["regime"].unique()))
+    return seed_ci(list(frame[frame["shape"] == shape]["gain"]), n_boot, f"gain/{regime}/{shape}")
+
+
 def _ci(interval: tuple[float, float]) -> str:
     return "-" if math.isnan(interval[0]) else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
 
@@ -223,7 +229,6 @@ def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
     """Per shape: mean best EM (both averages) at the matched horizon, gain with its seed CI,
     seed values."""
     rows = []
-    regime = "/".join(sorted(frame["regime"].unique()))
     for shape in order_shapes(frame["shape"].unique()):
         sub = frame[frame["shape"] == shape].sort_values("seed")
         rows.append(
@@ -233,7 +238,7 @@ def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
                 _f(sub["floor_em"].mean()),
                 _f(sub["best_em"].mean()),
                 _f(sub["gain"].mean()),
-                _ci(seed_ci(list(sub["gain"]), n_boot, f"gain/{regime}/{shape}")),
+                _ci(gain_ci(frame, shape, n_boot)),
                 _f(sub["best_heldout_em"].mean()),
                 _f(sub["gain_heldout"].mean()),
                 _f(sub["first_em"].mean()),
@@ -344,10 +349,7 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
             for s in sorted(means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean())
         )
         held = hits == len(test.seeds) and len(test.seeds) > 0
-        gains = ", ".join(
-            f"{s} {means[s]:+.3f} {_ci(seed_ci(list(sub[sub['shape'] == s]['gain']), n_boot, f'gain/{regime}/{s}'))}"
-            for s in means
-        )
+        gains = ", ".join(f"{s} {means[s]:+.3f} {_ci(gain_ci(sub, s, n_boot))}" for s in means)
         gap = paired_gap(sub, "f1_only", PREDICTED_LAST)
         lines.append(
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
