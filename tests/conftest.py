@@ -147,7 +147,14 @@ def make_local_rollout(
 
 # ---- the CPU demo, as the e2e tests run it ----------------------------------------------------
 
-DEMO_RUN_TIMEOUT_S = 900  # per invocation, lock wait included; the recipe's own trainer limit is 900 s
+RUN_LIMIT_S = 900
+"""The recipe's own trainer limit (``launch.timeout_s``): launch/run.sh stops a longer training."""
+SLOT_WAIT_S = 600
+"""What a run may spend around its trainer: waiting for a heavy-run slot (an exclusive vLLM run
+holds both for ~3-5 min), the preflight, the retriever's start and the stop."""
+DEMO_RUN_TIMEOUT_S = RUN_LIMIT_S + SLOT_WAIT_S
+"""Limit of one :func:`demo_cmd` invocation, slot wait included: longer than the trainer's own
+limit, so that a slow run fails with run.sh's message, not with a test-side kill."""
 CI_SFT_STEPS = 250  # the demo's; with 150 the sampled policy answered in 40 % of rollouts
 
 CI_OVERRIDES = (
@@ -213,14 +220,15 @@ HEAVY_SLOT = (sys.executable, str(Path(__file__).with_name("heavy_slot.py")))
 """Prefix of a heavy command: run it holding a heavy-run slot (``tests/heavy_slot.py``)."""
 
 
-def demo_cmd(port: int, *overrides: str) -> list[str]:
+def demo_cmd(port: int, *overrides: str, exclusive: bool = False) -> list[str]:
     """``launch/run.sh recipes/demo_cpu.yaml`` with :data:`CI_OVERRIDES`, the retriever on ``port``,
     then ``overrides``, holding one of the machine's heavy-run slots (``tests/heavy_slot.py``: at
-    most two such runs at once). Builds the CI assets first (:func:`ensure_ci_assets`, once per
-    session)."""
+    most two such runs at once), or every slot with ``exclusive`` (no other heavy run beside it).
+    Builds the CI assets first (:func:`ensure_ci_assets`, once per session)."""
     ensure_ci_assets()
     return [
         *HEAVY_SLOT,
+        *(["--all"] if exclusive else []),
         "bash",
         "launch/run.sh",
         "recipes/demo_cpu.yaml",

@@ -1,6 +1,6 @@
 """Run a command while holding one of this machine's slots for heavy test runs.
 
-    python tests/heavy_slot.py COMMAND [ARGS...]
+    python tests/heavy_slot.py [--all] COMMAND [ARGS...]
 
 Heavy runs (the CPU demo through ``launch/run.sh``, the CI asset build aside) are limited to
 ``RLVR_HEAVY_SLOTS`` at a time (default 2: one per pytest-xdist worker of ``make test``) across
@@ -8,6 +8,11 @@ every test session on the machine: slot ``i`` is an exclusive ``flock`` on
 ``<RLVR_HEAVY_LOCK_DIR>/rlvr_heavy.<i>.lock`` (default dir /tmp). The command is exec'd with the slot's descriptor open, so the slot is
 held until the command and every process it started (which inherit the descriptor) have exited,
 however they end; nothing is left to clean up. Waits for a free slot, polling every 0.5 s.
+
+``--all`` takes every slot, for a run that must have the machine to itself: the vLLM runs, whose
+two engines' OpenMP threads are bound to every core (a CI run beside another heavy run took over
+900 s for a step that takes 160 s alone). It blocks on the slots in index order; a blocked
+``flock`` is granted as soon as its slot frees, before the pollers' next try, so it is not starved.
 """
 
 from __future__ import annotations
@@ -47,11 +52,25 @@ def acquire(slots: int, lock_dir: str = "/tmp", poll_s: float = 0.5) -> int:
         time.sleep(poll_s)
 
 
+def acquire_all(slots: int, lock_dir: str = "/tmp") -> list[int]:
+    """Open descriptors holding exclusive locks on every slot (blocks on each in index order)."""
+    fds = []
+    for i in range(slots):
+        fd = os.open(os.path.join(lock_dir, f"rlvr_heavy.{i}.lock"), os.O_CREAT | os.O_RDWR, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        fds.append(fd)
+    return fds
+
+
 def main(argv: list[str]) -> None:
+    every = argv[:1] == ["--all"]
+    argv = argv[1:] if every else argv
     if not argv:
-        sys.exit("usage: python tests/heavy_slot.py COMMAND [ARGS...]")
-    fd = acquire(slot_count(), os.environ.get(LOCK_DIR_ENV, "/tmp"))
-    os.set_inheritable(fd, True)
+        sys.exit("usage: python tests/heavy_slot.py [--all] COMMAND [ARGS...]")
+    lock_dir = os.environ.get(LOCK_DIR_ENV, "/tmp")
+    fds = acquire_all(slot_count(), lock_dir) if every else [acquire(slot_count(), lock_dir)]
+    for fd in fds:
+        os.set_inheritable(fd, True)
     os.execvp(argv[0], argv)
 
 

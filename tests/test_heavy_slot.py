@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,21 +15,45 @@ from heavy_slot import slot_count
 SLOT = Path(__file__).with_name("heavy_slot.py")
 
 
-def _start(tmp_path: Path, name: str, slots: int) -> subprocess.Popen:
-    """A command that records when it starts, holds its slot 3 s (in a child), and exits."""
-    script = f"import time; open({str(tmp_path / name)!r}, 'w').write(str(time.monotonic())); time.sleep(3)"
+def _start(tmp_path: Path, name: str, slots: int, *flags: str) -> subprocess.Popen:
+    """A command that records when it starts, holds its slot 3 s (in a child), and exits; its file
+    holds the start, and after a space the end, in ``time.monotonic()`` seconds."""
+    path = str(tmp_path / name)
+    script = (
+        f"import time; f = open({path!r}, 'w'); f.write(str(time.monotonic())); f.flush(); "
+        "time.sleep(3); f.write(' ' + str(time.monotonic()))"
+    )
     env = {**os.environ, "RLVR_HEAVY_SLOTS": str(slots), "RLVR_HEAVY_LOCK_DIR": str(tmp_path)}
-    cmd = [sys.executable, str(SLOT), "bash", "-c", f'{sys.executable} -c "{script}"']
+    cmd = [sys.executable, str(SLOT), *flags, "bash", "-c", f'{sys.executable} -c "{script}"']
     return subprocess.Popen(cmd, env=env)
+
+
+def _spans(tmp_path: Path, names: list[str]) -> dict[str, tuple[float, float]]:
+    """Per command: (start, end) in monotonic seconds."""
+    return {name: tuple(map(float, (tmp_path / name).read_text().split())) for name in names}
 
 
 def test_a_third_command_waits_for_one_of_two_slots(tmp_path):
     procs = [_start(tmp_path, f"started{i}", slots=2) for i in range(3)]
     for proc in procs:
         assert proc.wait(timeout=30) == 0
-    starts = sorted(float((tmp_path / f"started{i}").read_text()) for i in range(3))
+    starts = sorted(start for start, _ in _spans(tmp_path, [f"started{i}" for i in range(3)]).values())
     assert starts[1] - starts[0] < 2.0  # two ran together
     assert starts[2] - starts[0] >= 2.9  # the third waited until one had exited (its child too)
+
+
+def test_an_exclusive_command_runs_alone(tmp_path):
+    first = _start(tmp_path, "first", 2)
+    time.sleep(1)  # the first holds one slot; the exclusive one must wait for it
+    exclusive = _start(tmp_path, "exclusive", 2, "--all")
+    time.sleep(1)
+    others = [_start(tmp_path, f"other{i}", 2) for i in range(2)]  # started while it waits or runs
+    for proc in (first, exclusive, *others):
+        assert proc.wait(timeout=30) == 0
+    spans = _spans(tmp_path, ["first", "exclusive", "other0", "other1"])
+    start, end = spans.pop("exclusive")
+    for name, (other_start, other_end) in spans.items():
+        assert other_end <= start or other_start >= end, f"{name} ran beside the exclusive command"
 
 
 def test_a_bad_slot_count_names_the_variable():

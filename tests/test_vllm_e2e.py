@@ -17,8 +17,10 @@ ranks on two Ray nodes, and vLLM evaluation.
   one reward function).
 - ``BACKEND=vllm bash launch/eval.sh`` evaluates the resulting checkpoint with both rollout presets.
 
-Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each), each in one of the
-heavy-run slots (tests/heavy_slot.py)."""
+Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each, ~160 s a run alone),
+each run holding every heavy-run slot (tests/heavy_slot.py ``--all``): its two vLLM engines bind
+their OpenMP threads to every core, and beside another heavy run a step took over 900 s (CI,
+02 Dec 2026)."""
 
 from __future__ import annotations
 
@@ -135,6 +137,7 @@ def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
                 f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
                 f"trainer.total_training_steps={steps}",
                 "trainer.save_freq=1",
+                exclusive=True,  # two engines bound to every core: beside another heavy run, > 900 s
             ),
             cwd=ROOT,
             env={**demo_env(run_dir), **two_node_cluster},
