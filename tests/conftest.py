@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from hypothesis import settings
 
 from search_env.retrieval import SAMPLE_CORPUS
@@ -147,8 +148,13 @@ def make_local_rollout(
 
 # ---- the CPU demo, as the e2e tests run it ----------------------------------------------------
 
-RUN_LIMIT_S = 900
-"""The recipe's own trainer limit (``launch.timeout_s``): launch/run.sh stops a longer training."""
+RUN_LIMIT_S = int(
+    yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes" / "demo_cpu_base.yaml").read_text())[
+        "launch"
+    ]["timeout_s"]
+)
+"""The demo recipe's own trainer limit (``launch.timeout_s``, 900 s): launch/run.sh stops a longer
+training."""
 SLOT_WAIT_S = 600
 """What a run may spend around its trainer: waiting for a heavy-run slot (an exclusive vLLM run
 holds both for ~3-5 min), the preflight, the retriever's start and the stop."""
