@@ -148,10 +148,10 @@ def make_local_rollout(
 
 # ---- the CPU demo, as the e2e tests run it ----------------------------------------------------
 
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root."""
 RUN_LIMIT_S = int(
-    yaml.safe_load((Path(__file__).resolve().parent.parent / "recipes" / "demo_cpu_base.yaml").read_text())[
-        "launch"
-    ]["timeout_s"]
+    yaml.safe_load((ROOT / "recipes" / "demo_cpu_base.yaml").read_text())["launch"]["timeout_s"]
 )
 """The demo recipe's own trainer limit (``launch.timeout_s``, 900 s): launch/run.sh stops a longer
 training."""
@@ -199,14 +199,13 @@ def ensure_ci_assets() -> None:
     global _CI_ASSETS_READY
     if _CI_ASSETS_READY:
         return
-    root = Path(__file__).resolve().parent.parent
     cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
     cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
     with open("/tmp/rlvr_ci_assets.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run(
             cmd,
-            cwd=root,
+            cwd=ROOT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
             check=True,
             capture_output=True,
@@ -273,7 +272,7 @@ def demo_eval(
 ) -> subprocess.CompletedProcess:
     """``launch/eval.sh`` on the checkpoints in ``ckpt`` over the demo world's test split (``limit``
     questions per type, a retriever on a free port, ``backend``); its completed process."""
-    world = Path(__file__).resolve().parent.parent / ".demo" / "world_s0"
+    world = ROOT / ".demo" / "world_s0"
     env = {
         **os.environ,
         "OUT": str(out),
@@ -298,7 +297,7 @@ def start_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     """:func:`demo_cmd` started in its own session (so it can be killed as a whole), stderr piped."""
     return subprocess.Popen(
         demo_cmd(port, *overrides),
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=ROOT,
         env=demo_env(run_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

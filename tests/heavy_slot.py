@@ -11,7 +11,7 @@ however they end; nothing is left to clean up. Waits for a free slot, polling ev
 
 ``--all`` takes every slot, for a run that must have the machine to itself: the vLLM runs, whose
 two engines' OpenMP threads are bound to every core (a CI run beside another heavy run took over
-900 s for a step that takes 160 s alone). It blocks on the slots in index order; a blocked
+900 s for a one-step run that takes 160 s alone). It blocks on the slots in index order; a blocked
 ``flock`` is granted as soon as its slot frees, before the pollers' next try, so it is not starved.
 """
 
@@ -35,10 +35,15 @@ def slot_count(environ: dict[str, str] | os._Environ = os.environ) -> int:
     return int(raw)
 
 
+def open_slots(slots: int, lock_dir: str) -> list[int]:
+    """Descriptors of the slots' lock files (created if missing), unlocked, in index order."""
+    paths = [os.path.join(lock_dir, f"rlvr_heavy.{i}.lock") for i in range(slots)]
+    return [os.open(path, os.O_CREAT | os.O_RDWR, 0o666) for path in paths]
+
+
 def acquire(slots: int, lock_dir: str = "/tmp", poll_s: float = 0.5) -> int:
     """An open descriptor holding an exclusive lock on the first free slot (waits for one)."""
-    paths = [os.path.join(lock_dir, f"rlvr_heavy.{i}.lock") for i in range(slots)]
-    fds = [os.open(path, os.O_CREAT | os.O_RDWR, 0o666) for path in paths]
+    fds = open_slots(slots, lock_dir)
     while True:
         for fd in fds:
             try:
@@ -54,11 +59,9 @@ def acquire(slots: int, lock_dir: str = "/tmp", poll_s: float = 0.5) -> int:
 
 def acquire_all(slots: int, lock_dir: str = "/tmp") -> list[int]:
     """Open descriptors holding exclusive locks on every slot (blocks on each in index order)."""
-    fds = []
-    for i in range(slots):
-        fd = os.open(os.path.join(lock_dir, f"rlvr_heavy.{i}.lock"), os.O_CREAT | os.O_RDWR, 0o666)
+    fds = open_slots(slots, lock_dir)
+    for fd in fds:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        fds.append(fd)
     return fds
 
 

@@ -19,7 +19,7 @@ ranks on two Ray nodes, and vLLM evaluation.
 
 Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each, ~160 s a run alone),
 each run holding every heavy-run slot (tests/heavy_slot.py ``--all``): its two vLLM engines bind
-their OpenMP threads to every core, and beside another heavy run a step took over 900 s (CI,
+their OpenMP threads to every core, and beside another heavy run a one-step run took over 900 s (CI,
 02 Dec 2026)."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
                 f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
                 f"trainer.total_training_steps={steps}",
                 "trainer.save_freq=1",
-                exclusive=True,  # two engines bound to every core: beside another heavy run, > 900 s
+                exclusive=True,  # two engines bound to every core: beside another heavy run, > 900 s a run
             ),
             cwd=ROOT,
             env={**demo_env(run_dir), **two_node_cluster},
