@@ -1,8 +1,11 @@
 """Command line of the evaluation harness (docs/evaluation.md).
 
 python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limit N]
+                   [--plan auto|full|sequential] [--screen-rows N] [--delta D] [--halfwidth H]
+                   [--confirm auto|full] [--val-results VALOUT]
                    [--backend auto|hf|vllm] [--retriever-url URL ...] [--base-model auto|none|PATH]
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
+python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
 python -m eval regimes --sparse RAW [--dense RAW] --out DIR   (eval.regimes: two regimes side by side)
@@ -17,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from eval import checkpoints as ckpts
+from eval import plan as seq
+from eval.settings import FULL, SEQUENTIAL, eval_settings
 from eval.suite import REPO_ROOT, load_suite
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
@@ -72,7 +77,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-in-flight",
         type=_positive_int,
-        help="rollouts kept running at once, a steady pool (default: hf 8, vllm 512)",
+        help="rollouts kept running at once, a steady pool (default: hf 32, vllm 512)",
     )
     p.add_argument(
         "--gpu-memory-utilization",
@@ -103,16 +108,70 @@ def build_run_parser() -> argparse.ArgumentParser:
         "evaluation loop: 5 turns, 120-token passages, invalid-action note, '?'-ended questions); the "
         "single-limit flags above override either",
     )
+    p.add_argument(
+        "--plan",
+        default="auto",
+        choices=["auto", FULL, SEQUENTIAL],
+        help="full: every checkpoint on every row (the study's protocol); sequential: screen, decide, "
+        "confirm (docs/evaluation.md); auto (default): sequential on a GPU, full elsewhere",
+    )
+    p.add_argument(
+        "--screen-rows",
+        type=_positive_int,
+        default=seq.SCREEN_ROWS,
+        help=f"sequential: rows per benchmark every checkpoint is screened on (default {seq.SCREEN_ROWS})",
+    )
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=seq.DELTA,
+        help=f"sequential: keep checkpoints that may be within this macro EM of the best (default {seq.DELTA})",
+    )
+    p.add_argument(
+        "--halfwidth",
+        type=float,
+        default=seq.HALFWIDTH,
+        help="sequential: confirm to this 95%% half-width against the full-suite value, macro EM "
+        f"(default {seq.HALFWIDTH})",
+    )
+    p.add_argument(
+        "--confirm",
+        choices=["auto", "full"],
+        default="auto",
+        help="sequential: confirm to --halfwidth (auto) or on every row (full)",
+    )
+    p.add_argument(
+        "--matched-horizon",
+        type=_positive_int,
+        default=180,
+        help="sequential: the matched-horizon rule's step cap, whose best is also kept (default 180)",
+    )
+    p.add_argument(
+        "--val-results",
+        type=Path,
+        help="sequential: a validation results folder; each rule's best step on it is confirmed too",
+    )
     return p
+
+
+def _on_gpu() -> bool:
+    import torch  # heavy: torch, only to pick the defaults
+
+    return torch.cuda.is_available()
+
+
+def _resolve_plan(name: str) -> tuple[str, str]:
+    """(plan, why) for ``--plan``; ``auto`` is sequential on a GPU and full elsewhere."""
+    if name != "auto":
+        return name, "--plan"
+    return (SEQUENTIAL, "default on a GPU") if _on_gpu() else (FULL, "default without a GPU")
 
 
 def _resolve_backend(name: str) -> str:
     if name != "auto":
         return name
 
-    import torch  # heavy: torch, only to pick the auto backend
-
-    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+    return "vllm" if _on_gpu() and importlib.util.find_spec("vllm") else "hf"
 
 
 def _base_model(arg: str, config: dict) -> Path | None:
@@ -139,7 +198,13 @@ def _run_name(args: argparse.Namespace, info: dict) -> str:
 def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
     from eval import runner  # httpx (rich), yaml: off the report's import path
+    from eval.limits import limits_for_preset
 
+    plan_name, _ = _resolve_plan(args.plan)
+    if plan_name == SEQUENTIAL and args.limit is not None:
+        raise ValueError("--limit and --plan sequential do not mix: the plan chooses each checkpoint's rows")
+    if not 0 < args.halfwidth < 1 or not 0 <= args.delta < 1:
+        raise ValueError(f"--halfwidth {args.halfwidth} / --delta {args.delta}: macro EM, in (0, 1) / [0, 1)")
     suite = load_suite(args.suite, limit=args.limit, seed=args.subsample_seed, benchmarks=args.benchmarks)
     info = ckpts.run_info(args.run_dir, shape=args.shape, seed=args.seed, horizon=args.horizon)
     found = ckpts.discover(args.run_dir)
@@ -162,7 +227,7 @@ def prepare(args: argparse.Namespace):
             f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
             "'shape'/'seed' found): pass --shape em_only|f1_only|f1_format and --seed N"
         )
-    limits = runner.limits_for_preset(args.limits_preset, info["config"])
+    limits = limits_for_preset(args.limits_preset, info["config"])
     overrides = {
         "max_assistant_turns": args.max_turns,
         "max_turn_tokens": args.max_turn_tokens,
@@ -181,8 +246,17 @@ def prepare(args: argparse.Namespace):
         backend=backend,
         retriever_urls=list(args.retriever_urls),
         max_in_flight=args.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
-        eval_settings=runner.eval_settings(
-            suite, args.limit, args.subsample_seed, limits, backend, prefix_caching=args.prefix_caching
+        eval_settings=eval_settings(
+            suite, args.limit, args.subsample_seed, limits, backend, args.prefix_caching, plan_name
+        ),
+        schedule=runner.Schedule(
+            plan=plan_name,
+            screen_rows=args.screen_rows,
+            delta=args.delta,
+            halfwidth=args.halfwidth,
+            confirm=args.confirm,
+            matched_horizon=args.matched_horizon,
+            val_results=args.val_results,
         ),
     )
 
@@ -190,6 +264,7 @@ def prepare(args: argparse.Namespace):
 def cmd_run(argv: list[str]) -> int:
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.backends import EngineSettings, make_backend  # heavy: verl/torch, only for run
+    from eval.summary import format_table
 
     args = build_run_parser().parse_args(argv)
     try:
@@ -199,6 +274,7 @@ def cmd_run(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     steps = ", ".join(str(c.step) for c in plan.checkpoints)
+    print(f"plan {plan.schedule.plan} ({_resolve_plan(args.plan)[1]}; --plan full|sequential)", flush=True)
     print(
         f"run {plan.run_name}: steps [{steps}] on suite {plan.suite.name} ({plan.suite.n_rows} rows, "
         f"{len(plan.suite.benchmarks)} benchmarks), backend {plan.backend} -> {plan.run_root}",
@@ -211,19 +287,21 @@ def cmd_run(argv: list[str]) -> int:
     except (RuntimeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(runner.format_table(summaries), flush=True)
+    print(format_table(summaries), flush=True)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("run", "select", "report", "regimes")
+    commands = ("run", "plan", "select", "report", "regimes")
     if not argv or argv[0] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
     if command == "run":
         return cmd_run(rest)
+    if command == "plan":
+        return seq.main(rest)
     if command == "select":
         from eval.select import main as select_main  # heavy: pandas, only for select
 

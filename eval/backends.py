@@ -12,7 +12,7 @@ Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentL
 
 A backend rolls out ONE row per call (:meth:`AgentLoopBackend.rollout_one`, a coroutine on the
 backend's own event loop, :meth:`AgentLoopBackend.run`); the runner keeps a steady pool of such
-calls in flight (``eval.runner.rollout_pool``), so a slow 10-turn rollout never holds up the
+calls in flight (``eval.pool.rollout_pool``), so a slow 10-turn rollout never holds up the
 others, and their searches reach the micro-batching retrieval server together.
 
 A record is the response decoded as verl's reward manager decodes it

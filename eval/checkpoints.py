@@ -94,11 +94,12 @@ def discover(run_dir: Path) -> list[Checkpoint]:
     return [_step_checkpoint(s, found[s]) for s in sorted(found)]
 
 
-def materialize(ckpt: Checkpoint, cache_dir: Path) -> Path:
-    """An HF model folder for ``ckpt``: itself, or the FSDP merge cached at ``cache_dir/global_step_N``."""
+def materialize(ckpt: Checkpoint, cache_dir: Path, fingerprint: str | None = None) -> Path:
+    """An HF model folder for ``ckpt``: itself, or the FSDP merge cached at
+    ``cache_dir/global_step_N[.fingerprint]`` (a checkpoint saved again gets a new merge)."""
     if ckpt.kind == "hf":
         return ckpt.path
-    target = cache_dir / f"global_step_{ckpt.step}"
+    target = cache_dir / (f"global_step_{ckpt.step}" + (f".{fingerprint}" if fingerprint else ""))
     if is_hf_model_dir(target):
         return target
     from verl.model_merger.base_model_merger import ModelMergerConfig  # heavy: verl/torch, FSDP merge only

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from reward_fns.compute_score import gold_answers
@@ -68,15 +68,32 @@ class Question:
 
 @dataclass(frozen=True)
 class Suite:
-    """A resolved suite: its folder and the rows of each benchmark in file order."""
+    """A resolved suite: its folder and the rows of each benchmark in file order (after ``--limit``).
+
+    ``ranked`` holds every row of each benchmark (before ``--limit``) in subsample order, so the
+    first n rows of a benchmark are its n-row subsample (nested: rows for n are a subset of rows
+    for n' > n); ``fingerprint`` is :func:`fingerprint` of those full benchmarks (content, not path).
+    """
 
     name: str
     path: Path
     benchmarks: dict[str, list[Question]]
+    ranked: dict[str, list[Question]] = field(default_factory=dict)
+    fingerprint: str = ""
 
     @property
     def n_rows(self) -> int:
         return sum(len(rows) for rows in self.benchmarks.values())
+
+    def prefix(self, n: int | dict[str, int]) -> list[Question]:
+        """The first ``n`` rows of each benchmark in subsample order (``n`` per benchmark, or one
+        number for all), benchmark by benchmark; a benchmark with fewer rows gives all of them."""
+        sizes = n if isinstance(n, dict) else dict.fromkeys(self.ranked, n)
+        return [q for b, qs in self.ranked.items() for q in qs[: sizes[b]]]
+
+    def sizes(self) -> dict[str, int]:
+        """Rows per benchmark of the whole suite (before ``--limit``)."""
+        return {b: len(qs) for b, qs in self.ranked.items()}
 
 
 def _jsonl_questions(benchmark: str, file: Path) -> list[Question]:
@@ -183,18 +200,29 @@ def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
     return name, path, {b: _check_unique(b, _jsonl_questions(b, f), f) for b, f in files.items()}
 
 
+def ranked(rows: list[Question], seed: int = 0) -> list[Question]:
+    """``rows`` in subsample order: by ``sha256("<seed>:<benchmark>:<id>")``."""
+    return sorted(rows, key=lambda q: hashlib.sha256(f"{seed}:{q.benchmark}:{q.id}".encode()).hexdigest())
+
+
 def subsample(rows: list[Question], limit: int | None, seed: int = 0) -> list[Question]:
     """The ``limit`` rows with the smallest seeded id hash, in their original order (all if None)."""
     if limit is None or limit >= len(rows):
         return list(rows)
     if limit <= 0:
         raise ValueError(f"--limit must be a positive number of rows per benchmark, got {limit}")
-
-    def rank(q: Question) -> str:
-        return hashlib.sha256(f"{seed}:{q.benchmark}:{q.id}".encode()).hexdigest()
-
-    keep = {q.key for q in sorted(rows, key=rank)[:limit]}
+    keep = {q.key for q in ranked(rows, seed)[:limit]}
     return [q for q in rows if q.key in keep]
+
+
+def fingerprint(benchmarks: dict[str, list[Question]]) -> str:
+    """Content fingerprint of a suite (16 hex digits): its benchmarks' ids, questions and golds,
+    independent of row order and of where the files are."""
+    h = hashlib.sha256()
+    for bench in sorted(benchmarks):
+        for q in sorted(benchmarks[bench], key=lambda q: q.id):
+            h.update("\x1f".join((bench, q.id, q.question, *q.golds)).encode() + b"\x1e")
+    return h.hexdigest()[:16]
 
 
 def load_suite(
@@ -210,4 +238,10 @@ def load_suite(
         if unknown:
             raise ValueError(f"--benchmarks {unknown} not in suite {name} (has {sorted(rows)})")
         rows = {b: rows[b] for b in benchmarks}
-    return Suite(name=name, path=path, benchmarks={b: subsample(qs, limit, seed) for b, qs in rows.items()})
+    return Suite(
+        name=name,
+        path=path,
+        benchmarks={b: subsample(qs, limit, seed) for b, qs in rows.items()},
+        ranked={b: ranked(qs, seed) for b, qs in rows.items()},
+        fingerprint=fingerprint(rows),
+    )

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from eval import checkpoints as ckpts
-from eval import runner
+from eval import pool, runner, settings
 from eval.backends import EngineSettings, VLLMEngineClient, vllm_engine_kwargs
+from eval.limits import Limits
 from eval.store import RowStore
 from eval.suite import load_suite
 
@@ -46,7 +47,7 @@ def test_pool_stays_full_whatever_order_rollouts_finish_in(size: int):
             return item * 10
 
         async def consume() -> None:
-            async for i, r in runner.rollout_pool(items, fake, size):
+            async for i, r in pool.rollout_pool(items, fake, size):
                 results.append((i, r))
 
         consumer = asyncio.ensure_future(consume())
@@ -81,14 +82,14 @@ def test_pool_error_cancels_the_rest_and_propagates():
             raise
 
     async def scenario() -> None:
-        async for _ in runner.rollout_pool(range(10), fake, 4):
+        async for _ in pool.rollout_pool(range(10), fake, 4):
             pass
 
     with pytest.raises(RuntimeError, match="engine died"):
         asyncio.run(scenario())
     assert sorted(cancelled) == [0, 1, 3]
     with pytest.raises(ValueError, match="max-in-flight"):
-        asyncio.run(runner.rollout_pool([1], fake, 0).__anext__())
+        asyncio.run(pool.rollout_pool([1], fake, 0).__anext__())
 
 
 # ---- InOrderWriter ------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def _row(i: int) -> dict:
 def test_writer_appends_only_the_finished_prefix_in_order(tmp_path: Path):
     store = RowStore(tmp_path / "rows.jsonl")
     now = [0.0]
-    writer = runner.InOrderWriter(store, flush_rows=2, flush_s=10.0, clock=lambda: now[0])
+    writer = pool.InOrderWriter(store, flush_rows=2, flush_s=10.0, clock=lambda: now[0])
     snapshots = []
 
     def snap() -> None:
@@ -163,9 +164,10 @@ class FakeBackend:
 
 def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http://127.0.0.1:9",)):
     suite = load_suite("fixtures", limit=3, benchmarks=["nq", "bamboogle"])
-    limits = runner.Limits()
+    limits = Limits()
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text("{}")  # what the checkpoint fingerprint reads
     return runner.RunPlan(
         run_name="f1_only_s1",
         out_root=tmp_path / "out",
@@ -176,7 +178,7 @@ def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http:
         backend="hf",
         retriever_urls=list(urls),
         max_in_flight=max_in_flight,
-        eval_settings=runner.eval_settings(suite, 3, 0, limits, "hf"),
+        eval_settings=settings.eval_settings(suite, 3, 0, limits, "hf"),
     )
 
 
@@ -371,10 +373,10 @@ def test_vllm_engine_is_text_only_without_prefix_caching_and_logprobs(tmp_path: 
 
 def test_prefix_caching_is_part_of_the_comparable_settings():
     suite = load_suite("fixtures", limit=1, benchmarks=["nq"])
-    off = runner.eval_settings(suite, 1, 0, runner.Limits(), "vllm")
-    on = runner.eval_settings(suite, 1, 0, runner.Limits(), "vllm", prefix_caching=True)
+    off = settings.eval_settings(suite, 1, 0, Limits(), "vllm")
+    on = settings.eval_settings(suite, 1, 0, Limits(), "vllm", prefix_caching=True)
     assert off != on and off["prefix_caching"] is False
-    assert "prefix_caching" not in runner.eval_settings(suite, 1, 0, runner.Limits(), "hf")
+    assert "prefix_caching" not in settings.eval_settings(suite, 1, 0, Limits(), "hf")
 
 
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch, tokenizer, seen: dict) -> None:

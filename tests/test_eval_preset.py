@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from eval import checkpoints as ckpts
-from eval import runner, tables
+from eval import limits, rollout_config, runner, settings, summary, tables
 from eval.results import AVG_ALL, AVG_HELDOUT
 from eval.suite import load_suite
 from search_env import protocol
 
 
-def _plan(tmp_path: Path, limits: runner.Limits) -> runner.RunPlan:
+def _plan(tmp_path: Path, limits: limits.Limits) -> runner.RunPlan:
     suite = load_suite("fixtures", limit=2, benchmarks=["nq"])
     return runner.RunPlan(
         run_name="r",
@@ -29,23 +29,23 @@ def _plan(tmp_path: Path, limits: runner.Limits) -> runner.RunPlan:
         backend="hf",
         retriever_urls=["http://127.0.0.1:9"],
         max_in_flight=1,
-        eval_settings=runner.eval_settings(suite, 2, 0, limits, "hf"),
+        eval_settings=settings.eval_settings(suite, 2, 0, limits, "hf"),
     )
 
 
 def test_presets_resolve_to_their_limits():
-    train = runner.limits_for_preset("train", {})
-    assert train == runner.Limits() and train.preset == "train"
-    study = runner.limits_for_preset("study_eval", {"data": {"max_response_length": 4096}})
+    train = limits.limits_for_preset("train", {})
+    assert train == limits.Limits() and train.preset == "train"
+    study = limits.limits_for_preset("study_eval", {"data": {"max_response_length": 4096}})
     assert (study.max_assistant_turns, study.max_turn_tokens, study.max_total_tokens) == (5, 8192, 8192)
     assert study.rules is protocol.STUDY_EVAL_PRESET
     with pytest.raises(ValueError, match="--limits-preset"):
-        runner.limits_for_preset("paper", {})
+        limits.limits_for_preset("paper", {})
 
 
 def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: Path):
-    plan = _plan(tmp_path, runner.limits_for_preset("study_eval", {}))
-    tools, loops = runner._tool_and_loop_files(plan, tmp_path / "cfg", tiny_model_dir)
+    plan = _plan(tmp_path, limits.limits_for_preset("study_eval", {}))
+    tools, loops = rollout_config.tool_and_loop_files(plan, tmp_path / "cfg", tiny_model_dir)
     tool = yaml.safe_load(tools.read_text())["tools"][0]["config"]
     assert (tool["chunk_cap"], tool["chunk_cap_unit"], tool["tokenizer"]) == (
         120,
@@ -55,10 +55,10 @@ def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: P
     (loop,) = yaml.safe_load(loops.read_text())
     assert loop["invalid_action"] == "retry" and loop["stop_strings"] == ["</tool_call>", "</answer>"]
     assert (loop["max_turn_tokens"], loop["max_total_tokens"]) == (8192, 8192)
-    rows = runner._to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
+    rows = rollout_config.to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
     assert all(r["prompt"][0]["content"].rstrip().endswith("?") for r in rows)
-    train = _plan(tmp_path, runner.Limits())
-    tools, loops = runner._tool_and_loop_files(train, tmp_path / "cfg2", tiny_model_dir)
+    train = _plan(tmp_path, limits.Limits())
+    tools, loops = rollout_config.tool_and_loop_files(train, tmp_path / "cfg2", tiny_model_dir)
     assert yaml.safe_load(tools.read_text())["tools"][0]["config"]["chunk_cap_unit"] == "chars"
     assert yaml.safe_load(loops.read_text())[0]["invalid_action"] == "end"
     assert train.eval_settings["limits"]["preset"] == "train"
@@ -66,9 +66,9 @@ def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: P
 
 def test_summary_and_table_name_the_preset():
     row = {"benchmark": "nq", "em": 1.0, "f1": 1.0, "acc": 1.0, "prediction": "x", "searches": 1}
-    summary = runner.summarize([row], ["nq"], 3, "study_eval")
-    assert summary["limits_preset"] == "study_eval"
-    assert runner.format_table({3: summary}).startswith("Rollout limits preset: `study_eval`.")
+    doc = summary.summarize([row], ["nq"], 3, "study_eval")
+    assert doc["limits_preset"] == "study_eval"
+    assert summary.format_table({3: doc}).startswith("Rollout limits preset: `study_eval`.")
     assert "`train` (" in tables.preset_caption(["train", "train"])
 
 

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from eval.__main__ import main
-from eval.runner import summarize
 from eval.store import RowStore
+from eval.summary import summarize
 from search_env.rollout_record import TERMINATIONS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import pytest
 
 from eval import checkpoints as ckpts
 from eval.__main__ import main
-from eval.runner import summarize
 from eval.select import select
 from eval.store import RowStore, write_json_atomic
+from eval.summary import summarize
 
 
 def _write_run(

@@ -1,4 +1,4 @@
-"""eval.store (crash-safe rows + atomic JSON), eval.suite (suites, --limit) and eval.runner.summarize."""
+"""eval.store (crash-safe rows + atomic JSON), eval.suite (suites, --limit) and eval.summary.summarize."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.runner import summarize
 from eval.store import RowStore, exclusive_lock, read_json, write_json_atomic
 from eval.suite import FIXTURE_SUITE, load_suite, read_suite, subsample
+from eval.summary import summarize
 
 
 def _row(bench: str, i: int, **kw) -> dict:

@@ -277,7 +277,7 @@ def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
 
 
 def test_eval_runner_refuses_a_retriever_that_cannot_search(broken_retriever: str):
-    from eval.runner import check_retrievers
+    from eval.retrievers import check_retrievers
 
     with pytest.raises(RuntimeError, match="failed its test search.*HTTP 500"):
         check_retrievers([broken_retriever])

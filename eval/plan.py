@@ -1,0 +1,228 @@
+"""The sequential evaluation plan: screen every checkpoint on a small nested subsample, keep those that
+may be within ``delta`` of the best, confirm those (and step 0) to a requested precision
+(docs/evaluation.md, "Sequential plan"). Pure functions; :mod:`eval.runner` carries them out.
+
+Precision is stated against the full-suite value: with equal allocation of n rows per benchmark
+(n_b = min(n, N_b)) the macro average's standard error is
+``(1/B) * sqrt(sum_b p_b (1 - p_b) / n_b * (N_b - n_b) / (N_b - 1))``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Z95 = 1.959963984540054
+"""Two-sided 95 % normal quantile."""
+SCREEN_ROWS = 200
+"""Rows per benchmark every checkpoint is screened on (``--screen-rows``)."""
+DELTA = 0.01
+"""A checkpoint survives screening while it may be within this of the best (macro EM, ``--delta``)."""
+HALFWIDTH = 0.01
+"""Confirmed numbers' 95 % half-width against the full-suite value (macro EM, ``--halfwidth``)."""
+STUDY_SIZES = {
+    "nq": 3610,
+    "triviaqa": 11313,
+    "popqa": 14267,
+    "hotpotqa": 7405,
+    "2wikimultihopqa": 12576,
+    "musique": 2417,
+    "bamboogle": 125,
+}
+"""The study's seven test benchmarks and their rows (51,713 in all)."""
+STUDY_FLOOR = {
+    "nq": 0.132,
+    "triviaqa": 0.236,
+    "popqa": 0.111,
+    "hotpotqa": 0.078,
+    "2wikimultihopqa": 0.057,
+    "musique": 0.012,
+    "bamboogle": 0.016,
+}
+"""Illustrative per-benchmark EM of the untrained model (macro 0.092, the study's floor)."""
+
+
+def macro_halfwidth(
+    p: Mapping[str, float], n: Mapping[str, int], sizes: Mapping[str, int], z: float = Z95
+) -> float:
+    """95 % half-width of a macro average over ``sizes``'s benchmarks, ``n[b]`` rows each, against
+    the full-suite value (finite-population corrected; a whole benchmark adds no error)."""
+    var = 0.0
+    for b, size in sizes.items():
+        nb = min(n[b], size)
+        if nb < size:
+            var += p[b] * (1 - p[b]) / nb * (size - nb) / max(size - 1, 1)
+    return z * math.sqrt(var) / len(sizes)
+
+
+def rows_for_halfwidth(halfwidth: float, p: Mapping[str, float], sizes: Mapping[str, int]) -> dict[str, int]:
+    """The fewest equal-allocation rows per benchmark (capped at its size) whose macro half-width
+    against the full-suite value is at most ``halfwidth``."""
+    if halfwidth <= 0:
+        raise ValueError(f"--halfwidth must be > 0 (macro EM), got {halfwidth}")
+    lo, hi = 1, max(sizes.values())
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if macro_halfwidth(p, dict.fromkeys(sizes, mid), sizes) <= halfwidth:
+            hi = mid
+        else:
+            lo = mid + 1
+    return {b: min(lo, size) for b, size in sizes.items()}
+
+
+def smoothed_rate(correct: float, n: int) -> float:
+    """A conservative proportion for planning: (k + 2) / (n + 4), never 0 or 1."""
+    return (correct + 2) / (n + 4)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Paired macro difference of a checkpoint against the best one on shared questions: the point
+    estimate and its one-sided upper 95 % bound (both in macro EM)."""
+
+    diff: float
+    upper: float
+
+
+def paired_gap(
+    rows: Mapping[str, Mapping[tuple[str, str], float]],
+    best: Mapping[str, Mapping[tuple[str, str], float]],
+    z: float = 1.6448536269514722,
+) -> Gap:
+    """Macro average over benchmarks of the mean per-question difference ``rows - best`` on the
+    questions both hold (per benchmark: key -> score), with a one-sided upper bound from the
+    per-question differences' variance (per benchmark, then averaged as the macro is)."""
+    diffs, var = [], 0.0
+    for b, scores in rows.items():
+        shared = [k for k in scores if k in best.get(b, {})]
+        if not shared:
+            raise ValueError(f"benchmark {b}: no question scored for both checkpoints")
+        d = [scores[k] - best[b][k] for k in shared]
+        mean = math.fsum(d) / len(d)
+        diffs.append(mean)
+        if len(d) > 1:
+            var += math.fsum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)
+    diff = math.fsum(diffs) / len(diffs)
+    return Gap(diff, diff + z * math.sqrt(var) / len(diffs))
+
+
+def macro(rows: Mapping[str, Mapping[Any, float]]) -> float:
+    """Unweighted mean over benchmarks of the mean score."""
+    return math.fsum(math.fsum(s.values()) / len(s) for s in rows.values()) / len(rows)
+
+
+@dataclass
+class Decision:
+    """Screening's outcome: per selection rule its best screened step and survivors, and per step why
+    it stays or stops (``gap``: paired macro difference to its rule's best, with upper bound)."""
+
+    best: dict[str, int] = field(default_factory=dict)
+    survivors: dict[str, list[int]] = field(default_factory=dict)
+    why: dict[int, str] = field(default_factory=dict)
+    gaps: dict[int, Gap] = field(default_factory=dict)
+
+    @property
+    def confirm(self) -> list[int]:
+        """Every step some rule keeps."""
+        return sorted({s for steps in self.survivors.values() for s in steps})
+
+
+def decide(
+    screened: Mapping[int, Mapping[str, Mapping[tuple[str, str], float]]],
+    rules: Mapping[str, Iterable[int]],
+    delta: float = DELTA,
+) -> Decision:
+    """For each rule (name -> its eligible steps), the best screened step (highest macro, earliest on a
+    tie) and the steps whose paired gap to it has an upper bound >= -``delta``. All steps must be
+    screened on the same questions; the outcome does not depend on the order they were screened in."""
+    out = Decision()
+    for rule, eligible in rules.items():
+        steps = sorted(s for s in eligible if s in screened)
+        if not steps:
+            continue
+        best = max(steps, key=lambda s: (macro(screened[s]), -s))
+        out.best[rule] = best
+        keep = []
+        for s in steps:
+            gap = Gap(0.0, 0.0) if s == best else paired_gap(screened[s], screened[best])
+            if s not in out.gaps or gap.upper > out.gaps[s].upper:
+                out.gaps[s] = gap
+            if gap.upper >= -delta:
+                keep.append(s)
+                out.why[s] = (
+                    f"{rule}: best screened" if s == best else f"{rule}: may be within {delta} of the best"
+                )
+            else:
+                out.why.setdefault(s, f"stopped: at least {delta} below the best screened ({rule})")
+        out.survivors[rule] = keep
+    return out
+
+
+# ---- python -m eval plan -------------------------------------------------------------------------
+
+
+def levels_from_results(root: Path) -> tuple[dict[str, int], dict[str, float]]:
+    """Benchmark sizes (the suite recorded in each run.json) and the mean per-benchmark EM of every
+    complete checkpoint under a results folder."""
+    from eval.results import canonical_benchmark, load_results  # heavy: pandas
+
+    res = load_results(root)
+    frame = res.scores[res.scores["benchmark"].isin(res.suite)]
+    p = frame.groupby("benchmark")["em"].mean().to_dict()
+    sizes: dict[str, int] = {}
+    for run in res.runs.values():
+        recorded = json.loads((run.path / "run.json").read_text()).get("eval", {}).get("benchmarks") or {}
+        sizes.update({canonical_benchmark(b): int(n) for b, n in recorded.items()})
+    missing = sorted(set(p) - set(sizes))
+    if missing:
+        raise ValueError(f"{root}: run.json records no size for {missing}; pass --suite instead")
+    return {b: sizes[b] for b in p}, p
+
+
+def plan_table(halfwidth: float, sizes: Mapping[str, int], p: Mapping[str, float]) -> str:
+    """Markdown: rows per benchmark for ``halfwidth``, the total and its share of the full suite."""
+    n = rows_for_halfwidth(halfwidth, p, sizes)
+    total, full = sum(n.values()), sum(sizes.values())
+    lines = [
+        f"95 % half-width {halfwidth} (macro EM) against the full-suite value:",
+        "",
+        "| benchmark | rows | of | EM used |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {b} | {n[b]} | {sizes[b]} | {p[b]:.3f} |" for b in sizes]
+    lines.append(f"| **total** | **{total}** | {full} | share of full-suite rows: **{total / full:.1%}** |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m eval plan --halfwidth H [--suite S | --results OUT]``."""
+    parser = argparse.ArgumentParser(prog="python -m eval plan", description=main.__doc__)
+    parser.add_argument("--halfwidth", type=float, default=HALFWIDTH, help="95 %% half-width, macro EM")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--suite", help="a suite (sizes from its files); EM levels: the study's floor")
+    src.add_argument("--results", type=Path, help="a results folder: its suite and per-benchmark EMs")
+    parser.add_argument("--em", type=float, help="one EM level for every benchmark instead")
+    args = parser.parse_args(argv)
+    try:
+        if args.results is not None:
+            sizes, p = levels_from_results(args.results)
+        elif args.suite is not None:
+            from eval.suite import load_suite
+
+            sizes = load_suite(args.suite).sizes()
+            p = {b: STUDY_FLOOR.get(b, sum(STUDY_FLOOR.values()) / len(STUDY_FLOOR)) for b in sizes}
+        else:
+            sizes, p = dict(STUDY_SIZES), dict(STUDY_FLOOR)
+        if args.em is not None:
+            p = dict.fromkeys(sizes, args.em)
+        print(plan_table(args.halfwidth, sizes, p))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,135 @@
+"""What makes two evaluations comparable: the settings recorded with every result, the checks that
+refuse mixing them, and content fingerprints of checkpoints (docs/evaluation.md, "Settings").
+
+Results written before settings were recorded in each summary are read through their run.json;
+a setting that one side does not record (a suite fingerprint, the retriever) is not compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from eval.limits import Limits
+from eval.suite import Suite
+from search_env import protocol
+
+FULL, SEQUENTIAL = "full", "sequential"
+"""Evaluation plans: every checkpoint on every row, or screen + decide + confirm (eval.plan)."""
+CHECKPOINT_FILE = "checkpoint.json"
+"""In a step's results folder: the fingerprint of the checkpoint its rows came from."""
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model_world_size_*_rank_*.pt", "config.json")
+"""The saved files a checkpoint's fingerprint reads (not optimizer state, which greedy rollouts ignore)."""
+_WHOLE_FILE = 4 << 20
+_SAMPLES, _SAMPLE = 16, 64 << 10
+
+
+def eval_settings(
+    suite: Suite,
+    limit: int | None,
+    subsample_seed: int,
+    limits: Limits,
+    backend: str,
+    prefix_caching: bool = False,
+    plan: str = FULL,
+    retriever: dict[str, Any] | None = None,
+    topk: int = protocol.TOPK,
+) -> dict[str, Any]:
+    """The settings stored in run.json and every summary.json of an evaluation.
+
+    vLLM's prefix caching is recorded for the vllm backend (it may change greedy outputs); the
+    pool size and the memory fraction are not (they change speed, not rows). ``retriever`` is
+    :func:`eval.retrievers.check_retrievers`'s identity, filled in when the run starts.
+    """
+    settings: dict[str, Any] = {
+        "suite": suite.name,
+        "suite_fingerprint": suite.fingerprint,
+        "benchmarks": {b: len(qs) for b, qs in suite.benchmarks.items()},
+        "limit": limit,
+        "subsample_seed": subsample_seed,
+        "plan": plan,
+        "backend": backend,
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1},
+        "limits": asdict(limits),
+        "retriever": retriever or {},
+        "topk": topk,
+    }
+    if backend == "vllm":
+        settings["prefix_caching"] = prefix_caching
+    return settings
+
+
+def comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings two result sets must share, by human name; ``None`` = not recorded (old results).
+
+    Rows per benchmark count only for the full plan: a sequential plan's rows grow by stage, and
+    its numbers carry their stage instead.
+    """
+    limits = dict(settings.get("limits") or {})
+    preset = limits.pop("preset", protocol.TRAIN_PRESET.name)
+    plan = settings.get("plan", FULL)
+    return {
+        "limits preset": preset,
+        "rollout limits": limits or None,
+        "benchmarks": sorted(settings.get("benchmarks") or {}) or None,
+        "suite fingerprint": settings.get("suite_fingerprint") or None,
+        "plan": plan,
+        "rows per benchmark (--limit)": settings.get("benchmarks") if plan == FULL else None,
+        "subsample seed": settings.get("subsample_seed", 0),
+        "backend": settings.get("backend"),
+        "sampling": settings.get("sampling"),
+        "vLLM prefix caching": settings.get("prefix_caching"),
+        "retriever": settings.get("retriever") or None,
+        "top-k": settings.get("topk", protocol.TOPK),
+    }
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(setting, value in a, value in b)`` for every setting both record and that differs."""
+    ca, cb = comparable(a), comparable(b)
+    return [(k, ca[k], cb[k]) for k in ca if ca[k] is not None and cb[k] is not None and ca[k] != cb[k]]
+
+
+def mismatch_message(where_a: str, where_b: str, diffs: list[tuple[str, Any, Any]], fix: str) -> str:
+    """One error line naming each differing setting with both values, and how to proceed."""
+    said = "; ".join(f"{name} is {va!r} in {where_a} but {vb!r} in {where_b}" for name, va, vb in diffs)
+    return f"evaluation settings differ: {said}. Fix: {fix}"
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, or for a large one of its size and 16 evenly spaced 64 KiB samples + the end."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _WHOLE_FILE:
+            h.update(f.read())
+        else:
+            for i in range(_SAMPLES):
+                f.seek(i * (size - _SAMPLE) // (_SAMPLES - 1))
+                h.update(f.read(_SAMPLE))
+    return h.hexdigest()
+
+
+def checkpoint_fingerprint(path: Path) -> str:
+    """Content fingerprint (16 hex digits) of a checkpoint's saved weights and model config under
+    ``path`` (an HF folder or verl's ``actor/``): the same for a copy, new for a run trained again."""
+    files = sorted({f for pattern in WEIGHT_PATTERNS for f in Path(path).rglob(pattern) if f.is_file()})
+    if not files:
+        raise ValueError(f"{path}: no weights or config.json to fingerprint")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(path)}\0{_file_digest(f)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def step0_key(model_fingerprint: str, settings: dict[str, Any]) -> str:
+    """Key of the untrained model's shared rows: its content and every setting that shapes a row."""
+    shared = {
+        k: v for k, v in comparable(settings).items() if k not in ("plan", "rows per benchmark (--limit)")
+    }
+    blob = json.dumps([model_fingerprint, shared], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

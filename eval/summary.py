@@ -1,0 +1,101 @@
+"""One checkpoint's scores: a ``rows.jsonl`` line per question, its ``summary.json``, and the table
+``eval run`` prints."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from eval.suite import Question
+from reward_fns import evaluation_scores
+from search_env import protocol
+from search_env.rollout_record import TERMINATIONS, record_of
+
+
+def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
+    """One ``rows.jsonl`` line from a rollout record (see :func:`search_env.verl_glue.rollout_records`):
+    the question, its scores and the agent loop's record (``search_env.rollout_record.record_of``)."""
+    scored = evaluation_scores(record["response"], list(q.golds))
+    return {
+        "benchmark": q.benchmark,
+        "id": q.id,
+        "question": q.question,
+        "golds": list(q.golds),
+        "prediction": scored["prediction"],
+        "em": scored["em"],
+        "f1": scored["f1"],
+        "acc": scored["acc"],
+        "well_formed": bool(scored["well_formed"]),
+        **record_of(record),
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(math.fsum(values) / len(values)) if values else 0.0
+
+
+def summarize(
+    rows: Sequence[dict[str, Any]],
+    benchmarks: Sequence[str],
+    step: int,
+    preset: str = protocol.TRAIN_PRESET.name,
+) -> dict[str, Any]:
+    """``summary.json`` of one checkpoint; ``macro`` is the unweighted mean over ``benchmarks``;
+    ``limits_preset`` names the rollout limits preset the rows were made with.
+
+    Per benchmark: ``n``, mean ``em``/``f1``/``acc``, ``abort_rate`` (fraction of rows with no
+    ``<answer>``), ``searches_mean`` and ``terminations`` counts. Every benchmark needs >= 1 row.
+    """
+    by_bench: dict[str, list[dict[str, Any]]] = {b: [] for b in benchmarks}
+    for row in rows:
+        if row["benchmark"] in by_bench:
+            by_bench[row["benchmark"]].append(row)
+    per: dict[str, Any] = {}
+    for name, items in by_bench.items():
+        if not items:
+            raise ValueError(f"no rows for benchmark {name!r}; cannot summarise step {step}")
+        counts = Counter(r.get("termination") for r in items)
+        per[name] = {
+            "n": len(items),
+            "em": _mean([r["em"] for r in items]),
+            "f1": _mean([r["f1"] for r in items]),
+            "acc": _mean([r["acc"] for r in items]),
+            "abort_rate": _mean([1.0 if r.get("prediction") is None else 0.0 for r in items]),
+            "searches_mean": _mean([r.get("searches", 0) for r in items]),
+            "terminations": {t: counts.get(t, 0) for t in TERMINATIONS},
+        }
+    macro = {m: _mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
+    return {
+        "step": step,
+        "limits_preset": preset,
+        "benchmarks": per,
+        "macro": macro,
+        "n": sum(p["n"] for p in per.values()),
+        "complete": True,
+    }
+
+
+def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> str:
+    """Markdown table: one line per step, the metric per benchmark and the macro average, under a
+    caption naming the rollout limits preset of the summaries."""
+    if not summaries:
+        return "(no checkpoint evaluated)"
+    benches = list(next(iter(summaries.values()))["benchmarks"])
+    presets = sorted({s.get("limits_preset", protocol.TRAIN_PRESET.name) for s in summaries.values()})
+    header = ["step"] + benches + [f"macro {metric.upper()}", "abort", "searches"]
+    lines = [
+        f"Rollout limits preset: {', '.join(f'`{p}`' for p in presets)}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for step, s in sorted(summaries.items()):
+        per = s["benchmarks"]
+        abort = _mean([per[b]["abort_rate"] for b in benches])
+        searches = _mean([per[b]["searches_mean"] for b in benches])
+        cells = [str(step)] + [f"{per[b][metric]:.3f}" for b in benches]
+        cells += [f"{s['macro'][metric]:.3f}", f"{abort:.2f}", f"{searches:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
