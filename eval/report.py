@@ -33,7 +33,7 @@ from eval.results import (
     load_rows,
     load_training_logs,
 )
-from eval.stats import RankingTest, bootstrap_macro, percentile_interval, ranking_test
+from eval.stats import RankingTest, bootstrap_macro, percentile_interval, ranking_test, stream_seed
 from eval.tables import (
     FLOOR,
     MATCHED,
@@ -54,6 +54,7 @@ from eval.tables import (
     search_profile,
     seed_rankings,
     select_checkpoints,
+    stage_caption,
     study_floor,
     table1,
     table1_markdown,
@@ -149,7 +150,9 @@ def bootstrap_cells(
         off = [benchmark_label(b) for b in suite if abs(summary_em.get(b, np.nan) - point[b][0]) > 1e-6]
         if off:
             notes.append(f"{path}: EM from rows differs from summary.json on {', '.join(off)}.")
-        draws = bootstrap_macro(groups, subsets, n_boot, seed) if n_boot > 0 else {}
+        draws = (
+            bootstrap_macro(groups, subsets, n_boot, stream_seed(seed, run, int(step))) if n_boot > 0 else {}
+        )
         for bench, est in point.items():
             lo, hi = percentile_interval(draws[bench], level) if draws else (np.full(3, np.nan),) * 2
             n = len(rows) if bench in subsets else len(groups[bench])
@@ -341,6 +344,7 @@ def emit_table1(r: Report) -> None:
         f"- A cell reads `value [{r.args.ci_level:.0%} bootstrap CI] @step`; † = the run's last evaluated step "
         f"is below {r.matched}. The floor row is step 0 (the untrained model).",
         r.caption,
+        *([stages] if (stages := stage_caption(r.results.stages.values())) else []),
         "- The study's floor row (when the suite is the study's 7 benchmarks) is the study's own number for"
         " untrained Qwen3.5-0.8B under its evaluation loop; compare it with our floor under `study_eval`.",
         "",
@@ -351,7 +355,7 @@ def emit_table1(r: Report) -> None:
             parts += [
                 f"## {rule_label(rule, r.matched)}: {benchmark_label(avg)}",
                 "",
-                table1_markdown(r.t1, rule, avg, r.shapes, r.seeds, reference),
+                table1_markdown(r.t1, rule, avg, r.shapes, r.seeds, reference, r.results.stages),
             ]
             rankings = seed_rankings(r.t1, rule, f"{avg}_em")
             parts += [f"- seed {s}: {format_ranking(g)}" for s, g in rankings.items()]

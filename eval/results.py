@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from eval.settings import FULL, differences, mismatch_message
 from eval.store import RowStore
 from reward_fns import normalize_answer
 from search_env.jsonl import iter_jsonl
@@ -129,6 +130,7 @@ class Results:
     (unweighted mean over the suite without the training benchmark) for em/f1/acc. ``suite`` lists the real
     benchmarks in paper order. ``notes`` says which checkpoints were skipped and why.
     ``summaries`` holds the summary.json document of every (run, step) in ``scores``, as written.
+    Every run and summary was evaluated with the same settings (:func:`check_settings`).
     """
 
     root: Path
@@ -137,6 +139,8 @@ class Results:
     suite: list[str]
     notes: list[str]
     summaries: dict[tuple[str, int], dict[str, Any]]
+    stages: dict[tuple[str, int], str] = field(default_factory=dict)
+    """Per (run, step) in ``scores``: ``full`` (every row), ``confirmed`` or ``screened`` (eval.runner)."""
 
     def rows_path(self, run: str, step: int) -> Path:
         """Path of the per-question rows of one checkpoint (may not exist)."""
@@ -280,11 +284,34 @@ def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+SETTINGS_FIX = (
+    "evaluate every run with the same settings, or keep each setting's results in its own results "
+    "folder (`python -m eval run --out`)"
+)
+
+
+def run_settings(run_dir: Path) -> dict[str, Any]:
+    """The evaluation settings recorded in ``run_dir/run.json`` (``eval``; empty when absent)."""
+    path = run_dir / "run.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    found = doc.get("eval") if isinstance(doc, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def check_settings(reference: tuple[Path, dict[str, Any]], other: tuple[Path, dict[str, Any]]) -> None:
+    """ResultsError naming every setting two result sets differ in, with both values."""
+    diffs = differences(reference[1], other[1])
+    if diffs:
+        raise ResultsError(mismatch_message(str(reference[0]), str(other[0]), diffs, SETTINGS_FIX))
+
+
 def load_results(root: Path | str) -> Results:
     """Load every run under ``root``: folders holding ``run.json`` or evaluated ``global_step_*``
     folders (with summary.json or rows.jsonl; others, such as merged-weight caches, are ignored).
 
-    Skipped, with a note: checkpoint folders without ``summary.json`` (not evaluated yet),
+    Refused (ResultsError naming the setting and both values): runs or summaries evaluated with
+    other settings than the first run (:func:`eval.settings.differences`). Skipped, with a note:
+    checkpoint folders without ``summary.json`` (not evaluated yet),
     summaries marked ``"complete": false``, and checkpoints lacking a benchmark of the suite (the
     suite is the union of benchmarks over all complete checkpoints; a partial checkpoint's average
     would not be comparable).
@@ -298,6 +325,8 @@ def load_results(root: Path | str) -> Results:
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     summaries: dict[tuple[str, int], dict[str, Any]] = {}
+    stages: dict[tuple[str, int], str] = {}
+    reference: tuple[Path, dict[str, Any]] | None = None
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
         steps = _step_dirs(run_dir)
         evaluated = any((d / "summary.json").exists() or (d / "rows.jsonl").exists() for _, d in steps)
@@ -314,6 +343,9 @@ def load_results(root: Path | str) -> Results:
                 "Fix: give every run a unique 'run' name"
             )
         runs[run.name] = run
+        settings = run_settings(run_dir)
+        reference = reference or (run_dir / "run.json", settings)
+        check_settings(reference, (run_dir / "run.json", settings))
         if run.horizon == UNKNOWN_HORIZON:
             notes.append(
                 f"{run_dir / 'run.json'}: horizon is null - the own-horizon rule uses every evaluated step."
@@ -327,7 +359,11 @@ def load_results(root: Path | str) -> Results:
             if summary.get("complete", True) is False:
                 notes.append(f"{summary_path}: marked incomplete - skipped.")
                 continue
+            recorded = summary.get("eval")
+            if isinstance(recorded, dict):
+                check_settings((run_dir / "run.json", settings), (summary_path, recorded))
             summaries[(run.name, step)] = summary
+            stages[(run.name, step)] = str((recorded or {}).get("stage", FULL))
             for rec in recs:
                 rec.update(run=run.name, shape=run.shape, seed=run.seed, horizon=run.horizon)
             records.extend(recs)
@@ -345,6 +381,7 @@ def load_results(root: Path | str) -> Results:
         missing = ", ".join(benchmark_label(b) for b in suite if b not in have)
         notes.append(f"{runs[run].path / f'global_step_{step}'}: lacks {missing} - skipped from every table.")
         del summaries[(run, step)]
+        del stages[(run, step)]
     if len(partial):
         keep = ~frame.set_index(["run", "step"]).index.isin(partial.index)
         frame = frame[keep]
@@ -362,7 +399,7 @@ def load_results(root: Path | str) -> Results:
     ]
     scores = _with_averages(frame[columns], suite)[columns]
     scores = scores.sort_values(["seed", "shape", "run", "step"], kind="stable").reset_index(drop=True)
-    return Results(root, runs, scores, suite, notes, summaries)
+    return Results(root, runs, scores, suite, notes, summaries, stages)
 
 
 def _questions(run_dir: Path) -> set[str]:
@@ -403,8 +440,8 @@ def load_rows(path: Path) -> pd.DataFrame:
 
     Columns: ``benchmark`` (canonical), ``id``, ``em``, ``f1``, ``acc`` (floats in [0, 1]),
     ``searches`` (int, -1 when absent), ``termination`` (str, "" when absent), ``answered`` (bool:
-    a prediction was extracted). A question appearing twice (a resumed, append-only run) keeps its
-    last line. Blank lines are ignored; any other malformed line raises naming ``file:line``.
+    a prediction was extracted). A question appearing twice keeps its first line, as
+    :class:`eval.store.RowStore` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
     """
     records = []
     for lineno, row in iter_jsonl(path, ROW_FIX, ResultsError):
@@ -424,7 +461,7 @@ def load_rows(path: Path) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(
         records, columns=["benchmark", "id", *METRICS, "searches", "termination", "answered"]
     )
-    return frame.drop_duplicates(["benchmark", "id"], keep="last").reset_index(drop=True)
+    return frame.drop_duplicates(["benchmark", "id"], keep="first").reset_index(drop=True)
 
 
 LOG_FIX = (

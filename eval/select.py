@@ -29,10 +29,12 @@ from eval.tables import (
     MATCHED,
     MATCHED_HORIZON,
     OWN,
+    STAGE_MARKS,
     VAL_RULES,
     horizon_arg,
     resolve_matched_horizon,
     select_checkpoints,
+    stage_caption,
 )
 
 
@@ -41,6 +43,7 @@ def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
     (``score``, a fraction in [0, 1]), its ``macro`` and its per-benchmark ``benchmarks``."""
     return {
         "step": step,
+        "stage": (summary.get("eval") or {}).get("stage", "full"),
         "score": summary["macro"][metric],
         "macro": summary["macro"],
         "benchmarks": summary["benchmarks"],
@@ -104,21 +107,31 @@ def select(
 
 def format_selection(selection: dict[str, Any]) -> str:
     """A markdown table of a :func:`select` document: one line per run, ``step: score`` per rule
-    (scores to 3 decimals, ``-`` where a rule chose nothing)."""
+    (scores to 3 decimals, marked by stage as in Table 1; ``-`` where a rule chose nothing)."""
     rules = [OWN, MATCHED, VAL_RULES[OWN], VAL_RULES[MATCHED]]
     metric = selection["metric"].upper()
     header = ["run", "shape", "seed", "horizon", f"floor {metric}"] + [f"{r} (step: {metric})" for r in rules]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
+    def score(pick: dict[str, Any]) -> str:
+        return f"{pick['score']:.3f}{STAGE_MARKS.get(pick.get('stage', 'full'), '')}"
+
     def cell(pick: dict[str, Any] | None) -> str:
-        return "-" if pick is None else f"{pick['step']}: {pick['score']:.3f}"
+        return "-" if pick is None else f"{pick['step']}: {score(pick)}"
 
     for run, sel in selection["runs"].items():
-        floor = "-" if sel["floor"] is None else f"{sel['floor']['score']:.3f}"
+        floor = "-" if sel["floor"] is None else score(sel["floor"])
         row = [run, str(sel["shape"]), str(sel["seed"]), str(sel["horizon"]), floor]
         row += [cell(sel.get(r)) for r in rules]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    stages = [
+        p.get("stage", "full")
+        for sel in selection["runs"].values()
+        for p in sel.values()
+        if isinstance(p, dict)
+    ]
+    caption = stage_caption(stages)
+    return "\n".join(lines + ([caption] if caption else []))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,11 +11,13 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eval.limits import Limits
-from eval.suite import Suite
 from search_env import protocol
+
+if TYPE_CHECKING:
+    from eval.limits import Limits
+    from eval.suite import Suite
 
 FULL, SEQUENTIAL = "full", "sequential"
 """Evaluation plans: every checkpoint on every row, or screen + decide + confirm (eval.plan)."""

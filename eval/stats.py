@@ -9,6 +9,7 @@ seed, k * (1/k)^s (the events are disjoint), is reported as the conservative alt
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -112,8 +113,17 @@ def bootstrap_means(values: np.ndarray, n_boot: int, rng: np.random.Generator) -
     return out
 
 
+def stream_seed(seed: int, run: str, step: int) -> list[int]:
+    """The bootstrap seed of one checkpoint: ``seed`` with the run's name and the step mixed in, so
+    different checkpoints draw independent resamples (and the same one always the same)."""
+    return [seed, zlib.crc32(run.encode()), step]
+
+
 def bootstrap_macro(
-    groups: Mapping[str, np.ndarray], subsets: Mapping[str, Sequence[str]], n_boot: int, seed: int
+    groups: Mapping[str, np.ndarray],
+    subsets: Mapping[str, Sequence[str]],
+    n_boot: int,
+    seed: int | Sequence[int],
 ) -> dict[str, np.ndarray]:
     """Stratified bootstrap: resample rows within each benchmark, then macro-average.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -100,6 +100,8 @@ def select_checkpoints(
     With ``val_scores``, each rule also gets a ``val_matched`` / ``val_own`` row: the candidate
     step present in ``val_scores`` (same run name) with the best validation score, which is
     ``val_value`` (NaN on the test-chosen rows). A rule with no candidate step gets no row and a note.
+    Only a run's checkpoints with the most rows are candidates (under the sequential plan, those it
+    confirmed), so every comparison is on the same questions.
     """
     if metric not in METRICS:
         raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
@@ -110,6 +112,14 @@ def select_checkpoints(
     name = metric.upper()
     rows, notes = [], []
     for run, sub in crit.groupby("run", sort=True):
+        most = sub["n"].max()
+        if pd.notna(most) and (sub["n"] < most).any():  # a sequential plan: its confirmed checkpoints
+            dropped = sorted(int(s) for s in sub.loc[sub["n"] < most, "step"])
+            notes.append(
+                f"run {run}: steps {dropped} were only screened (fewer rows); chosen among the "
+                f"{int((sub['n'] == most).sum())} confirmed on {int(most)} rows."
+            )
+            sub = sub[sub["n"] == most]
         first = sub.iloc[0]
         horizon = int(first["horizon"])
         within, beyond = sub[sub["step"] <= horizon], sub[sub["step"] > horizon]
@@ -310,6 +320,24 @@ def preset_caption(presets: Sequence[str]) -> str:
     )
 
 
+STAGE_MARKS = {"full": "", "confirmed": "ᶜ", "screened": "ˢ"}
+"""How a number's stage is marked in tables (eval.runner): unmarked = every row of the suite."""
+
+
+def stage_caption(stages: Iterable[str]) -> str | None:
+    """Caption line explaining the stage marks present, or None when every number is full-suite."""
+    present = sorted(set(stages) - {"full"})
+    if not present:
+        return None
+    said = {
+        "confirmed": "ᶜ = confirmed on a nested subsample (`plan.json`: rows, target half-width against the "
+        "full-suite value); the checkpoint was chosen on the same rows, which overstates it by the "
+        "selection effect in docs/evaluation.md",
+        "screened": "ˢ = screened only (a few hundred rows per benchmark): read it as a ranking, not a score",
+    }
+    return "- " + "; ".join(said.get(s, f"{s} = stage {s}") for s in present) + "."
+
+
 def table1_markdown(
     t1: pd.DataFrame,
     rule: str,
@@ -317,10 +345,12 @@ def table1_markdown(
     shapes: Sequence[str],
     seeds: Sequence[int],
     reference: float | None = None,
+    stages: Mapping[tuple[str, int], str] | None = None,
 ) -> str:
     """Wide Markdown view of one (rule, average) slice: rows = floor + shapes, columns = seeds, mean,
     seed range. A cell reads ``value [CI low, high] @step``; † marks a run whose last evaluated step
-    is below the matched horizon. ``reference`` (the study's floor, :func:`study_floor`) adds a
+    is below the matched horizon; ``stages`` ((run, step) -> stage) marks numbers that are not
+    full-suite (:data:`STAGE_MARKS`). ``reference`` (the study's floor, :func:`study_floor`) adds a
     last row labelled as the study's number, with its value under "mean over seeds"."""
     sub = t1[t1["rule"] == rule]
     header = ["reward", *[f"seed {s}" for s in seeds], "mean over seeds", "seed range"]
@@ -338,7 +368,8 @@ def table1_markdown(
             ci = "" if pd.isna(rec[f"{avg}_lo"]) else f" [{rec[f'{avg}_lo']:.3f}, {rec[f'{avg}_hi']:.3f}]"
             mark = "†" if rec["short"] else ""
             where = "" if row == FLOOR else f" @{int(rec['step'])}{mark}"
-            cells.append(f"{value:.3f}{ci}{where}")
+            stage = STAGE_MARKS.get((stages or {}).get((rec["run"], int(rec["step"])), "full"), "")
+            cells.append(f"{value:.3f}{stage}{ci}{where}")
         mean = sum(values) / len(values) if values else float("nan")
         spread = max(values) - min(values) if values else float("nan")
         rows.append([row, *cells, _fmt(mean), _fmt(spread)])
