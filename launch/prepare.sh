@@ -7,8 +7,13 @@
 #   model    data/models/Qwen3.5-0.8B           <- HF Qwen/Qwen3.5-0.8B                      (~1.7 GB)
 #   encoder  data/models/e5-base-v2             <- HF intfloat/e5-base-v2                    (~0.4 GB)
 #   corpus   data/wiki18/wiki-18.jsonl          <- HF dataset PeterJinGo/wiki-18-corpus      (~14 GB)
-#   index    data/wiki18/e5_IVF4096_SQ8.index   <- HF dataset PeterJinGo/wiki-18-e5-index (Flat, 64.5 GB),
-#                                                  re-packed by python -m search_env convert-index (~16 GB)
+#   index    data/wiki18/e5_IVF4096_SQ8.index   <- INDEX_SOURCE=study (default): the study's own IVF4096,SQ8
+#                                                  index, HF dataset pantomiman/reason-over-search,
+#                                                  retriever/wiki18_100w_e5_ivf4096_sq8.index (~16 GB: bit for
+#                                                  bit the study's retrieval);
+#                                               <- INDEX_SOURCE=flat: HF dataset PeterJinGo/wiki-18-e5-index
+#                                                  (Flat, 64.5 GB), re-packed by python -m search_env
+#                                                  convert-index (~16 GB; builds on disk where RAM is short)
 #   data     data/parquet/musique_train.parquet, data/parquet/val.parquet, data/parquet/suite/
 #                                               <- HF dataset RUC-NLPIR/FlashRAG_datasets (python -m search_env.data)
 #
@@ -25,6 +30,10 @@ MODEL_DIR="$DATA_DIR/models/Qwen3.5-0.8B"
 ENCODER_DIR="$DATA_DIR/models/e5-base-v2"
 CORPUS="$DATA_DIR/wiki18/wiki-18.jsonl"
 INDEX="$DATA_DIR/wiki18/e5_IVF4096_SQ8.index"
+INDEX_SOURCE="${INDEX_SOURCE:-study}"
+STUDY_REPO=pantomiman/reason-over-search
+STUDY_INDEX=retriever/wiki18_100w_e5_ivf4096_sq8.index
+[[ "$INDEX_SOURCE" == study || "$INDEX_SOURCE" == flat ]] || die "INDEX_SOURCE='$INDEX_SOURCE': use study or flat"
 PARQUET="$DATA_DIR/parquet"
 
 CHECK_ONLY=0
@@ -75,7 +84,8 @@ howto() {  # the command that provides TARGET
     model) echo "$PYTHON -c \"from huggingface_hub import snapshot_download as s; s('Qwen/Qwen3.5-0.8B', local_dir='$MODEL_DIR')\"" ;;
     encoder) echo "$PYTHON -c \"from huggingface_hub import snapshot_download as s; s('intfloat/e5-base-v2', local_dir='$ENCODER_DIR')\"" ;;
     corpus) echo "download wiki-18.jsonl.gz from HF dataset PeterJinGo/wiki-18-corpus, then: gunzip -c wiki-18.jsonl.gz > $CORPUS" ;;
-    index) echo "download part_aa part_ab from HF dataset PeterJinGo/wiki-18-e5-index, cat part_aa part_ab > e5_Flat.index, then: $PYTHON -m search_env convert-index --flat e5_Flat.index --out $INDEX" ;;
+    index) echo "either (INDEX_SOURCE=study, default, ~16 GB) the study's IVF4096,SQ8 index: $PYTHON -c \"from huggingface_hub import hf_hub_download as h; h('$STUDY_REPO', '$STUDY_INDEX', repo_type='dataset', local_dir='$DATA_DIR/wiki18/download')\" && mv $DATA_DIR/wiki18/download/$STUDY_INDEX $INDEX"
+      echo "      or (INDEX_SOURCE=flat, 64.5 GB) download part_aa part_ab from HF dataset PeterJinGo/wiki-18-e5-index, cat part_aa part_ab > e5_Flat.index, then: $PYTHON -m search_env convert-index --flat e5_Flat.index --out $INDEX" ;;
     data) echo "$PYTHON -m search_env.data train --source hub --out $PARQUET && $PYTHON -m search_env.data val --source hub --out $PARQUET && $PYTHON -m search_env.data suite --source hub --out $PARQUET" ;;
   esac
 }
@@ -89,6 +99,11 @@ fetch() {
       gunzip -c "$DATA_DIR/wiki18/download/wiki-18.jsonl.gz" >"$CORPUS.partial" && mv "$CORPUS.partial" "$CORPUS"
       ;;
     index)
+      if [[ "$INDEX_SOURCE" == study ]]; then
+        hf_snapshot "$STUDY_REPO" "$DATA_DIR/wiki18/download" dataset "$STUDY_INDEX"
+        mv "$DATA_DIR/wiki18/download/$STUDY_INDEX" "$INDEX"
+        return
+      fi
       hf_snapshot PeterJinGo/wiki-18-e5-index "$DATA_DIR/wiki18/download" dataset "part_a*"
       cat "$DATA_DIR"/wiki18/download/part_a? >"$DATA_DIR/wiki18/e5_Flat.index"
       "$PYTHON" -m search_env convert-index --flat "$DATA_DIR/wiki18/e5_Flat.index" --out "$INDEX"

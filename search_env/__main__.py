@@ -20,6 +20,7 @@ from pathlib import Path
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
+from search_env.retrieval.prewarm import Prewarm, want_prewarm
 from search_env.retrieval.worker import ProcessRetriever
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
@@ -132,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default) or read it all into RAM first",
     )
     serve.add_argument(
+        "--prewarm",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="dense, memory-mapped index: read the index file once in the background while the server "
+        "answers, so the first queries do not each wait for disk (auto, default: when the file fits "
+        "in 90%% of the available RAM)",
+    )
+    serve.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -173,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=_positive(int), default=256, help="passages per encoder forward")
     build.add_argument("--passage-max-length", type=_positive(int), default=256)
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument(
+        "--ondisk",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
+        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
+    )
     _gpu_flag(build, "build")
 
     convert = sub.add_parser("convert-index", help="re-pack an existing Flat index (no re-embedding)")
@@ -189,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--chunk-size", type=_positive(int), default=1_000_000, help="vectors per add()")
     convert.add_argument("--seed", type=int, default=0)
+    convert.add_argument(
+        "--ondisk",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
+        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
+    )
     _gpu_flag(convert, "build")
 
     recall = sub.add_parser("recall", help="recall@k of an (IVF) index against its Flat index")
@@ -213,6 +236,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     if args.cache_size < 0:
         raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
+    prewarm = None
+    if (
+        args.backend == "dense"
+        and args.index_load == "mmap"
+        and args.index is not None
+        and args.index.is_file()
+    ):
+        prewarm = Prewarm(args.index, *want_prewarm(args.prewarm, args.index)).start()
     if args.search_process == "on":
         retriever = ProcessRetriever(build_retriever, (args,), str(args.corpus))
     else:
@@ -226,6 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         cache_entries=args.cache_size,
         cache_bytes=int(args.cache_max_mb * 2**20),
         stats_interval_s=args.stats_interval_s,
+        prewarm=prewarm,
     )
     logging.getLogger(__name__).info(
         "serving %s retriever over %d passages on http://%s:%d (query cache %s)",
@@ -246,6 +278,7 @@ def _index_options(args: argparse.Namespace) -> dict:
         "chunk_size": args.chunk_size,
         "seed": args.seed,
         "use_gpu": use_gpu(args.gpu),
+        "ondisk": {"auto": None, "on": True, "off": False}[args.ondisk],
     }
 
 

@@ -438,3 +438,80 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
     assert all(len(r) == 5 for r in served)
     assert health["index_mapped"] is True and health["index_type"] == "IVF16,SQ8" and health["nprobe"] == 4
     assert health["index_on_gpu"] is False and health["index_placement"].startswith("cpu (--gpu auto/off")
+
+
+def test_ondisk_build_writes_the_same_file_as_the_in_ram_build(tmp_path) -> None:
+    """`build_index_file` with the inverted lists built in chunk shards on disk and merged writes the
+    in-RAM build's file byte for byte (rows in add order in every list), and the meta says which."""
+    from search_env.retrieval.index import build_index_file, read_meta
+
+    x = clustered_vectors(30_000)
+    paths = {mode: tmp_path / f"{mode}.index" for mode in ("ram", "disk")}
+    for mode, path in paths.items():
+        build_index_file(
+            path, "IVF64,SQ8", DIM, len(x), lambda rows: x[rows], {}, None, 7000, 0, False, mode == "disk"
+        )
+    assert paths["ram"].read_bytes() == paths["disk"].read_bytes()
+    assert (
+        read_meta(paths["disk"])["built"] == "on disk, merged"
+        and read_meta(paths["ram"])["built"] == "in RAM"
+    )
+    assert not (tmp_path / "disk.index.shards").exists()  # the shards are removed after the merge
+    with pytest.raises(ValueError, match="--ondisk on: .* has no inverted lists"):
+        build_index_file(tmp_path / "flat.index", "Flat", DIM, 100, lambda rows: x[rows], {}, ondisk=True)
+
+
+def test_ondisk_auto_follows_the_available_ram(monkeypatch) -> None:
+    from search_env.retrieval.index import choose_ondisk, new_index
+
+    index = new_index("IVF64,SQ8", DIM)  # DIM-byte codes + 8-byte ids per vector
+    monkeypatch.setattr(index_module, "available_ram_bytes", lambda: 10**9)
+    assert choose_ondisk(None, index, 10**6, 65536) is False  # 40 MB of lists + 8 MB chunk
+    assert choose_ondisk(None, index, 2 * 10**7, 65536) is True  # 800 MB > 80 % of 1 GB
+    assert choose_ondisk(False, index, 2 * 10**7, 65536) is False
+    assert choose_ondisk(None, new_index("Flat", DIM), 10**9, 65536) is False
+
+
+def test_server_accepts_the_studys_kind_of_index(tmp_path) -> None:
+    """The study's published wiki-18 index was made with plain faiss, from the Flat index: vectors
+    reconstructed, k-means on the lists, an IVF-SQ8 inner-product index added in chunks, no
+    `.meta.json`. One made the same way at small N is served by `serve --backend dense` (memory-
+    mapped, pre-warmed), answers like the same index searched in process, and /health describes it."""
+    import httpx
+
+    from search_env.retrieval.encoder import Encoder, build_tiny_encoder
+    from search_env.retrieval.server import spawn_server
+
+    encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=DIM)
+    corpus = Corpus(SAMPLE_CORPUS)
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(Encoder(encoder_dir, use_gpu=False).encode_passages(corpus.iter_contents()))
+    vectors = flat.reconstruct_n(0, flat.ntotal)
+    kmeans = faiss.Kmeans(DIM, 16, niter=10, seed=1)
+    kmeans.train(vectors)
+    quantizer = faiss.IndexFlatIP(DIM)
+    quantizer.add(kmeans.centroids)
+    study = faiss.IndexIVFScalarQuantizer(
+        quantizer, DIM, 16, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+    )
+    study.train(vectors)
+    for lo in range(0, flat.ntotal, 300):  # "add in 1 M chunks", scaled down
+        study.add(flat.reconstruct_n(lo, min(300, flat.ntotal - lo)))
+    path = tmp_path / "wiki18_100w_e5_ivf16_sq8.index"
+    faiss.write_index(study, str(path))
+    assert not path.with_name(path.name + ".meta.json").exists()
+    serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(path), "--encoder"]
+    serve += [str(encoder_dir), "--nprobe", "4", "--gpu", "off", "--prewarm", "on"]
+    queries = ["Evan Morris lobbyist", "American football"]
+    with spawn_server(serve, log_path=tmp_path / "server.log") as server:
+        body = {"queries": queries, "topk": 5, "return_scores": True}
+        served = httpx.post(f"{server.url}/retrieve", json=body, timeout=60).json()["result"]
+        health = httpx.get(f"{server.url}/health").json()
+    study.nprobe = 4
+    _, rows = study.search(Encoder(encoder_dir, use_gpu=False).encode_queries(queries), 5)
+    assert [[it["document"]["id"] for it in r] for r in served] == [
+        [corpus.row(int(i))["id"] for i in row if i >= 0] for row in rows
+    ]
+    assert health["index_type"] == "IndexIVFScalarQuantizer(nlist=16)" and health["nlist"] == 16
+    assert health["index_mapped"] is True and health["nprobe"] == 4
+    assert health["prewarm"] in ("running", "done") and health["prewarm_total_bytes"] == path.stat().st_size

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from tqdm import tqdm
 
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.prewarm import available_ram_bytes
 
 log = logging.getLogger(__name__)
 
@@ -212,22 +216,17 @@ def set_nprobe(index: faiss.Index, nprobe: int, nlist: int | None, on_gpu: bool 
     return nprobe
 
 
-def train_and_fill(
+def _train(
     factory: str,
     dim: int,
     n: int,
     vectors: VectorSource,
     train_size: int | None,
-    chunk_size: int,
     seed: int,
     use_gpu: bool | None,
-    desc: str,
-) -> tuple[faiss.Index, str]:
-    """Create `factory`, train it on a random sample of the n rows, add all rows in chunks (tqdm).
-    Returns the CPU index and the factory actually used (nlist may be clamped). On the GPU
-    (`use_gpu`, see `_want_gpu`) the whole index is built on GPU 0, not sharded: shards of an
-    untrained IVF index would each train their own coarse quantizer (one k-means per shard), and
-    the CPU index written at the end has a single one."""
+) -> tuple[faiss.Index, faiss.Index, str, bool]:
+    """Create `factory` and train it on a random sample of the n rows. Returns (the CPU index, the
+    index to add to: the CPU one or its GPU 0 clone, the factory actually used, whether on GPU)."""
     if n < 1:
         raise ValueError("cannot build an index from 0 vectors")
     train_size = min(n, train_size or default_train_size(factory, n))
@@ -249,18 +248,203 @@ def train_and_fill(
         work.train(sample)
         del sample
         log.info("trained in %.1f s", time.perf_counter() - started)
+    return index, work, factory, gpu
+
+
+def _chunks(n: int, chunk_size: int, desc: str):
+    """Contiguous row ranges of at most `chunk_size` covering 0..n-1, with a tqdm bar."""
     with tqdm(total=n, desc=desc, unit="vec", mininterval=5.0) as progress:
         for lo in range(0, n, chunk_size):
             rows = np.arange(lo, min(n, lo + chunk_size))
-            work.add(vectors(rows))
+            yield rows
             progress.update(len(rows))
+
+
+def train_and_fill(
+    factory: str,
+    dim: int,
+    n: int,
+    vectors: VectorSource,
+    train_size: int | None,
+    chunk_size: int,
+    seed: int,
+    use_gpu: bool | None,
+    desc: str,
+) -> tuple[faiss.Index, str]:
+    """Create `factory`, train it on a random sample of the n rows, add all rows in chunks (tqdm).
+    Returns the CPU index and the factory actually used (nlist may be clamped). On the GPU
+    (`use_gpu`, see `_want_gpu`) the whole index is built on GPU 0, not sharded: shards of an
+    untrained IVF index would each train their own coarse quantizer (one k-means per shard), and
+    the CPU index written at the end has a single one."""
+    index, work, factory, gpu = _train(factory, dim, n, vectors, train_size, seed, use_gpu)
+    for rows in _chunks(n, chunk_size, desc):
+        work.add(vectors(rows))
     return (faiss.index_gpu_to_cpu(work) if gpu else work), factory
 
 
-def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
+ONDISK_RAM_SHARE = 0.8
+"""`ondisk=None` (auto) builds in RAM while the finished index plus one chunk of float32 vectors
+fits in this share of the memory available (MemAvailable) when filling starts, else on disk."""
+
+
+def ivf_bytes(index: faiss.Index, n: int) -> int:
+    """Bytes the inverted lists of n vectors take in an IVF index: a code and an int64 id each."""
+    return n * (int(faiss.extract_index_ivf(index).code_size) + 8)
+
+
+def choose_ondisk(ondisk: bool | None, index: faiss.Index, n: int, chunk_size: int) -> bool:
+    """Whether to fill the inverted lists on disk: `ondisk` when set (True needs an IVF index), else
+    (auto) when the index plus one chunk of vectors would not fit in `ONDISK_RAM_SHARE` of the
+    available RAM."""
+    is_ivf = ivf_nlist(index) is not None
+    if ondisk and not is_ivf:
+        raise ValueError(
+            f"--ondisk on: {type(index).__name__} has no inverted lists; use an IVF factory or --ondisk off"
+        )
+    if ondisk is not None:
+        return ondisk
+    available = available_ram_bytes()
+    if not is_ivf or available is None:
+        return False
+    need = ivf_bytes(index, n) + min(n, chunk_size) * index.d * 4
+    if need <= ONDISK_RAM_SHARE * available:
+        return False
+    log.info(
+        "the index (%s) plus a chunk of vectors need %s, more than %.0f%% of the %s available: "
+        "building its inverted lists on disk",
+        _gib(ivf_bytes(index, n)),
+        _gib(need),
+        100 * ONDISK_RAM_SHARE,
+        _gib(available),
+    )
+    return True
+
+
+def _write_shard(invlists: faiss.InvertedLists, prefix: Path) -> np.ndarray:
+    """Write every list's codes to `prefix.codes` and ids to `prefix.ids` (list order); return the
+    list sizes."""
+    sizes = np.array([invlists.list_size(i) for i in range(invlists.nlist)], dtype=np.int64)
+    code_size = int(invlists.code_size)
+    with open(f"{prefix}.codes", "wb") as codes, open(f"{prefix}.ids", "wb") as ids:
+        for i in np.flatnonzero(sizes):
+            m = int(sizes[i])
+            codes.write(faiss.rev_swig_ptr(invlists.get_codes(int(i)), m * code_size))
+            ids.write(faiss.rev_swig_ptr(invlists.get_ids(int(i)), m))
+    return sizes
+
+
+def _empty_ilar_tail(nlist: int, code_size: int) -> bytes:
+    """How faiss serialises an empty ArrayInvertedLists: `ilar`, nlist, code_size, `sprs`, no sizes."""
+    return b"ilar" + struct.pack("<QQ", nlist, code_size) + b"sprs" + struct.pack("<Q", 0)
+
+
+def _merge_shards(empty: faiss.Index, sizes: list[np.ndarray], shards: Path, out: Path) -> None:
+    """Write `out` as faiss's own single-file layout of the trained `empty` index holding every
+    shard's lists: the header of `empty` (ntotal set), then `ilar`/`full` list sizes, then per list
+    the codes and the ids of shard 0, 1, ... in order (= the rows in the order they were added). The
+    shards are read with pread, so they pass through the page cache but never count as RSS."""
+    ivf = faiss.extract_index_ivf(empty)
+    nlist, code_size = int(ivf.nlist), int(ivf.code_size)
+    total = np.sum(sizes, axis=0, dtype=np.int64)
+    empty.ntotal = ivf.ntotal = int(total.sum())
+    blob = faiss.serialize_index(empty).tobytes()
+    tail = _empty_ilar_tail(nlist, code_size)
+    if not blob.endswith(tail):
+        raise ValueError(
+            f"--ondisk: {type(empty).__name__} does not end with its inverted lists in faiss "
+            f"{faiss.__version__}'s layout; build it in RAM (--ondisk off)"
+        )
+    fds = [(os.open(f"{shards / f'{k:05d}'}.codes", os.O_RDONLY),
+            os.open(f"{shards / f'{k:05d}'}.ids", os.O_RDONLY)) for k in range(len(sizes))]  # fmt: skip
+    offsets = [[0, 0] for _ in sizes]
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob[: -len(tail)])
+            f.write(b"ilar" + struct.pack("<QQ", nlist, code_size) + b"full")
+            f.write(struct.pack("<Q", nlist) + total.astype("<u8").tobytes())
+            for i in tqdm(range(nlist), desc="merge lists", unit="list", mininterval=5.0):
+                for part, width in ((0, code_size), (1, 8)):  # all shards' codes, then their ids
+                    for k, shard in enumerate(sizes):
+                        length = int(shard[i]) * width
+                        if length:
+                            f.write(os.pread(fds[k][part], length, offsets[k][part]))
+                            offsets[k][part] += length
+        os.replace(tmp, out)
+    finally:
+        for pair in fds:
+            for fd in pair:
+                os.close(fd)
+        tmp.unlink(missing_ok=True)
+
+
+def fill_on_disk(
+    index: faiss.Index,
+    work: faiss.Index,
+    gpu: bool,
+    n: int,
+    vectors: VectorSource,
+    chunk_size: int,
+    out: Path,
+    desc: str,
+) -> None:
+    """Fill the trained, empty IVF `index` (`work`: it or its GPU clone) chunk by chunk without
+    holding its lists in RAM: each chunk is added to the emptied index (ids = row numbers) and its
+    lists are written to a shard file next to `out`; then the shards are merged list by list into
+    `out` (`_merge_shards`) and removed. RAM: one chunk of vectors and its codes."""
+    shards = out.with_name(out.name + ".shards")
+    shutil.rmtree(shards, ignore_errors=True)
+    shards.mkdir(parents=True)
+    try:
+        sizes = []
+        for k, rows in enumerate(_chunks(n, chunk_size, desc)):
+            work.reset()
+            work.add_with_ids(vectors(rows), rows)
+            filled = faiss.index_gpu_to_cpu(work) if gpu else work
+            sizes.append(_write_shard(faiss.extract_index_ivf(filled).invlists, shards / f"{k:05d}"))
+        work.reset()
+        empty = faiss.index_gpu_to_cpu(work) if gpu else work
+        _merge_shards(empty, sizes, shards, out)
+    finally:
+        shutil.rmtree(shards, ignore_errors=True)
+
+
+def build_index_file(
+    out: str | Path,
+    factory: str,
+    dim: int,
+    n: int,
+    vectors: VectorSource,
+    meta: dict,
+    train_size: int | None = None,
+    chunk_size: int = 1_000_000,
+    seed: int = 0,
+    use_gpu: bool | None = None,
+    ondisk: bool | None = None,
+    desc: str = "add",
+) -> dict:
+    """Train `factory` on a sample of the n rows of `vectors`, add all rows in chunks, write `out` and
+    its `.meta.json` (`meta` plus the factory used and whether the lists were built on disk); returns
+    the meta written. The inverted lists are built in RAM, or on disk and merged (`fill_on_disk`)
+    when `ondisk` is True or, with None, when they would not fit (`choose_ondisk`). Both write the
+    same single-file faiss index, byte for byte."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    index, work, used, gpu = _train(factory, dim, n, vectors, train_size, seed, use_gpu)
+    meta = {**meta, "factory": used, "requested_factory": factory}
+    if choose_ondisk(ondisk, index, n, chunk_size):
+        fill_on_disk(index, work, gpu, n, vectors, chunk_size, out, desc)
+        index = faiss.index_gpu_to_cpu(work) if gpu else work  # empty, ntotal = n: the header facts
+        return write_meta(index, out, {**meta, "built": "on disk, merged"})
+    for rows in _chunks(n, chunk_size, desc):
+        work.add(vectors(rows))
+    index = faiss.index_gpu_to_cpu(work) if gpu else work
     faiss.write_index(index, str(out))
+    return write_meta(index, out, {**meta, "built": "in RAM"})
+
+
+def write_meta(index: faiss.Index, out: str | Path, meta: dict) -> dict:
+    """Write `<out>.meta.json`: `meta` plus the index's ntotal, dimension, metric and nlist."""
     meta = {
         **meta,
         "ntotal": int(index.ntotal),
@@ -271,6 +455,14 @@ def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
     }
     Path(str(out) + META_SUFFIX).write_text(json.dumps(meta, indent=2) + "\n")
     log.info("wrote %s (%d vectors, %s)", out, index.ntotal, meta.get("factory"))
+    return meta
+
+
+def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(index, str(out))
+    write_meta(index, out, meta)
 
 
 def read_meta(index_path: str | Path) -> dict:
@@ -287,31 +479,26 @@ def build_index(
     chunk_size: int = 65536,
     seed: int = 0,
     use_gpu: bool | None = None,
-) -> faiss.Index:
+    ondisk: bool | None = None,
+) -> dict:
     """Embed every corpus row with `encoder.encode_passages` (an `Encoder`) and write a `factory` index
-    to `out`. Training rows are embedded once for training and again when added (~5 % extra for
-    wiki-18 with the default sample)."""
+    to `out` (`build_index_file`; returns its meta). Training rows are embedded once for training
+    and again when added (~5 % extra for wiki-18 with the default sample)."""
 
     def embed(rows: np.ndarray) -> np.ndarray:
         return encoder.encode_passages([corpus.contents(int(i)) for i in rows])
 
-    index, used = train_and_fill(
-        factory, encoder.dim, len(corpus), embed, train_size, chunk_size, seed, use_gpu, desc="embed+add"
-    )
-    write_index(
-        index,
-        out,
-        {
-            "factory": used,
-            "requested_factory": factory,
-            "source": "build-index",
-            "corpus": str(corpus.path),
-            "encoder": encoder.model_path,
-            "e5": encoder.is_e5,
-            "passage_max_length": encoder.passage_max_length,
-        },
-    )
-    return index
+    meta = {
+        "source": "build-index",
+        "corpus": str(corpus.path),
+        "encoder": encoder.model_path,
+        "e5": encoder.is_e5,
+        "passage_max_length": encoder.passage_max_length,
+    }
+    return build_index_file(
+        out, factory, encoder.dim, len(corpus), embed, meta, train_size, chunk_size, seed, use_gpu, ondisk,
+        desc="embed+add",
+    )  # fmt: skip
 
 
 def read_flat(path: str | Path) -> faiss.Index:
@@ -341,9 +528,11 @@ def convert_index(
     chunk_size: int = 1_000_000,
     seed: int = 0,
     use_gpu: bool | None = None,
-) -> faiss.Index:
+    ondisk: bool | None = None,
+) -> dict:
     """Re-pack the vectors of an IndexFlatIP into `factory` without re-embedding: vectors are
-    reconstructed from the Flat codes (training sample by id, then all rows in chunks)."""
+    reconstructed from the Flat codes (training sample by id, then all rows in chunks), through
+    `build_index_file` (returns its meta)."""
     flat = read_flat(flat_path)
 
     def reconstruct(rows: np.ndarray) -> np.ndarray:
@@ -351,12 +540,11 @@ def convert_index(
             return flat.reconstruct_n(int(rows[0]), len(rows))
         return flat.reconstruct_batch(rows.astype(np.int64))
 
-    index, used = train_and_fill(
-        factory, flat.d, flat.ntotal, reconstruct, train_size, chunk_size, seed, use_gpu, desc="convert"
-    )
-    meta = {"factory": used, "requested_factory": factory, "source": "convert-index", "flat": str(flat_path)}
-    write_index(index, out, {**read_meta(flat_path), **meta})
-    return index
+    meta = {**read_meta(flat_path), "source": "convert-index", "flat": str(flat_path)}
+    return build_index_file(
+        out, factory, flat.d, flat.ntotal, reconstruct, meta, train_size, chunk_size, seed, use_gpu, ondisk,
+        desc="convert",
+    )  # fmt: skip
 
 
 @dataclass

@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_v
 
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.cache import Hit, QueryCache
+from search_env.retrieval.prewarm import Prewarm
 
 log = logging.getLogger(__name__)
 
@@ -453,11 +454,13 @@ def create_app(
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     stats_interval_s: float = DEFAULT_STATS_INTERVAL_S,
+    prewarm: Prewarm | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
     micro-batching); max_wait_ms: how long a non-full batch waits for more requests; cache_entries /
     cache_bytes: bounds of the query cache (0 entries = off); stats_interval_s: how often the
-    traffic and cache hit rate are logged (0 = never)."""
+    traffic and cache hit rate are logged (0 = never); prewarm: the index pre-warm already started
+    (shown by `/health`, stopped on shutdown)."""
     if not 1 <= default_topk <= MAX_TOPK:
         raise ValueError(f"default topk must be in 1..{MAX_TOPK}, got {default_topk}")
     if stats_interval_s < 0:
@@ -481,6 +484,8 @@ def create_app(
             if stats_task is not None:
                 stats_task.cancel()
             await batcher.stop()
+            if prewarm is not None:
+                prewarm.stop()
             retriever.close()
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
@@ -508,6 +513,7 @@ def create_app(
                 "corpus": str(retriever.corpus.path),
                 "corpus_size": len(retriever.corpus),
                 **retriever.describe(),
+                **(prewarm.describe() if prewarm is not None else {}),
                 "default_topk": default_topk,
                 **batcher.describe(),
                 "uptime_s": round(time.time() - app.state.started, 3),
