@@ -160,10 +160,12 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _resolve_plan(name: str) -> tuple[str, str]:
-    """(plan, why) for ``--plan``; ``auto`` is sequential on a GPU and full elsewhere."""
+def _resolve_plan(name: str, limit: int | None) -> tuple[str, str]:
+    """(plan, why) for ``--plan``; ``auto`` is sequential on a GPU and full elsewhere or with ``--limit``."""
     if name != "auto":
         return name, "--plan"
+    if limit is not None:
+        return FULL, "--limit given"
     return (SEQUENTIAL, "default on a GPU") if _on_gpu() else (FULL, "default without a GPU")
 
 
@@ -200,7 +202,7 @@ def prepare(args: argparse.Namespace):
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.limits import limits_for_preset
 
-    plan_name, _ = _resolve_plan(args.plan)
+    plan_name, _ = _resolve_plan(args.plan, args.limit)
     if plan_name == SEQUENTIAL and args.limit is not None:
         raise ValueError("--limit and --plan sequential do not mix: the plan chooses each checkpoint's rows")
     if not 0 < args.halfwidth < 1 or not 0 <= args.delta < 1:
@@ -274,7 +276,10 @@ def cmd_run(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     steps = ", ".join(str(c.step) for c in plan.checkpoints)
-    print(f"plan {plan.schedule.plan} ({_resolve_plan(args.plan)[1]}; --plan full|sequential)", flush=True)
+    print(
+        f"plan {plan.schedule.plan} ({_resolve_plan(args.plan, args.limit)[1]}; --plan full|sequential)",
+        flush=True,
+    )
     print(
         f"run {plan.run_name}: steps [{steps}] on suite {plan.suite.name} ({plan.suite.n_rows} rows, "
         f"{len(plan.suite.benchmarks)} benchmarks), backend {plan.backend} -> {plan.run_root}",

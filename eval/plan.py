@@ -16,7 +16,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import numpy as np
 
 Z95 = 1.959963984540054
 """Two-sided 95 % normal quantile."""
@@ -90,31 +91,32 @@ class Gap:
     upper: float
 
 
-def paired_gap(
-    rows: Mapping[str, Mapping[tuple[str, str], float]],
-    best: Mapping[str, Mapping[tuple[str, str], float]],
-    z: float = 1.6448536269514722,
-) -> Gap:
-    """Macro average over benchmarks of the mean per-question difference ``rows - best`` on the
-    questions both hold (per benchmark: key -> score), with a one-sided upper bound from the
-    per-question differences' variance (per benchmark, then averaged as the macro is)."""
+Scores = Mapping[str, np.ndarray]
+"""One checkpoint's per-question scores: benchmark -> scores, in the same question order for every
+checkpoint compared (the suite's subsample order)."""
+
+
+def paired_gap(rows: Scores, best: Scores, z: float = 1.6448536269514722) -> Gap:
+    """Macro average over benchmarks of the mean per-question difference ``rows - best``, with a
+    one-sided upper bound from the per-question differences' variance (per benchmark, then averaged
+    as the macro is). ValueError when a benchmark's two score arrays differ in length."""
     diffs, var = [], 0.0
     for b, scores in rows.items():
-        shared = [k for k in scores if k in best.get(b, {})]
-        if not shared:
-            raise ValueError(f"benchmark {b}: no question scored for both checkpoints")
-        d = [scores[k] - best[b][k] for k in shared]
-        mean = math.fsum(d) / len(d)
-        diffs.append(mean)
+        d = np.asarray(scores, dtype=float) - np.asarray(best[b], dtype=float)
+        if len(scores) != len(best[b]) or not len(d):
+            raise ValueError(
+                f"benchmark {b}: {len(scores)} vs {len(best[b])} scores; compare on the same questions"
+            )
+        diffs.append(d.mean())
         if len(d) > 1:
-            var += math.fsum((x - mean) ** 2 for x in d) / (len(d) - 1) / len(d)
-    diff = math.fsum(diffs) / len(diffs)
+            var += d.var(ddof=1) / len(d)
+    diff = float(np.mean(diffs))
     return Gap(diff, diff + z * math.sqrt(var) / len(diffs))
 
 
-def macro(rows: Mapping[str, Mapping[Any, float]]) -> float:
+def macro(rows: Scores) -> float:
     """Unweighted mean over benchmarks of the mean score."""
-    return math.fsum(math.fsum(s.values()) / len(s) for s in rows.values()) / len(rows)
+    return float(np.mean([np.mean(s) for s in rows.values()]))
 
 
 @dataclass
@@ -134,7 +136,7 @@ class Decision:
 
 
 def decide(
-    screened: Mapping[int, Mapping[str, Mapping[tuple[str, str], float]]],
+    screened: Mapping[int, Scores],
     rules: Mapping[str, Iterable[int]],
     delta: float = DELTA,
 ) -> Decision:

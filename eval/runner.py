@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from eval import checkpoints as ckpts
@@ -334,17 +335,16 @@ def _evaluate_all(
     return summaries
 
 
-def _scores(
-    plan: RunPlan, step: int, questions: Sequence[Question]
-) -> dict[str, dict[tuple[str, str], float]]:
-    """EM of one checkpoint's stored rows on ``questions``: benchmark -> (benchmark, id) -> score."""
-    wanted = {q.key for q in questions}
-    out: dict[str, dict[tuple[str, str], float]] = {}
-    for r in RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows():
-        key = (r["benchmark"], r["id"])
-        if key in wanted:
-            out.setdefault(key[0], {})[key] = float(r["em"])
-    return out
+def _scores(plan: RunPlan, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
+    """EM of one checkpoint's stored rows on ``questions``: benchmark -> scores in question order."""
+    em = {
+        (r["benchmark"], r["id"]): float(r["em"])
+        for r in RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows()
+    }
+    out: dict[str, list[float]] = {}
+    for q in questions:
+        out.setdefault(q.benchmark, []).append(em[q.key])
+    return {b: np.asarray(v) for b, v in out.items()}
 
 
 def _validation_choices(plan: RunPlan, rules: dict[str, list[int]]) -> dict[str, int]:
@@ -392,7 +392,7 @@ def run_sequential(
         n_conf = dict(sizes)
     else:
         best = screened[decision.best["own"]] if decision.best else {}
-        p = {b: seq.smoothed_rate(sum(best.get(b, {}).values()), len(best.get(b, {}))) for b in sizes}
+        p = {b: seq.smoothed_rate(float(np.sum(best.get(b, []))), len(best.get(b, []))) for b in sizes}
         n_conf = {
             b: max(n, screen_n[b]) for b, n in seq.rows_for_halfwidth(sched.halfwidth, p, sizes).items()
         }

@@ -15,7 +15,9 @@
 #
 # Environment (defaults in brackets):
 #   SUITE          suite folder/file or built-in name: fixtures | test | val          [fixtures]
-#   LIMIT          rows per benchmark (seeded subsample); empty = all                 [4 for fixtures, else all]
+#   PLAN           auto | full | sequential (screen every checkpoint, confirm the few
+#                  that may be best; docs/evaluation.md)                              [auto: sequential on a GPU]
+#   LIMIT          rows per benchmark (seeded subsample); empty = all; full plan only [4 for fixtures, else all]
 #   OUT            results root; the run goes to OUT/<run>                           [results/eval_<suite>]
 #   BACKEND        auto | hf | vllm                                                   [auto]
 #   GPUS           comma-separated GPU ids, one evaluation process each; empty = one  []
@@ -44,8 +46,9 @@ if [[ ! -d "$RUN_DIR" ]]; then
 fi
 
 SUITE="${SUITE:-fixtures}"
+PLAN="${PLAN:-auto}"
 if [[ -z "${LIMIT+x}" ]]; then
-  if [[ "$SUITE" == "fixtures" ]]; then LIMIT=4; else LIMIT=""; fi
+  if [[ "$SUITE" == "fixtures" && "$PLAN" != "sequential" ]]; then LIMIT=4; else LIMIT=""; fi
 fi
 OUT="${OUT:-$ROOT/results/eval_$(basename "${SUITE%.*}")}"
 BACKEND="${BACKEND:-auto}"
@@ -113,7 +116,7 @@ for url in "${URLS[@]}"; do
   fi
 done
 CMD=("$PYTHON" -m eval run --run-dir "$RUN_DIR" --suite "$SUITE" --out "$OUT" --backend "$BACKEND"
-     --retriever-url "${URLS[@]}")
+     --plan "$PLAN" --retriever-url "${URLS[@]}")
 if [[ -n "$LIMIT" ]]; then CMD+=(--limit "$LIMIT"); fi
 CMD+=("$@")
 if [[ "$TIMEOUT_S" != "0" ]]; then CMD=(timeout "$TIMEOUT_S" "${CMD[@]}"); fi

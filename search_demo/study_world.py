@@ -142,14 +142,25 @@ def _numbered(rows: list[dict[str, Any]], prefix: str, rng: random.Random) -> li
     return [{**r, "id": f"{prefix}-{i}"} for i, r in enumerate(rows)]
 
 
-def build_study_world(seed: int, unseen_seed: int) -> dict[str, Any]:
-    """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (see module doc)."""
+def build_study_world(
+    seed: int,
+    unseen_seed: int,
+    test_size: world.RegionSize | None = None,
+    unseen_test_size: world.RegionSize | None = None,
+) -> dict[str, Any]:
+    """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (see module doc).
+
+    ``test_size`` / ``unseen_test_size`` change the two test regions (default: the demo's), e.g. for
+    a larger suite of the same shape (bench/eval_plan.py --measure)."""
     if seed == unseen_seed:
         raise ValueError(
             f"unseen_seed must differ from seed (both {seed}): the unseen world would be the same"
         )
-    base = world.build_world(seed)
-    unseen = world.build_world(unseen_seed, sizes=UNSEEN_SIZES, avoid=world.entity_names(base))
+    base = world.build_world(
+        seed, sizes={**world.DEFAULT_SIZES, "test": test_size or world.DEFAULT_SIZES["test"]}
+    )
+    unseen_sizes = {**UNSEEN_SIZES, "test": unseen_test_size or UNSEEN_SIZES["test"]}
+    unseen = world.build_world(unseen_seed, sizes=unseen_sizes, avoid=world.entity_names(base))
     rng = random.Random(f"study_world:{seed}:{unseen_seed}")
 
     def in_world(split: str) -> dict[str, list[dict[str, Any]]]:
@@ -175,11 +186,17 @@ def build_study_world(seed: int, unseen_seed: int) -> dict[str, Any]:
     }
 
 
-def write_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
-    """Build and write the study world (files: module doc); returns ``out``."""
+def write_study_world(
+    seed: int,
+    unseen_seed: int,
+    out: str | Path,
+    test_size: world.RegionSize | None = None,
+    unseen_test_size: world.RegionSize | None = None,
+) -> Path:
+    """Build and write the study world (files: module doc; sizes: :func:`build_study_world`); returns ``out``."""
     from search_env.data import QARow, write_parquet  # heavy: search_env.data imports pandas
 
-    built = build_study_world(seed, unseen_seed)
+    built = build_study_world(seed, unseen_seed, test_size, unseen_test_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     world.write_jsonl(built["passages"], out / "corpus.jsonl")

@@ -9,6 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -45,12 +46,12 @@ def test_rows_for_halfwidth_match_the_worked_arithmetic():
         seq.rows_for_halfwidth(0, ILLUSTRATIVE, seq.STUDY_SIZES)
 
 
-def _screened(levels: dict[int, float], n: int = 200) -> dict[int, dict[str, dict[tuple[str, str], float]]]:
+def _screened(levels: dict[int, float], n: int = 200) -> dict[int, dict[str, np.ndarray]]:
     """Per step, two benchmarks of ``n`` questions; question i is right when its rank < level * n."""
-    out = {}
-    for step, level in levels.items():
-        out[step] = {b: {(b, str(i)): float(i < level * n) for i in range(n)} for b in ("a", "b")}
-    return out
+    return {
+        step: {b: (np.arange(n) < level * n).astype(float) for b in ("a", "b")}
+        for step, level in levels.items()
+    }
 
 
 def test_decide_keeps_what_may_be_within_delta_of_the_best_per_rule():

@@ -1,0 +1,138 @@
+"""``bench/eval_plan.py --measure [--steps 4] [--work DIR]``: both evaluation plans on the same real CPU checkpoints.
+
+A synthetic suite shaped like the paper's (a larger test region of the study world: five benchmarks
+of unequal sizes, one under 150 rows, over 4,000 rows), runs trained with the sparse micro study's
+settings (``recipes/micro_sparse.yaml``, a checkpoint every 2 steps), then ``launch/eval.sh`` with
+``PLAN=full`` and ``PLAN=sequential`` into two results folders. Prints rollouts (rows rolled out,
+step 0's shared rows counted once), wall time, each run's selected checkpoint under both plans and
+the full-suite macro EM gap of the sequential choice. Everything lives under ``--work`` and is
+resumed there (trained runs and evaluated rows are reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = (42, 43, 44)
+STEPS = 4
+SHAPE = "f1_only"
+TRAIN_TIMEOUT_S = 3600
+EVAL_TIMEOUT_S = 5400
+
+
+def build_suite(work: Path) -> Path:
+    """The measurement world (seeds 5/6, a test region about 10x the demo's); returns its folder."""
+    from search_demo import study_world, world
+
+    out = work / "world"
+    if not (out / "world.json").is_file():
+        study_world.write_study_world(
+            5,
+            6,
+            out,
+            test_size=world.RegionSize(countries=20, cities=120, people=1100, companies=100),
+            unseen_test_size=world.RegionSize(countries=2, cities=5, people=25, companies=8),
+        )
+    return out
+
+
+def _run(cmd: list[str], log: Path, timeout: int, env: dict[str, str]) -> float:
+    """Run ``cmd`` in its own process group (output to ``log``); the whole group is stopped after
+    ``timeout`` seconds. Returns the wall time in seconds; RuntimeError naming the log on failure."""
+    started = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            rc = proc.wait(timeout=60)
+    if rc:
+        raise RuntimeError(f"{' '.join(cmd)} exited {rc}; see {log}")
+    return time.perf_counter() - started
+
+
+def train(work: Path, seed: int, steps: int, port: int) -> Path:
+    """One sparse micro-study run (``SHAPE``, ``seed``, ``steps``, a checkpoint every 2 steps)."""
+    run_dir = work / "runs" / f"{SHAPE}_s{seed}"
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    if latest.is_file() and latest.read_text().strip() == str(steps):
+        return run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = ["bash", "launch/run.sh", "recipes/micro_sparse.yaml", f"shape={SHAPE}", f"seed={seed}"]
+    cmd += [f"trainer.total_training_steps={steps}", "trainer.save_freq=2", f"retriever.port={port}"]
+    _run(cmd, run_dir / "measure_train.log", TRAIN_TIMEOUT_S, {**os.environ, "RLVR_RUN_DIR": str(run_dir)})
+    return run_dir
+
+
+def rollouts(out: Path) -> int:
+    """Rows rolled out into a results folder: every run's trained steps, plus step 0's shared rows once."""
+    count = sum(
+        1 for f in out.glob("*/global_step_*/rows.jsonl") if f.parent.name != "global_step_0" for _ in open(f)
+    )
+    return count + sum(1 for f in out.glob(".step0/*/rows.jsonl") for _ in open(f))
+
+
+def evaluate(work: Path, world: Path, run_dir: Path, plan: str, port: int) -> float:
+    env = {
+        **os.environ,
+        "SUITE": str(world / "test"),
+        "CORPUS": str(world / "corpus.jsonl"),
+        "OUT": str(work / f"eval_{plan}"),
+        "PLAN": plan,
+        "LIMIT": "",
+        "BACKEND": "hf",
+        "RETRIEVER_PORT": str(port),
+    }
+    cmd = ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--run-name", run_dir.name]
+    return _run(cmd, work / f"eval_{plan}_{run_dir.name}.log", EVAL_TIMEOUT_S, env)
+
+
+def measure(args: argparse.Namespace) -> str:
+    from eval.results import load_results
+    from eval.select import select
+
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    world = build_suite(work)
+    sizes = {p.stem: sum(1 for _ in open(p)) for p in sorted((world / "test").glob("*.jsonl"))}
+    print(f"suite {world / 'test'}: {sizes} ({sum(sizes.values())} rows)", flush=True)
+    runs = [train(work, seed, args.steps, 18600) for seed in SEEDS]
+    wall = {"full": 0.0, "sequential": 0.0}
+    for run_dir in runs:
+        for plan in wall:
+            wall[plan] += evaluate(work, world, run_dir, plan, 18610)
+    full = load_results(work / "eval_full")
+    chosen = {plan: select(work / f"eval_{plan}", matched_horizon=args.steps)["runs"] for plan in wall}
+    macro = full.scores[full.scores["benchmark"] == "avg_all"].set_index(["run", "step"])["em"]
+    lines = [
+        "| run | full: step (EM) | sequential: step (EM on its rows) | full-suite EM of the sequential choice - best |"
+    ]
+    lines.append("|---|---|---|---|")
+    worst = 0.0
+    for run_dir in runs:
+        name = run_dir.name
+        f, s = chosen["full"][name]["own"], chosen["sequential"][name]["own"]
+        gap = float(macro[(name, s["step"])] - macro[(name, f["step"])])
+        worst = min(worst, gap)
+        lines.append(
+            f"| {name} | {f['step']} ({f['score']:.3f}) | {s['step']} ({s['score']:.3f}) | {gap:+.3f} |"
+        )
+    n_full, n_seq = rollouts(work / "eval_full"), rollouts(work / "eval_sequential")
+    lines += [
+        "",
+        f"rollouts: full {n_full}, sequential {n_seq} (ratio {n_seq / n_full:.3f}); wall time of the "
+        f"evaluations: full {wall['full']:.0f} s, sequential {wall['sequential']:.0f} s "
+        f"(ratio {wall['sequential'] / wall['full']:.3f})",
+        f"eval_plan_measure: rollout_ratio={n_seq / n_full:.3f} wall_ratio={wall['sequential'] / wall['full']:.3f} "
+        f"worst_gap={worst:+.3f} runs={len(runs)}",
+    ]
+    return "\n".join(lines)
