@@ -200,7 +200,7 @@ def _run_name(args: argparse.Namespace, info: dict) -> str:
 def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
     from eval import runner  # httpx (rich), yaml: off the report's import path
-    from eval.limits import limits_for_preset
+    from eval.limits import limits_for_preset  # yaml, omegaconf: off the report's import path
 
     plan_name, _ = _resolve_plan(args.plan, args.limit)
     if plan_name == SEQUENTIAL and args.limit is not None:
@@ -266,7 +266,7 @@ def prepare(args: argparse.Namespace):
 def cmd_run(argv: list[str]) -> int:
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.backends import EngineSettings, make_backend  # heavy: verl/torch, only for run
-    from eval.summary import format_table
+    from eval.summary import format_table  # reward_fns: only for run
 
     args = build_run_parser().parse_args(argv)
     try:

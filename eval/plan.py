@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from eval.suite import load_suite
+
 Z95 = 1.959963984540054
 """Two-sided 95 % normal quantile."""
 SCREEN_ROWS = 200
@@ -215,8 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.results is not None:
             sizes, p = levels_from_results(args.results)
         elif args.suite is not None:
-            from eval.suite import load_suite
-
             sizes = load_suite(args.suite).sizes()
             p = {b: STUDY_FLOOR.get(b, sum(STUDY_FLOOR.values()) / len(STUDY_FLOOR)) for b in sizes}
         else:

@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from eval.limits import Limits
 from eval.suite import Question
 from search_env import protocol
-
-if TYPE_CHECKING:
-    from eval.runner import RunPlan
 
 TOOL_TEXT_CHAR_LIMIT = 1 << 20
 """verl's ``max_tool_response_length`` (characters) in evaluation: SearchTool caps every passage."""
 
 
-def tool_and_loop_files(plan: RunPlan, folder: Path, model_dir: Path) -> tuple[Path, Path]:
+def tool_and_loop_files(
+    limits: Limits, retriever_urls: Sequence[str], folder: Path, model_dir: Path
+) -> tuple[Path, Path]:
     """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     folder.mkdir(parents=True, exist_ok=True)
-    rules = plan.limits.rules
+    rules = limits.rules
     cap = {"chunk_cap": rules.chunk_cap, "chunk_cap_unit": rules.chunk_cap_unit}
     if rules.chunk_cap_unit == "tokens":
         cap["tokenizer"] = str(model_dir)
     tools = verl_glue.write_tool_config(
         folder / "tools.yaml",
-        plan.retriever_urls,
+        list(retriever_urls),
         topk=protocol.TOPK,
         max_retries=None,  # tries bounded by retry_budget_s, as in training
         **cap,
@@ -35,32 +35,34 @@ def tool_and_loop_files(plan: RunPlan, folder: Path, model_dir: Path) -> tuple[P
     loops = verl_glue.write_agent_loop_config(
         folder / "agent_loops.yaml",
         mask_retrieved=True,
-        max_turn_tokens=plan.limits.max_turn_tokens,
-        max_total_tokens=plan.limits.max_total_tokens,
+        max_turn_tokens=limits.max_turn_tokens,
+        max_total_tokens=limits.max_total_tokens,
         stop_strings=list(rules.stop_strings),
         invalid_action=rules.invalid_action,
     )
     return tools, loops
 
 
-def rollout_config(plan: RunPlan, model_dir: Path, folder: Path) -> Any:
+def rollout_config(
+    limits: Limits, retriever_urls: Sequence[str], backend: str, model_dir: Path, folder: Path
+) -> Any:
     """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
-    tools, loops = tool_and_loop_files(plan, folder, model_dir)
+    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir)
     return verl_glue.compose_rollout_config(
         model_dir,
         tools,
-        prompt_length=plan.limits.prompt_length,
-        response_length=plan.limits.response_length,
+        prompt_length=limits.prompt_length,
+        response_length=limits.response_length,
         agent_loop_config_path=loops,
         overrides=[
-            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={plan.limits.max_assistant_turns}",
+            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={limits.max_assistant_turns}",
             "actor_rollout_ref.rollout.val_kwargs.temperature=0",
             "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
             "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
-            f"actor_rollout_ref.rollout.name={'vllm' if plan.backend == 'vllm' else 'hf'}",
+            f"actor_rollout_ref.rollout.name={'vllm' if backend == 'vllm' else 'hf'}",
             # a cap in tokens has no character bound: let verl's character cap never cut a passage
             f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={TOOL_TEXT_CHAR_LIMIT}",
         ],

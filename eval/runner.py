@@ -195,7 +195,10 @@ def _roll_out_rows(
     """Roll ``todo`` out with checkpoint ``ckpt`` and append the scored rows to ``store``; rows held
     back for a failed search get RETRIEVAL_RETRY_PASSES more passes, then RuntimeError."""
     model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", fingerprint)
-    backend = make_backend(rollout_config(plan, model_dir, store.path.parent), str(model_dir))
+    backend = make_backend(
+        rollout_config(plan.limits, plan.retriever_urls, plan.backend, model_dir, store.path.parent),
+        str(model_dir),
+    )
     with tqdm(
         total=len(todo), desc=f"step {ckpt.step}", unit="row", file=sys.stderr, dynamic_ncols=True
     ) as bar:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +201,19 @@ def test_plan_cli_reads_levels_from_a_results_folder(capsys: pytest.CaptureFixtu
     root = Path(__file__).resolve().parent.parent / "docs" / "micro_study_sparse" / "raw" / "test"
     assert main(["plan", "--halfwidth", "0.05", "--results", str(root)]) == 0
     assert "| syn_three_hop |" in capsys.readouterr().out
+
+
+def test_plan_simulation_prints_its_machine_readable_line():
+    bench = Path(__file__).resolve().parent.parent / "bench" / "eval_plan.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--studies", "2", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    fields = dict(part.split("=") for part in last.removeprefix("eval_plan: ").split())
+    assert set(fields) == {"rollout_fraction", "within_delta", "step0_evals"}
+    assert 0 < float(fields["rollout_fraction"]) < 1 and fields["within_delta"].endswith("/18")
+    assert fields["step0_evals"] == "1"

@@ -45,7 +45,9 @@ def test_presets_resolve_to_their_limits():
 
 def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: Path):
     plan = _plan(tmp_path, limits.limits_for_preset("study_eval", {}))
-    tools, loops = rollout_config.tool_and_loop_files(plan, tmp_path / "cfg", tiny_model_dir)
+    tools, loops = rollout_config.tool_and_loop_files(
+        plan.limits, plan.retriever_urls, tmp_path / "cfg", tiny_model_dir
+    )
     tool = yaml.safe_load(tools.read_text())["tools"][0]["config"]
     assert (tool["chunk_cap"], tool["chunk_cap_unit"], tool["tokenizer"]) == (
         120,
@@ -58,7 +60,9 @@ def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: P
     rows = rollout_config.to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
     assert all(r["prompt"][0]["content"].rstrip().endswith("?") for r in rows)
     train = _plan(tmp_path, limits.Limits())
-    tools, loops = rollout_config.tool_and_loop_files(train, tmp_path / "cfg2", tiny_model_dir)
+    tools, loops = rollout_config.tool_and_loop_files(
+        train.limits, train.retriever_urls, tmp_path / "cfg2", tiny_model_dir
+    )
     assert yaml.safe_load(tools.read_text())["tools"][0]["config"]["chunk_cap_unit"] == "chars"
     assert yaml.safe_load(loops.read_text())[0]["invalid_action"] == "end"
     assert train.eval_settings["limits"]["preset"] == "train"
