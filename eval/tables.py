@@ -331,8 +331,8 @@ def stage_caption(stages: Iterable[str]) -> str | None:
         return None
     said = {
         "confirmed": "ᶜ = confirmed on a nested subsample (`plan.json`: rows, target half-width against the "
-        "full-suite value); the checkpoint was chosen on the same rows, which overstates it by the "
-        "selection effect in docs/evaluation.md",
+        "full-suite value); the checkpoint was chosen on the same rows, which overstates its expected EM "
+        "by about 0.004 (bench/eval_plan.py's simulation; docs/evaluation.md)",
         "screened": "ˢ = screened only (a few hundred rows per benchmark): read it as a ranking, not a score",
     }
     return "- " + "; ".join(said.get(s, f"{s} = stage {s}") for s in present) + "."

@@ -118,7 +118,10 @@ def test_every_checkpoint_evaluated_and_summarised(
     info = json.loads((reference / "run.json").read_text())
     assert (info["run"], info["shape"], info["seed"], info["horizon"]) == ("f1_only_s3", "f1_only", 3, 5)
     assert info["eval"]["limits"]["max_turn_tokens"] == 16 and info["eval"]["sampling"]["temperature"] == 0.0
-    assert (reference / "merged" / "global_step_5" / "model.safetensors").is_file()  # verl's merger ran
+    fingerprint = json.loads((reference / "global_step_5" / "checkpoint.json").read_text())["fingerprint"]
+    assert (
+        reference / "merged" / f"global_step_5.{fingerprint}" / "model.safetensors"
+    ).is_file()  # verl's merger ran
     for step in (0, 5):
         rows = RowStore(reference / f"global_step_{step}" / "rows.jsonl").rows()
         assert sorted({r["benchmark"] for r in rows}) == sorted(BENCHMARKS)
@@ -126,12 +129,17 @@ def test_every_checkpoint_evaluated_and_summarised(
         assert all(r["termination"] in TERMINATIONS and isinstance(r["answered"], bool) for r in rows)
         assert all(r["model_tokens"] >= 1 and r["golds"] for r in rows)
         summary = json.loads((reference / f"global_step_{step}" / "summary.json").read_text())
+        settings = summary.pop("eval")
         assert summary == summarize(rows, BENCHMARKS, step)
+        assert settings["stage"] == "full" and settings["rows"] == dict.fromkeys(BENCHMARKS, LIMIT)
+        assert settings["retriever"]["backend"] == "bm25" and settings["suite_fingerprint"]
     # a second invocation finds everything done and changes nothing
     before = {p: p.read_bytes() for p in reference.rglob("*.json*")}
     capsys.readouterr()
     assert main(_args(run_dir, reference.parent, retrieval_server_url)) == 0
-    assert "step 5: " not in capsys.readouterr().out  # no step had rows left to do
+    out = capsys.readouterr().out
+    assert "step 5: " not in out  # no step had rows left to do
+    assert out.splitlines()[0].startswith("plan full (default without a GPU")
     assert {p: p.read_bytes() for p in reference.rglob("*.json*")} == before
     assert main(_args(run_dir, reference.parent, "http://127.0.0.1:9")) == 1  # an unreachable retriever
     assert "retrieval server http://127.0.0.1:9 is not reachable" in capsys.readouterr().err
@@ -197,7 +205,8 @@ def test_changed_settings_are_refused(
     reference: Path, run_dir: Path, retrieval_server_url: str, capsys: pytest.CaptureFixture[str]
 ):
     assert main(_args(run_dir, reference.parent, retrieval_server_url, "--max-turns", "3")) == 1
-    assert "other eval settings (limits differ)" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "evaluation settings differ: rollout limits is" in said and "'max_assistant_turns': 3" in said
 
 
 def _vllm_skip_reason() -> str | None:
