@@ -139,7 +139,7 @@ def test_every_checkpoint_evaluated_and_summarised(
     assert main(_args(run_dir, reference.parent, retrieval_server_url)) == 0
     out = capsys.readouterr().out
     assert "step 5: " not in out  # no step had rows left to do
-    assert out.splitlines()[0].startswith("plan full (default without a GPU")
+    assert out.splitlines()[0].startswith("plan full (--limit given")
     assert {p: p.read_bytes() for p in reference.rglob("*.json*")} == before
     assert main(_args(run_dir, reference.parent, "http://127.0.0.1:9")) == 1  # an unreachable retriever
     assert "retrieval server http://127.0.0.1:9 is not reachable" in capsys.readouterr().err
