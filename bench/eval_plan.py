@@ -32,15 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eval import plan as seq  # noqa: E402
 from eval.settings import step0_key  # noqa: E402
 
-TRAINED = {  # per-benchmark EM of a trained checkpoint at macro 0.314, scaled to the run's best
-    "nq": 0.40,
-    "triviaqa": 0.53,
-    "popqa": 0.40,
-    "hotpotqa": 0.30,
-    "2wikimultihopqa": 0.25,
-    "musique": 0.07,
-    "bamboogle": 0.25,
-}
 CHECKPOINTS = (19, 24, 32)
 """Checkpoints per run by seed (caps 180/230/312 at one save every 10 steps, plus the last)."""
 SAVE_EVERY = 10
@@ -63,7 +54,7 @@ def simulate_run(rng: np.random.Generator, k: int) -> Run:
     """Learning curve (rise, plateau jitter, sometimes a late decline) and 0/1 outcomes per question."""
     best = rng.uniform(0.32, 0.38)
     floor = np.array(list(seq.STUDY_FLOOR.values()))
-    top = np.array(list(TRAINED.values())) * best / np.mean(list(TRAINED.values()))
+    top = np.array(list(seq.STUDY_TRAINED.values())) * best / np.mean(list(seq.STUDY_TRAINED.values()))
     t = np.arange(1, k + 1)
     curve = 1 - np.exp(-t / rng.uniform(2, 8)) + rng.normal(0, 0.03, k)
     if rng.random() < 0.3:  # a late decline (the study saw some runs fall off)

@@ -25,15 +25,7 @@ from eval.settings import SEQUENTIAL, eval_settings
 from eval.store import RowStore
 from eval.suite import load_suite
 
-ILLUSTRATIVE = {
-    "nq": 0.40,
-    "triviaqa": 0.53,
-    "popqa": 0.40,
-    "hotpotqa": 0.30,
-    "2wikimultihopqa": 0.25,
-    "musique": 0.07,
-    "bamboogle": 0.25,
-}
+ILLUSTRATIVE = seq.STUDY_TRAINED
 
 
 def test_rows_for_halfwidth_match_the_worked_arithmetic():
