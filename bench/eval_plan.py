@@ -14,7 +14,7 @@ full-suite macro EM, and the selection effect of each plan's reported number. La
 
     .venv/bin/python bench/eval_plan.py [--studies 200] [--seed 0] [--screen-rows 200]
                                         [--delta 0.01] [--halfwidth 0.01]
-    .venv/bin/python bench/eval_plan.py --measure [--steps 4] [--work DIR]
+    .venv/bin/python bench/eval_plan.py --measure [--steps 4] [--test-people 1100] [--work DIR]
 """
 
 from __future__ import annotations
@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", type=int, default=4, help="--measure: training steps per run (a checkpoint every 2)"
     )
+    parser.add_argument(
+        "--test-people", type=int, default=1100, help="--measure: test region size (1100: a 4,107-row suite)"
+    )
+    parser.add_argument("--max-in-flight", type=int, help="--measure: eval run's --max-in-flight")
     args = parser.parse_args(argv)
     if args.measure:
         from bench.eval_plan_measure import measure

@@ -1,4 +1,4 @@
-"""``bench/eval_plan.py --measure [--steps 4] [--work DIR]``: both evaluation plans on the same real CPU checkpoints.
+"""`bench/eval_plan.py --measure`: both evaluation plans on the same real CPU checkpoints.
 
 A synthetic suite shaped like the paper's (a larger test region of the study world: five benchmarks
 of unequal sizes, one under 150 rows, over 4,000 rows), runs trained with the sparse micro study's
@@ -26,17 +26,23 @@ TRAIN_TIMEOUT_S = 3600
 EVAL_TIMEOUT_S = 5400
 
 
-def build_suite(work: Path) -> Path:
-    """The measurement world (seeds 5/6, a test region about 10x the demo's); returns its folder."""
+def build_suite(work: Path, people: int) -> Path:
+    """The measurement world (seeds 5/6) with ``people`` in its test region (1,100: 4,107 test rows in
+    five benchmarks, one of 87; 100: the demo's region); returns its folder."""
     from search_demo import study_world, world
 
-    out = work / "world"
+    out = work / f"world_p{people}"
     if not (out / "world.json").is_file():
         study_world.write_study_world(
             5,
             6,
             out,
-            test_size=world.RegionSize(countries=20, cities=120, people=1100, companies=100),
+            test_size=world.RegionSize(
+                countries=max(6, people // 55),
+                cities=max(24, people // 9),
+                people=people,
+                companies=min(100, max(40, people // 11)),
+            ),
             unseen_test_size=world.RegionSize(countries=2, cities=5, people=25, companies=8),
         )
     return out
@@ -81,19 +87,20 @@ def rollouts(out: Path) -> int:
     return count + sum(1 for f in out.glob(".step0/*/rows.jsonl") for _ in open(f))
 
 
-def evaluate(work: Path, world: Path, run_dir: Path, plan: str, port: int) -> float:
+def evaluate(work: Path, world: Path, run_dir: Path, plan: str, port: int, extra: list[str]) -> float:
+    """``launch/eval.sh`` of one run under ``plan`` (a BM25 retriever over the world's corpus); its wall time."""
     env = {
         **os.environ,
         "SUITE": str(world / "test"),
         "CORPUS": str(world / "corpus.jsonl"),
-        "OUT": str(work / f"eval_{plan}"),
+        "OUT": str(work / f"eval_{plan}_{world.name}"),
         "PLAN": plan,
         "LIMIT": "",
         "BACKEND": "hf",
         "RETRIEVER_PORT": str(port),
     }
-    cmd = ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--run-name", run_dir.name]
-    return _run(cmd, work / f"eval_{plan}_{run_dir.name}.log", EVAL_TIMEOUT_S, env)
+    cmd = ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--run-name", run_dir.name, *extra]
+    return _run(cmd, work / f"eval_{plan}_{world.name}_{run_dir.name}.log", EVAL_TIMEOUT_S, env)
 
 
 def measure(args: argparse.Namespace) -> str:
@@ -102,16 +109,18 @@ def measure(args: argparse.Namespace) -> str:
 
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    world = build_suite(work)
+    world = build_suite(work, args.test_people)
     sizes = {p.stem: sum(1 for _ in open(p)) for p in sorted((world / "test").glob("*.jsonl"))}
     print(f"suite {world / 'test'}: {sizes} ({sum(sizes.values())} rows)", flush=True)
     runs = [train(work, seed, args.steps, 18600) for seed in SEEDS]
     wall = {"full": 0.0, "sequential": 0.0}
     for run_dir in runs:
         for plan in wall:
-            wall[plan] += evaluate(work, world, run_dir, plan, 18610)
-    full = load_results(work / "eval_full")
-    chosen = {plan: select(work / f"eval_{plan}", matched_horizon=args.steps)["runs"] for plan in wall}
+            extra = ["--max-in-flight", str(args.max_in_flight)] if args.max_in_flight else []
+            wall[plan] += evaluate(work, world, run_dir, plan, 18610, extra)
+    outs = {plan: work / f"eval_{plan}_{world.name}" for plan in wall}
+    full = load_results(outs["full"])
+    chosen = {plan: select(outs[plan], matched_horizon=args.steps)["runs"] for plan in wall}
     macro = full.scores[full.scores["benchmark"] == "avg_all"].set_index(["run", "step"])["em"]
     lines = [
         "| run | full: step (EM) | sequential: step (EM on its rows) | full-suite EM of the sequential choice - best |"
@@ -126,13 +135,13 @@ def measure(args: argparse.Namespace) -> str:
         lines.append(
             f"| {name} | {f['step']} ({f['score']:.3f}) | {s['step']} ({s['score']:.3f}) | {gap:+.3f} |"
         )
-    n_full, n_seq = rollouts(work / "eval_full"), rollouts(work / "eval_sequential")
+    n_full, n_seq = rollouts(outs["full"]), rollouts(outs["sequential"])
     lines += [
         "",
         f"rollouts: full {n_full}, sequential {n_seq} (ratio {n_seq / n_full:.3f}); wall time of the "
         f"evaluations: full {wall['full']:.0f} s, sequential {wall['sequential']:.0f} s "
         f"(ratio {wall['sequential'] / wall['full']:.3f})",
         f"eval_plan_measure: rollout_ratio={n_seq / n_full:.3f} wall_ratio={wall['sequential'] / wall['full']:.3f} "
-        f"worst_gap={worst:+.3f} runs={len(runs)}",
+        f"worst_gap={worst:+.3f} runs={len(runs)} suite_rows={sum(sizes.values())}",
     ]
     return "\n".join(lines)
