@@ -420,7 +420,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="serve --threads (default 1, as bench/retriever.py)"
     )
-    parser.add_argument("--seconds", type=float, default=10.0, help="warm window per setting and round")
+    parser.add_argument("--seconds", type=float, default=5.0, help="warm window per setting and round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--cold-queries", type=int, default=1000)

@@ -243,11 +243,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         and args.index is not None
         and args.index.is_file()
     ):
-        prewarm = Prewarm(args.index, *want_prewarm(args.prewarm, args.index)).start()
+        prewarm = Prewarm(args.index, *want_prewarm(args.prewarm, args.index))
     if args.search_process == "on":
         retriever = ProcessRetriever(build_retriever, (args,), str(args.corpus))
     else:
         retriever = build_retriever(args)
+    if prewarm is not None:  # after the boot, whose own reads (libraries, encoder) it would slow
+        prewarm.start()
     app = create_app(
         retriever,
         default_topk=args.topk,

@@ -6,20 +6,48 @@ random reads (wiki-18 at nprobe 64: ~250 MB per query). Reading the file sequent
 server already answers puts every page into the page cache at the disk's streaming rate; the search
 process's mapping of the same file then finds them there. Nothing is copied into the process's heap:
 the pages are the shared page cache, as with the mapping itself (docs/retrieval.md, *Pre-warm*).
+It starts once the server is ready (so it never slows the boot's own reads) and gives way to the
+queries: it reads 1 MiB at a time with the kernel's readahead off, so at most one such read stands
+between a query's page fault and the disk; it runs in the idle I/O class (Linux `ioprio_set`) where
+the I/O scheduler honours it; and while a search is in flight (`busy`) it reads at most
+`BUSY_BYTES_PER_S`, leaving the disk to the faults of the searches.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import platform
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 2**20
+BUSY_BYTES_PER_S = 64 * 2**20
+"""The pre-warm's read rate while a search is in flight (it reads flat out otherwise)."""
 PREWARM_RAM_SHARE = 0.9
 """`--prewarm auto` reads the index when its file is at most this share of the available RAM."""
+
+
+IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+"""The `ioprio_set` system call's number per machine (Linux)."""
+IOPRIO_IDLE = 3 << 13
+"""IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0): served only when no other I/O waits."""
+
+
+def idle_io_priority() -> bool:
+    """Put the calling thread in the idle I/O class; False where that is not possible."""
+    number = IOPRIO_SET.get(platform.machine())
+    if not sys.platform.startswith("linux") or number is None:
+        return False
+    return (
+        ctypes.CDLL(None, use_errno=True).syscall(number, 1, 0, IOPRIO_IDLE) == 0
+    )  # WHO_PROCESS, this thread
 
 
 def available_ram_bytes() -> int | None:
@@ -55,6 +83,8 @@ class Prewarm:
     for `/health`: `off`, `running`, `done` or `failed: <error>`, bytes read and seconds taken."""
 
     def __init__(self, path: str | Path, enabled: bool = True, reason: str = "") -> None:
+        self.busy: Callable[[], bool] = lambda: False
+        """Whether a search is in flight (set by the server: `MicroBatcher.busy`)."""
         self.path = Path(path)
         self.enabled = enabled
         self.reason = reason
@@ -63,6 +93,7 @@ class Prewarm:
         self.state = "running" if enabled else "off"
         self.started = 0.0
         self.seconds: float | None = None
+        self.idle_io = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -78,13 +109,19 @@ class Prewarm:
 
     def _run(self) -> None:
         buffer = bytearray(CHUNK_BYTES)
+        self.idle_io = idle_io_priority()
         try:
             with open(self.path, "rb", buffering=0) as handle:
+                if hasattr(os, "posix_fadvise"):  # no readahead: only the 1 MiB asked for is in flight
+                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
                 while not self._stop.is_set():
+                    began = time.perf_counter()
                     read = handle.readinto(buffer)
                     if not read:
                         break
                     self.done_bytes += read
+                    if self.busy():
+                        time.sleep(max(0.0, read / BUSY_BYTES_PER_S - (time.perf_counter() - began)))
         except OSError as err:
             self.state = f"failed: {err}"
             log.warning("pre-warming %s failed: %s", self.path, err)
@@ -110,4 +147,5 @@ class Prewarm:
             "prewarm_bytes": self.done_bytes,
             "prewarm_total_bytes": self.total,
             "prewarm_s": None if self.seconds is None else round(self.seconds, 2),
+            "prewarm_idle_io": self.idle_io,
         }

@@ -158,6 +158,8 @@ class MicroBatcher:
         self.max_wait_s = max_wait_ms / 1000.0
         self.cache = cache if cache is not None else QueryCache(0, 1)
         self.stats = BatchStats()
+        self.busy = False
+        """Whether a batch is being searched now (the index pre-warm gives way meanwhile)."""
         self._jobs: deque[_Job] = deque()
         self._queued_queries = 0
         self._wakeup: asyncio.Event | None = None
@@ -251,6 +253,7 @@ class MicroBatcher:
             searched, topk, plan = self._plan(batch)
             hits: list[list[Hit]] = []
             if searched:
+                self.busy = True
                 try:
                     hits = await loop.run_in_executor(self._executor, self.search_fn, searched, topk)
                 except Exception as err:  # every waiting request must get the error
@@ -259,6 +262,8 @@ class MicroBatcher:
                         if not job.future.done():
                             job.future.set_exception(BackendFailure(f"{type(err).__name__}: {err}"))
                     continue
+                finally:
+                    self.busy = False
                 self.stats.batches += 1
                 self.stats.searched += len(searched)
                 self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
@@ -491,6 +496,8 @@ def create_app(
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
     app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes)
     app.state.batcher = batcher
+    if prewarm is not None:
+        prewarm.busy = lambda: batcher.busy
     app.state.started = time.time()
 
     @app.exception_handler(RequestValidationError)
