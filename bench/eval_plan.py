@@ -14,7 +14,7 @@ full-suite macro EM, and the selection effect of each plan's reported number. La
 
     .venv/bin/python bench/eval_plan.py [--studies 200] [--seed 0] [--screen-rows 200]
                                         [--delta 0.01] [--halfwidth 0.01]
-    .venv/bin/python bench/eval_plan.py --measure [--steps 4] [--test-people 1100] [--work DIR]
+    .venv/bin/python bench/eval_plan.py --measure [--steps 4] [--test-people 1100] [--replay] [--work DIR]
 """
 
 from __future__ import annotations
@@ -81,11 +81,7 @@ def sequential(run: Run, screen_rows: int, delta: float, halfwidth: float) -> tu
     screened = {s: {b: run.outcomes[b][i, : n_screen[b]] for b in n_screen} for i, s in enumerate(run.steps)}
     rules = {"own": run.steps, "matched": [s for s in run.steps if s <= MATCHED]}
     decision = seq.decide(screened, rules, delta)
-    best = screened[decision.best["own"]]
-    p = {b: seq.smoothed_rate(float(best[b].sum()), len(best[b])) for b in n_screen}
-    n_conf = {
-        b: max(n, n_screen[b]) for b, n in seq.rows_for_halfwidth(halfwidth, p, seq.STUDY_SIZES).items()
-    }
+    n_conf = seq.confirm_rows(decision, screened, seq.STUDY_SIZES, n_screen, halfwidth)
     kept = decision.confirm
     confirmed = {
         s: np.mean([run.outcomes[b][run.steps.index(s), : n_conf[b]].mean() for b in n_conf]) for s in kept
@@ -164,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         "--test-people", type=int, default=1100, help="--measure: test region size (1100: a 4,107-row suite)"
     )
     parser.add_argument("--max-in-flight", type=int, help="--measure: eval run's --max-in-flight")
+    parser.add_argument(
+        "--replay", action="store_true", help="--measure: sequential plan replayed on the full plan's rows"
+    )
     args = parser.parse_args(argv)
     if args.measure:
         from bench.eval_plan_measure import measure

@@ -3,7 +3,9 @@
 A synthetic suite shaped like the paper's (a larger test region of the study world: five benchmarks
 of unequal sizes, one under 150 rows, over 4,000 rows), runs trained with the sparse micro study's
 settings (``recipes/micro_sparse.yaml``, a checkpoint every 2 steps), then ``launch/eval.sh`` with
-``PLAN=full`` and ``PLAN=sequential`` into two results folders. Prints rollouts (rows rolled out,
+``PLAN=full`` and ``PLAN=sequential`` into two results folders (``--replay``: the full plan only, and
+the sequential plan's decisions replayed on those same rows with ``eval.plan``, so a large suite costs
+one evaluation; its rollouts are counted, its wall time is not). Prints rollouts (rows rolled out,
 step 0's shared rows counted once), wall time, each run's selected checkpoint under both plans and
 the full-suite macro EM gap of the sequential choice. Everything lives under ``--work`` and is
 resumed there (trained runs and evaluated rows are reused).
@@ -12,11 +14,20 @@ resumed there (trained runs and evaluated rows are reused).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import numpy as np
+
+from eval import plan as seq
+from eval.results import load_results
+from eval.select import select
+from eval.store import RowStore
+from eval.suite import Suite, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = (42, 43, 44)
@@ -103,24 +114,63 @@ def evaluate(work: Path, world: Path, run_dir: Path, plan: str, port: int, extra
     return _run(cmd, work / f"eval_{plan}_{world.name}_{run_dir.name}.log", EVAL_TIMEOUT_S, env)
 
 
-def measure(args: argparse.Namespace) -> str:
-    from eval.results import load_results
-    from eval.select import select
+def replay(
+    out_full: Path, suite: Suite, run: str, steps: list[int], args: argparse.Namespace
+) -> tuple[int, float, int, int]:
+    """The sequential plan on the full plan's rows of one run: (chosen step, its confirmed macro EM,
+    rollouts for the trained checkpoints, confirm rows, which step 0 takes once per sweep)."""
+    em = {}
+    for step in steps:
+        rows = RowStore(out_full / run / f"global_step_{step}" / "rows.jsonl").rows()
+        em[step] = {(r["benchmark"], r["id"]): float(r["em"]) for r in rows}
 
+    def scores(step: int, n: dict[str, int]) -> dict[str, np.ndarray]:
+        return {b: np.array([em[step][q.key] for q in suite.ranked[b][: n[b]]]) for b in n}
+
+    sizes = suite.sizes()
+    screen_n = {b: min(args.screen_rows, n) for b, n in sizes.items()}
+    screened = {s: scores(s, screen_n) for s in steps}
+    decision = seq.decide(
+        screened, {"own": steps, "matched": [s for s in steps if s <= args.steps]}, args.delta
+    )
+    n_conf = seq.confirm_rows(decision, screened, sizes, screen_n, args.halfwidth)
+    confirmed = {s: seq.macro(scores(s, n_conf)) for s in decision.confirm}
+    chosen = max(confirmed, key=lambda s: (confirmed[s], -s))
+    extra = sum(n_conf.values()) - sum(screen_n.values())
+    rollouts = len(steps) * sum(screen_n.values()) + len(confirmed) * extra
+    return chosen, confirmed[chosen], rollouts, sum(n_conf.values())
+
+
+def measure(args: argparse.Namespace) -> str:
+    """Train (or reuse) the runs, evaluate them by both plans, and the comparison table and last line."""
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     world = build_suite(work, args.test_people)
     sizes = {p.stem: sum(1 for _ in open(p)) for p in sorted((world / "test").glob("*.jsonl"))}
     print(f"suite {world / 'test'}: {sizes} ({sum(sizes.values())} rows)", flush=True)
     runs = [train(work, seed, args.steps, 18600) for seed in SEEDS]
-    wall = {"full": 0.0, "sequential": 0.0}
+    wall = {"full": 0.0} if args.replay else {"full": 0.0, "sequential": 0.0}
+    extra = ["--max-in-flight", str(args.max_in_flight)] if args.max_in_flight else []
     for run_dir in runs:
         for plan in wall:
-            extra = ["--max-in-flight", str(args.max_in_flight)] if args.max_in_flight else []
             wall[plan] += evaluate(work, world, run_dir, plan, 18610, extra)
-    outs = {plan: work / f"eval_{plan}_{world.name}" for plan in wall}
+    outs = {plan: work / f"eval_{plan}_{world.name}" for plan in ("full", "sequential")}
     full = load_results(outs["full"])
-    chosen = {plan: select(outs[plan], matched_horizon=args.steps)["runs"] for plan in wall}
+    chosen = {"full": select(outs["full"], matched_horizon=args.steps)["runs"]}
+    if args.replay:
+        suite = load_suite(world / "test")
+        chosen["sequential"], n_seq = {}, 0
+        for run_dir in runs:
+            steps = sorted(
+                {int(s) for s in full.scores.loc[full.scores["run"] == run_dir.name, "step"] if s > 0}
+            )
+            step, score, rolls, n_conf = replay(outs["full"], suite, run_dir.name, steps, args)
+            chosen["sequential"][run_dir.name] = {"own": {"step": step, "score": score}}
+            n_seq += rolls
+        n_seq += n_conf  # step 0, once per sweep
+    else:
+        chosen["sequential"] = select(outs["sequential"], matched_horizon=args.steps)["runs"]
+        n_seq = rollouts(outs["sequential"])
     macro = full.scores[full.scores["benchmark"] == "avg_all"].set_index(["run", "step"])["em"]
     lines = [
         "| run | full: step (EM) | sequential: step (EM on its rows) | full-suite EM of the sequential choice - best |"
@@ -135,13 +185,14 @@ def measure(args: argparse.Namespace) -> str:
         lines.append(
             f"| {name} | {f['step']} ({f['score']:.3f}) | {s['step']} ({s['score']:.3f}) | {gap:+.3f} |"
         )
-    n_full, n_seq = rollouts(outs["full"]), rollouts(outs["sequential"])
+    n_full = rollouts(outs["full"])
+    wall_seq = wall.get("sequential", math.nan)
     lines += [
         "",
-        f"rollouts: full {n_full}, sequential {n_seq} (ratio {n_seq / n_full:.3f}); wall time of the "
-        f"evaluations: full {wall['full']:.0f} s, sequential {wall['sequential']:.0f} s "
-        f"(ratio {wall['sequential'] / wall['full']:.3f})",
-        f"eval_plan_measure: rollout_ratio={n_seq / n_full:.3f} wall_ratio={wall['sequential'] / wall['full']:.3f} "
-        f"worst_gap={worst:+.3f} runs={len(runs)} suite_rows={sum(sizes.values())}",
+        f"rollouts: full {n_full}, sequential {n_seq}{' (replayed)' if args.replay else ''} (ratio "
+        f"{n_seq / n_full:.3f}); wall time of the evaluations: full {wall['full']:.0f} s, sequential "
+        f"{wall_seq:.0f} s (ratio {wall_seq / wall['full']:.3f})",
+        f"eval_plan_measure: rollout_ratio={n_seq / n_full:.3f} wall_ratio={wall_seq / wall['full']:.3f} "
+        f"worst_gap={worst:+.3f} runs={len(runs)} suite_rows={sum(sizes.values())} replay={int(args.replay)}",
     ]
     return "\n".join(lines)

@@ -178,6 +178,24 @@ def decide(
     return out
 
 
+def confirm_rows(
+    decision: Decision,
+    screened: Mapping[int, Scores],
+    sizes: Mapping[str, int],
+    screen_n: Mapping[str, int],
+    halfwidth: float,
+    confirm: str = "auto",
+) -> dict[str, int]:
+    """Rows per benchmark the survivors and step 0 are confirmed on: every row (``confirm="full"``),
+    else the fewest for ``halfwidth`` at the best screened checkpoint's smoothed EM levels, and never
+    fewer than were screened."""
+    if confirm == "full":
+        return dict(sizes)
+    best = screened[decision.best["own"]] if decision.best else {}
+    p = {b: smoothed_rate(float(np.sum(best.get(b, []))), len(best.get(b, []))) for b in sizes}
+    return {b: max(n, screen_n[b]) for b, n in rows_for_halfwidth(halfwidth, p, sizes).items()}
+
+
 # ---- python -m eval plan -------------------------------------------------------------------------
 
 

@@ -391,14 +391,7 @@ def run_sequential(
     val_choices = _validation_choices(plan, rules)
     for rule, step in val_choices.items():
         decision.why[step] = f"{decision.why.get(step, '')}; {rule}: best on validation".lstrip("; ")
-    if sched.confirm == "full":
-        n_conf = dict(sizes)
-    else:
-        best = screened[decision.best["own"]] if decision.best else {}
-        p = {b: seq.smoothed_rate(float(np.sum(best.get(b, []))), len(best.get(b, []))) for b in sizes}
-        n_conf = {
-            b: max(n, screen_n[b]) for b, n in seq.rows_for_halfwidth(sched.halfwidth, p, sizes).items()
-        }
+    n_conf = seq.confirm_rows(decision, screened, sizes, screen_n, sched.halfwidth, sched.confirm)
     stage = FULL if n_conf == sizes else CONFIRMED
     keep = set(decision.confirm) | set(val_choices.values())
     base = [c for c in plan.checkpoints if c.step == 0]
