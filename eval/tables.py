@@ -368,7 +368,7 @@ def table1_markdown(
             ci = "" if pd.isna(rec[f"{avg}_lo"]) else f" [{rec[f'{avg}_lo']:.3f}, {rec[f'{avg}_hi']:.3f}]"
             mark = "†" if rec["short"] else ""
             where = "" if row == FLOOR else f" @{int(rec['step'])}{mark}"
-            stage = STAGE_MARKS.get((stages or {}).get((rec["run"], int(rec["step"])), "full"), "")
+            stage = STAGE_MARKS.get(stages.get((rec["run"], int(rec["step"])), "full"), "") if stages else ""
             cells.append(f"{value:.3f}{stage}{ci}{where}")
         mean = sum(values) / len(values) if values else float("nan")
         spread = max(values) - min(values) if values else float("nan")

@@ -171,6 +171,14 @@ def test_sequential_run_screens_confirms_shares_step0_and_refuses_a_changed_chec
     assert chosen["runs"]["f1_only_s1"]["own"]["step"] == 3
     assert chosen["runs"]["f1_only_s1"]["own"]["stage"] == "confirmed"
     assert "ᶜ" in format_selection(chosen) and "confirmed on a nested subsample" in format_selection(chosen)
+    from eval.report import main as report_main
+
+    assert (
+        report_main(["--results", str(plan.out_root), "--out", str(tmp_path / "report"), "--bootstrap", "50"])
+        == 0
+    )
+    table1 = (tmp_path / "report" / "table1.md").read_text()
+    assert "@3" in table1 and "ᶜ [" in table1 and "ᶜ = confirmed on a nested subsample" in table1
 
     # the run trained again under the same name: step 3 now holds other weights
     _checkpoint(tmp_path / "f1_only_s1" / "step3", 0.4)
