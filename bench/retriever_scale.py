@@ -258,10 +258,10 @@ def percentile_ms(values: list[float], q: float) -> float:
 
 
 def cold_start(
-    assets: dict, opts, questions: list[str], prewarm: str, tag: str, work: Path
+    assets: dict, opts, questions: list[str], prewarm: str, tag: str, work: Path, n_queries: int
 ) -> tuple[dict, ServerProcess]:
     """Drop the page cache, start a server, time `/health` ready and the first answer, then the
-    latencies of the first `--cold-queries` queries. Returns the figures and the running server."""
+    latencies of the first `n_queries` queries. Returns the figures and the running server."""
     drop_page_cache(assets, opts.evict)
     started = time.perf_counter()
     server = launch(serve_args(assets, opts, "--prewarm", prewarm), work / f"server_{tag}.log")
@@ -272,10 +272,10 @@ def cold_start(
         response = httpx.post(f"{server.url}/retrieve", json=body, timeout=600)
         response.raise_for_status()
         first_s = time.perf_counter() - started
-        cold = [f"{questions[i % len(questions)]} {tag} {i}" for i in range(opts.cold_queries)]
+        cold = [f"{questions[i % len(questions)]} {tag} {i}" for i in range(n_queries)]
         begun = time.perf_counter()
-        latencies = asyncio.run(_count_load(server.url, cold, opts.cold_clients))
-        cold_s = time.perf_counter() - begun
+        latencies = asyncio.run(_count_load(server.url, cold, opts.cold_clients)) if cold else []
+        cold_s = max(time.perf_counter() - begun, 1e-9)
     except BaseException:
         server.stop()
         raise
@@ -339,13 +339,13 @@ def run(opts, work: Path) -> dict:
 
     # the very first start: the corpus offset table is built
     Path(str(assets["corpus"]) + OFFSETS_SUFFIX).unlink(missing_ok=True)
-    first, server = cold_start(assets, opts, questions, "off", "first", work)
+    first, server = cold_start(assets, opts, questions, "off", "first", work, 0)
     server.stop()
     out["first_start_boot_s"], out["first_start_answer_s"] = first["boot_s"], first["first_answer_s"]
 
-    cold_off, server = cold_start(assets, opts, questions, "off", "cold_off", work)
+    cold_off, server = cold_start(assets, opts, questions, "off", "cold_off", work, opts.cold_queries)
     server.stop()
-    cold_on, server = cold_start(assets, opts, questions, "on", "cold_on", work)
+    cold_on, server = cold_start(assets, opts, questions, "on", "cold_on", work, opts.cold_queries)
     try:
         health = wait_prewarm(server, opts.startup_timeout)
         out["prewarm_s"] = health.get("prewarm_s")
@@ -390,7 +390,7 @@ def run(opts, work: Path) -> dict:
         try:
             wait_healthy(replica.url, opts.startup_timeout, replica.process)
             wait_prewarm(replica, opts.startup_timeout)
-            rb.measure_window(replica, rb.plain_load(questions, c, 1, "replica"), opts, w)
+            rb.measure_window(replica, rb.plain_load(questions, c, 1, "replica"), opts, opts.warmup)
             both = [tree_memory(server.process.pid), tree_memory(replica.process.pid)]
         finally:
             replica.stop()
