@@ -46,6 +46,16 @@ GPU_HELP = {
 """`--gpu` help per kind of subcommand (see search_env.retrieval.factory)."""
 
 
+def _ondisk_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ondisk",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
+        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
+    )
+
+
 def _gpu_flag(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument(
         "--gpu", type=_gpu_choice, default="auto", metavar="{auto,on,off}", help=GPU_HELP[kind]
@@ -182,13 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=_positive(int), default=256, help="passages per encoder forward")
     build.add_argument("--passage-max-length", type=_positive(int), default=256)
     build.add_argument("--seed", type=int, default=0)
-    build.add_argument(
-        "--ondisk",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
-        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
-    )
+    _ondisk_flag(build)
     _gpu_flag(build, "build")
 
     convert = sub.add_parser("convert-index", help="re-pack an existing Flat index (no re-embedding)")
@@ -205,13 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("--chunk-size", type=_positive(int), default=1_000_000, help="vectors per add()")
     convert.add_argument("--seed", type=int, default=0)
-    convert.add_argument(
-        "--ondisk",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
-        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
-    )
+    _ondisk_flag(convert)
     _gpu_flag(convert, "build")
 
     recall = sub.add_parser("recall", help="recall@k of an (IVF) index against its Flat index")
