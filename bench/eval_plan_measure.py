@@ -26,7 +26,7 @@ import numpy as np
 from eval import plan as seq
 from eval.results import load_results
 from eval.select import select
-from eval.store import RowStore
+from eval.store import RowStore, row_key
 from eval.suite import Suite, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def replay(
     em = {}
     for step in steps:
         rows = RowStore(out_full / run / f"global_step_{step}" / "rows.jsonl").rows()
-        em[step] = {(r["benchmark"], r["id"]): float(r["em"]) for r in rows}
+        em[step] = {row_key(r): float(r["em"]) for r in rows}
 
     def scores(step: int, n: dict[str, int]) -> dict[str, np.ndarray]:
         return {b: np.array([em[step][q.key] for q in suite.ranked[b][: n[b]]]) for b in n}

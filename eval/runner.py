@@ -10,6 +10,7 @@ step 0's rows are shared by every run of the same base model and settings (``OUT
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from eval.settings import (
     mismatch_message,
     step0_key,
 )
-from eval.store import RowStore, exclusive_lock, read_json, try_lock, write_json_atomic
+from eval.store import RowStore, exclusive_lock, read_json, row_key, try_lock, write_json_atomic
 from eval.suite import Question, Suite
 from eval.summary import score_row, summarize
 
@@ -162,13 +163,6 @@ def _check_checkpoint(step_dir: Path, step: int, fingerprint: str, log: Callable
     write_json_atomic(record, {"fingerprint": fingerprint})
 
 
-def rows_per_benchmark(questions: Sequence[Question]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for q in questions:
-        out[q.benchmark] = out.get(q.benchmark, 0) + 1
-    return out
-
-
 def _still_valid(
     summary: dict[str, Any], plan: RunPlan, fingerprint: str, rows: dict[str, int], stage: str
 ) -> bool:
@@ -258,7 +252,7 @@ def _roll_out_step0(
         log(f"step 0: {len(todo) - len(missing)} rows from {shared_dir}, {len(missing)} to roll out")
         if missing:
             _roll_out_rows(plan, ckpt, make_backend, log, shared, missing, fingerprint)
-        by_key = {(r["benchmark"], r["id"]): r for r in shared.rows()}
+        by_key = {row_key(r): r for r in shared.rows()}
     store.append(by_key[q.key] for q in todo if q.key in by_key)
 
 
@@ -281,7 +275,7 @@ def evaluate_step(
     if questions is None:
         questions = [q for qs in plan.suite.benchmarks.values() for q in qs]
     wanted = {q.key for q in questions}
-    rows_wanted = rows_per_benchmark(questions)
+    rows_wanted = dict(Counter(q.benchmark for q in questions))
     summary_path = step_dir / "summary.json"
     store = RowStore(step_dir / "rows.jsonl")
     # A kill can leave a torn last line even when every row is in (killed before the summary was
@@ -296,7 +290,7 @@ def evaluate_step(
     if todo:
         roll = _roll_out_step0 if ckpt.step == 0 else _roll_out_rows
         roll(plan, ckpt, make_backend, log, store, todo, fingerprint)
-    rows = [r for r in store.rows() if (r["benchmark"], r["id"]) in wanted]
+    rows = [r for r in store.rows() if row_key(r) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
     summary = summarize(rows, list(rows_wanted), ckpt.step, plan.limits.preset)
@@ -341,7 +335,7 @@ def _evaluate_all(
 def _scores(plan: RunPlan, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
     """EM of one checkpoint's stored rows on ``questions``: benchmark -> scores in question order."""
     em = {
-        (r["benchmark"], r["id"]): float(r["em"])
+        row_key(r): float(r["em"])
         for r in RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows()
     }
     out: dict[str, list[float]] = {}
