@@ -2,8 +2,6 @@
 packages docs/design.md allows it.
 
 Read from the source (``ast``), so function-local imports count as much as module-level ones.
-The deprecated ``search_env.cpu`` / ``search_env.world`` names forward by string
-(``search_env.moved``) and add no edge.
 """
 
 from __future__ import annotations
