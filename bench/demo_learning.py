@@ -27,9 +27,7 @@ import time
 from pathlib import Path
 
 from search_demo.driver import main as demo_main
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from search_env.paths import REPO_ROOT
 
 EM_GAIN = 0.15
 
@@ -61,7 +59,7 @@ def check(report: dict) -> list[tuple[str, bool, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "demo_learning")
+    parser.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo_learning")
     parser.add_argument("--other-world-seed", type=int, default=1)
     parser.add_argument("--port", type=int, default=18470)
     parser.add_argument("--check-only", action="store_true", help="only check a finished run")

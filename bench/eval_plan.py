@@ -27,10 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eval import plan as seq  # noqa: E402
-from eval.settings import step0_key  # noqa: E402
+from eval import plan as seq
+from eval.settings import step0_key
 
 CHECKPOINTS = (19, 24, 32)
 """Checkpoints per run by seed (caps 180/230/312 at one save every 10 steps, plus the last)."""

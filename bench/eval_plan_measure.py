@@ -28,8 +28,8 @@ from eval.results import load_results
 from eval.select import select
 from eval.store import RowStore, row_key
 from eval.suite import Suite, load_suite
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SEEDS = (42, 43, 44)
 STEPS = 4
 SHAPE = "f1_only"
@@ -65,7 +65,7 @@ def _run(cmd: list[str], log: Path, timeout: int, env: dict[str, str]) -> float:
     started = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
             rc = proc.wait(timeout=timeout)

@@ -52,12 +52,13 @@ import httpx
 import numpy as np
 
 from search_env.__main__ import build_parser
+from search_env.paths import REPO_ROOT
 from search_env.retrieval.encoder import build_tiny_encoder
 from search_env.retrieval.factory import build_retriever
 from search_env.retrieval.index import train_and_fill, write_index
 from search_env.retrieval.server import ServerProcess, lookup_hits, spawn_server
 
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 QUESTION_FILES = [
     "r1-searcher-evalset/hotpotqa_500.jsonl",
     "r1-searcher-evalset/2wiki_500.jsonl",

@@ -36,9 +36,9 @@ import torch
 from eval.backends import make_backend
 from search_demo.rollout import demo_rollout_config
 from search_demo.warm_start import bm25_server
+from search_env.paths import REPO_ROOT
 from search_env.verl_glue import rows_to_batch, write_tool_config
 
-REPO = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.8
 """vLLM replaces the hand-written engine on CPU when it reaches this fraction of hf's rollouts/s."""
 
@@ -77,8 +77,8 @@ def engine_rounds(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=REPO / ".demo/warm_start")
-    parser.add_argument("--world", type=Path, default=REPO / ".demo/world_s0")
+    parser.add_argument("--model", type=Path, default=REPO_ROOT / ".demo/warm_start")
+    parser.add_argument("--world", type=Path, default=REPO_ROOT / ".demo/world_s0")
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)

@@ -22,7 +22,8 @@ from pathlib import Path
 from eval import checkpoints as ckpts
 from eval import plan as seq
 from eval.settings import FULL, SEQUENTIAL, eval_settings
-from eval.suite import REPO_ROOT, load_suite
+from eval.suite import load_suite
+from search_env.paths import REPO_ROOT
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
 

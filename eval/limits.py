@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from eval import checkpoints as ckpts
-from eval.suite import REPO_ROOT
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from reward_fns.compute_score import gold_answers
 from search_env.jsonl import iter_jsonl
+from search_env.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / "parquet"
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 FIXTURE_SUITE = {

@@ -32,10 +32,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "launch"))
+sys.path.insert(0, str(REPO_ROOT / "launch"))
 
 REAL_VOCAB = 248_320
 QWEN35_08B_TEXT = {
@@ -148,7 +148,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     n = sum(p.numel() for p in model.parameters())
     row("tiny model", f"{out} ({n / 1e6:.1f} M parameters, vocab {REAL_VOCAB})")
     if args.data:
-        questions = ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl"
+        questions = REPO_ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl"
         for split, name in (("train", "train"), ("test", "val")):
             target = Path(args.data) / f"{name}.parquet"
             convert = [sys.executable, "-m", "search_env.data", "convert", "--input", str(questions)]

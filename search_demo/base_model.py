@@ -52,6 +52,7 @@ from transformers import AutoModelForImageTextToText
 
 from search_demo import tiny, trajectories, widen_heads, world
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
 
@@ -62,7 +63,6 @@ SHIPPED_LINEAR_HEAD_DIM = 64
 32 and the result is widened exactly (``search_demo.widen_heads``): vLLM's CPU Gated-DeltaNet
 kernel takes 64 or 128 only, and the narrow model trains faster."""
 STAMP = "base_model.json"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = REPO_ROOT / "assets" / "demo_base"
 """The base model the repository ships (built by this module's CLI)."""
 BASE_WORLD_SEEDS = tuple(range(-301, -313, -1))

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from search_demo import world as world_mod
+from search_env.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
 TABLE_METRICS = ("em", "f1", "searches", "abort")
 REGIME_NAMES = ("dense", "sparse")

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig
 
-from search_env.verl_glue import REPO_ROOT, compose_rollout_config
+from search_env.paths import REPO_ROOT
+from search_env.verl_glue import compose_rollout_config
 
 DEMO_RECIPE = REPO_ROOT / "recipes" / "demo_cpu_base.yaml"
 

@@ -71,12 +71,12 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from search_demo import base_model, world
 from search_demo.trajectories import REFERENCE_WORLD_SEED, assistant_message, render_trajectory, turn_text
 from search_env import protocol
+from search_env.paths import REPO_ROOT, repo_relative
 from search_env.retrieval.server import spawn_server
 
 WARM_START_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""
 STAMP = "warm_start.json"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,6 @@ def demonstrations(
             tools,
             prompt_length=512,
             response_length=1024,
-            agent_loop_config_path=REPO_ROOT / "recipes" / "agent_loops.yaml",
             overrides=[
                 f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={cfg.max_turns}",
                 *(
@@ -430,17 +429,6 @@ def _warn_if_base_stale(base: Path, log: Any) -> None:
         )
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (a stamp that reads the same on every
-    clone), else absolute."""
-    resolved = path.resolve()
-    return str(
-        resolved.relative_to(base_model.REPO_ROOT)
-        if resolved.is_relative_to(base_model.REPO_ROOT)
-        else resolved
-    )
-
-
 def build_warm_start(
     out: str | Path, cfg: WarmStartConfig = WarmStartConfig(), base: Path | None = None, log: Any = print
 ) -> Path:
@@ -479,7 +467,7 @@ def build_warm_start(
     stamp = {
         "key": key,
         "config": asdict(cfg),
-        "base": _shown(base),
+        "base": repo_relative(base),
         "base_key": base_stamp(base)["key"],
         "sft_worlds": list(SFT_WORLD_SEEDS),
         "demonstrations": counts,
@@ -496,7 +484,7 @@ def build_warm_start(
     return out
 
 
-SHIPPED = {name: base_model.REPO_ROOT / "assets" / f"warm_start_{name}" for name in ("dense", "sparse")}
+SHIPPED = {name: REPO_ROOT / "assets" / f"warm_start_{name}" for name in ("dense", "sparse")}
 """The built warm start of each regime of :data:`REGIMES` (default steps, the shipped base model),
 committed: see the module docstring. ``tests/test_warm_start.py`` fails when one is stale."""
 
@@ -523,7 +511,7 @@ def ensure_warm_start(
     shutil.copytree(shipped, stage)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(stage, out)
-    log(f"warm start {key}: copied the shipped {_shown(shipped)} to {out} (no SFT: same inputs)")
+    log(f"warm start {key}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)")
     return out
 
 

@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 from search_env.rollout_record import RECORD_KEYS, record_of
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 AGENT_LOOPS_YAML = REPO_ROOT / "recipes" / "agent_loops.yaml"
 VERL_CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 

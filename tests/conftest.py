@@ -31,6 +31,7 @@ import torch
 import yaml
 from hypothesis import settings
 
+from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.server import spawn_server
 
@@ -148,10 +149,8 @@ def make_local_rollout(
 
 # ---- the CPU demo, as the e2e tests run it ----------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
-"""The repository root."""
 RUN_LIMIT_S = int(
-    yaml.safe_load((ROOT / "recipes" / "demo_cpu_base.yaml").read_text())["launch"]["timeout_s"]
+    yaml.safe_load((REPO_ROOT / "recipes" / "demo_cpu_base.yaml").read_text())["launch"]["timeout_s"]
 )
 """The demo recipe's own trainer limit (``launch.timeout_s``, 900 s): launch/run.sh stops a longer
 training."""
@@ -205,7 +204,7 @@ def ensure_ci_assets() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         subprocess.run(
             cmd,
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
             check=True,
             capture_output=True,
@@ -272,7 +271,7 @@ def demo_eval(
 ) -> subprocess.CompletedProcess:
     """``launch/eval.sh`` on the checkpoints in ``ckpt`` over the demo world's test split (``limit``
     questions per type, a retriever on a free port, ``backend``); its completed process."""
-    world = ROOT / ".demo" / "world_s0"
+    world = REPO_ROOT / ".demo" / "world_s0"
     env = {
         **os.environ,
         "OUT": str(out),
@@ -285,7 +284,7 @@ def demo_eval(
     }
     return subprocess.run(
         ["bash", "launch/eval.sh", str(ckpt), *args],
-        cwd=world.parent.parent,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -297,7 +296,7 @@ def start_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     """:func:`demo_cmd` started in its own session (so it can be killed as a whole), stderr piped."""
     return subprocess.Popen(
         demo_cmd(port, *overrides),
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=demo_env(run_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 
 from search_env import checkpoint_policy as policy
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 FQN = "search_env.checkpoint_policy.PruneOlderToWeights"
 
 
@@ -100,7 +100,7 @@ def test_a_file_that_cannot_be_removed_is_reported_not_raised(
 
 @pytest.mark.parametrize("recipe", ["f1_only_s44", "demo_cpu"])
 def test_every_recipe_uses_the_policy(recipe: str):
-    with initialize_config_dir(config_dir=str(ROOT / "recipes"), version_base=None):
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "recipes"), version_base=None):
         cfg = compose(config_name=recipe)
     assert cfg.trainer.checkpoint_callback_class == FQN
     assert cfg.trainer.max_actor_ckpt_to_keep is None, "no checkpoint may be deleted whole"
@@ -183,7 +183,9 @@ def test_preflight_refuses_to_resume_from_a_pruned_checkpoint(tmp_path: Path):
     import sys
 
     if "launch_preflight" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("launch_preflight", ROOT / "launch" / "preflight.py")
+        spec = importlib.util.spec_from_file_location(
+            "launch_preflight", REPO_ROOT / "launch" / "preflight.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["launch_preflight"] = module
         spec.loader.exec_module(module)

@@ -24,18 +24,17 @@ from conftest import (
     port_free,
 )
 
+from search_env.paths import REPO_ROOT
 from search_env.rollout_record import TERMINATIONS
 from search_env.rollout_stats import group_metrics, group_of
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         demo_cmd(port, *overrides),
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=demo_env(run_dir),
         capture_output=True,
         text=True,

@@ -24,6 +24,7 @@ from eval.limits import Limits
 from eval.settings import SEQUENTIAL, eval_settings
 from eval.store import RowStore
 from eval.suite import load_suite
+from search_env.paths import REPO_ROOT
 
 ILLUSTRATIVE = seq.STUDY_TRAINED
 
@@ -198,13 +199,13 @@ def test_plan_cli_prints_rows_per_benchmark_and_share(capsys: pytest.CaptureFixt
 
 
 def test_plan_cli_reads_levels_from_a_results_folder(capsys: pytest.CaptureFixture[str]):
-    root = Path(__file__).resolve().parent.parent / "docs" / "micro_study_sparse" / "raw" / "test"
+    root = REPO_ROOT / "docs" / "micro_study_sparse" / "raw" / "test"
     assert main(["plan", "--halfwidth", "0.05", "--results", str(root)]) == 0
     assert "| syn_three_hop |" in capsys.readouterr().out
 
 
 def test_plan_simulation_prints_its_machine_readable_line():
-    bench = Path(__file__).resolve().parent.parent / "bench" / "eval_plan.py"
+    bench = REPO_ROOT / "bench" / "eval_plan.py"
     done = subprocess.run(
         [sys.executable, str(bench), "--studies", "2", "--seed", "3"],
         capture_output=True,

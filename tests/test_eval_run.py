@@ -24,9 +24,9 @@ import yaml
 from eval.__main__ import main
 from eval.store import RowStore
 from eval.summary import summarize
+from search_env.paths import REPO_ROOT
 from search_env.rollout_record import TERMINATIONS
 
-REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = ["nq", "musique", "bamboogle"]
 LIMIT = 2
 FAST_LIMITS = ["--max-turns", "2", "--max-turn-tokens", "16", "--response-length", "96"]
@@ -152,7 +152,7 @@ def test_kill_and_resume_gives_identical_rows(
     out = tmp_path / "eval_killed"
     rows_path = out / "f1_only_s3" / "global_step_0" / "rows.jsonl"
     cmd = [sys.executable, "-m", "eval", *_args(run_dir, out, retrieval_server_url)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while not (rows_path.is_file() and len(rows_path.read_text().splitlines()) >= 2):

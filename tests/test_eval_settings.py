@@ -17,10 +17,10 @@ from eval.results import ResultsError, load_results, load_rows
 from eval.select import select
 from eval.settings import checkpoint_fingerprint, differences
 from eval.stats import bootstrap_macro, stream_seed
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-SPARSE = ROOT / "docs" / "micro_study_sparse" / "raw" / "test"
-DENSE = ROOT / "docs" / "micro_study" / "raw" / "test"
+SPARSE = REPO_ROOT / "docs" / "micro_study_sparse" / "raw" / "test"
+DENSE = REPO_ROOT / "docs" / "micro_study" / "raw" / "test"
 
 
 @pytest.fixture()

@@ -14,20 +14,20 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "pip_resolution"
+from search_env.paths import REPO_ROOT
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "pip_resolution"
 
 
 def _verdict_module():
     if "launch_install_verdict" not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            "launch_install_verdict", ROOT / "launch" / "install_verdict.py"
+            "launch_install_verdict", REPO_ROOT / "launch" / "install_verdict.py"
         )
         module = importlib.util.module_from_spec(spec)
         sys.modules["launch_install_verdict"] = module  # dataclasses look their module up there
@@ -189,7 +189,7 @@ def test_cli_reads_report_and_log(tmp_path, capsys):
 
 
 def _pyproject() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 
 
 def test_each_set_has_exactly_one_faiss_and_the_gpu_set_no_cpu_package():
@@ -213,7 +213,7 @@ def test_cpu_constraints_keep_their_transformers_pin_inside_the_package_range():
     )
     pins = dict(
         line.split("==", 1)
-        for line in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+        for line in (REPO_ROOT / "constraints" / "cpu.txt").read_text().splitlines()
         if "==" in line and not line.startswith("#")
     )
     assert pins["transformers"] == "5.10.4"
@@ -236,7 +236,7 @@ def test_check_script_reports_an_unreachable_index_as_no_verdict(tmp_path):
     env.pop("PIP_EXTRA_INDEX_URL", None)
     done = subprocess.run(
         ["bash", "launch/check_gpu_install.sh"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -254,7 +254,7 @@ def test_check_script_reports_an_unreachable_index_as_no_verdict(tmp_path):
 )
 def test_check_script_resolves_this_checkout():
     done = subprocess.run(
-        ["bash", "launch/check_gpu_install.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900
+        ["bash", "launch/check_gpu_install.sh"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: .[gpu] resolves" in done.stdout

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from search_env.paths import REPO_ROOT
+
 PACKAGES = ("search_env", "search_demo", "cpu_engine", "eval", "reward_fns", "patches", "cpu_compat")
 ALLOWED = {
     "reward_fns": set(),
@@ -26,14 +27,14 @@ ALLOWED = {
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO_ROOT / pkg).rglob("*.py"))}
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -139,7 +140,7 @@ def test_function_local_imports_say_why():
     """A function-local import only where it avoids a heavy or optional dependency, with the reason
     as a comment on its first line (docs/design.md); everything else is imported at module level."""
     bare = [
-        f"{path.relative_to(ROOT)}:{line}"
+        f"{path.relative_to(REPO_ROOT)}:{line}"
         for path in _modules().values()
         for line in uncommented_local_imports(path.read_text(encoding="utf-8"))
     ]

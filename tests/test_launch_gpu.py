@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "recipes"
+from search_env.paths import REPO_ROOT
+
+RECIPES = REPO_ROOT / "recipes"
 
 
 def _load(name: str, path: Path):
@@ -39,12 +40,12 @@ def _load(name: str, path: Path):
 
 
 def _preflight():
-    return _load("launch_preflight", ROOT / "launch" / "preflight.py")
+    return _load("launch_preflight", REPO_ROOT / "launch" / "preflight.py")
 
 
 def _smoke():
-    sys.path.insert(0, str(ROOT / "launch"))
-    return _load("launch_gpu_smoke", ROOT / "launch" / "gpu_smoke.py")
+    sys.path.insert(0, str(REPO_ROOT / "launch"))
+    return _load("launch_gpu_smoke", REPO_ROOT / "launch" / "gpu_smoke.py")
 
 
 # ---- interpreter choice (launch/_common.sh) ------------------------------------------------------
@@ -63,7 +64,7 @@ def _chosen(tmp_path: Path, env: dict[str, str], with_repo_venv: bool = True) ->
     """(PYTHON, log line) as a copy of launch/_common.sh in a fake checkout resolves them."""
     repo = tmp_path / "repo"
     (repo / "launch").mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "launch" / "_common.sh", repo / "launch" / "_common.sh")
+    shutil.copy(REPO_ROOT / "launch" / "_common.sh", repo / "launch" / "_common.sh")
     if with_repo_venv:
         _fake_python(repo / ".venv" / "bin" / "python", has_verl=True)
     base = {"PATH": env.pop("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
@@ -226,7 +227,7 @@ def _probe(url: str, require_hits: str) -> subprocess.CompletedProcess:
             url,
             require_hits,
         ],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -246,7 +247,9 @@ def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
 ):
     from search_env.data import read_jsonl, write_parquet
 
-    questions = read_jsonl(ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl", limit=4)
+    questions = read_jsonl(
+        REPO_ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "nq_test.jsonl", limit=4
+    )
     parquet = write_parquet(questions, "nq", "train", tmp_path / "train.parquet")
     done = subprocess.run(
         [
@@ -261,7 +264,7 @@ def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
             "retriever.backend=dense",
             "retriever.index=/data/wiki18/e5_IVF4096_SQ8.index",
         ],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**os.environ, "RLVR_RUN_DIR": str(tmp_path / "run")},
         capture_output=True,
         text=True,
@@ -302,7 +305,7 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
     args += ["--response-length", "32", "--benchmarks", "nq", "bamboogle"]
     done = subprocess.run(
         ["bash", "launch/eval.sh", str(tiny_model_dir), *args],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -333,7 +336,7 @@ def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_pat
     def eval_sh(**env: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["bash", "launch/eval.sh", str(tmp_path / "ckpt")],
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             env={
                 **os.environ,
                 "RETRIEVER_PORT": str(_free_port()),
@@ -372,7 +375,7 @@ def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_pat
 def _run_gpu_smoke(smoke_dir: Path, timeout_s: int) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", "launch/gpu_smoke.sh"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**os.environ, "SMOKE_DIR": str(smoke_dir)},
         capture_output=True,
         text=True,

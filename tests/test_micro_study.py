@@ -21,15 +21,15 @@ from omegaconf import OmegaConf
 from eval.regimes import main as regimes_main
 from eval.report import main as report_main
 from eval.select import horizon_arg, resolve_matched_horizon
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-STUDY = ROOT / "docs" / "micro_study"
-RECIPES = ROOT / "recipes"
+STUDY = REPO_ROOT / "docs" / "micro_study"
+RECIPES = REPO_ROOT / "recipes"
 SHAPES = ("em_only", "f1_only", "f1_format")
 GPU_CAPS = {42: 180, 43: 230, 44: 312}
 
 
-SPARSE = ROOT / "docs" / "micro_study_sparse"
+SPARSE = REPO_ROOT / "docs" / "micro_study_sparse"
 SPARSE_CAPS = {42: 18, 43: 23, 44: 31, 45: 18, 46: 23}
 """The caps rule for five seeds (docs/micro_study/regimes.md): seed 42 + k takes seed 42 + (k mod 3)'s."""
 
@@ -48,7 +48,7 @@ def _committed_command(export: Path = STUDY, tree: str = "") -> list[str]:
     """The arguments recorded with a committed report (report_args[_TREE].txt); skips the test if absent."""
     path = export / f"report_args{'_' + tree if tree else ''}.txt"
     if not path.is_file():
-        pytest.skip(f"{path.relative_to(ROOT)} is not committed: the study has not written that report")
+        pytest.skip(f"{path.relative_to(REPO_ROOT)} is not committed: the study has not written that report")
     return shlex.split(path.read_text())
 
 
@@ -65,7 +65,7 @@ def _same_tables(out: Path, committed: Path) -> list[str]:
 def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path, monkeypatch, export, tree):
     args = _committed_command(export, tree)
     out = tmp_path / "report"
-    monkeypatch.chdir(ROOT)  # the recorded paths are relative to the repository root
+    monkeypatch.chdir(REPO_ROOT)  # the recorded paths are relative to the repository root
     assert report_main([*args, "--out", str(out)]) == 0
     tables = _same_tables(out, export / "report" / tree)
     assert {"table1.md", "table1.csv", "statistics.md", "ranking_test.csv", "table1_val.md"} <= set(tables)
@@ -74,7 +74,7 @@ def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path,
 def test_committed_regimes_report_regenerates_from_both_exports(tmp_path, monkeypatch):
     args = _committed_command(SPARSE, "regimes")
     out = tmp_path / "regimes"
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(REPO_ROOT)
     assert regimes_main([*args, "--out", str(out)]) == 0
     tables = _same_tables(out, SPARSE / "report" / "regimes")
     assert {"cells.csv", "table1.md", "group_size.md", "index.md"} <= set(tables)
@@ -103,7 +103,7 @@ def test_committed_raw_results_are_complete_and_checkpoint_free(raw: Path, expec
         not (raw.parent / "report_args.txt").is_file()
         and not (raw.parent.parent / "report_args.txt").is_file()
     ):
-        pytest.skip(f"{raw.relative_to(ROOT)}: no finished study committed")
+        pytest.skip(f"{raw.relative_to(REPO_ROOT)}: no finished study committed")
     for split in ("test", "val"):
         runs = sorted(p.name for p in (raw / split).iterdir() if p.is_dir())
         assert runs == sorted(expected)
@@ -324,7 +324,7 @@ def _study(timeout: int, **env: str) -> subprocess.CompletedProcess:
     environment, its output captured; killed after ``timeout`` seconds."""
     return subprocess.run(
         ["bash", "launch/micro_study.sh"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
         text=True,

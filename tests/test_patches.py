@@ -29,7 +29,6 @@ from patches import (
 )
 
 VERL_DIR = Path(verl.__file__).parent
-ROOT = Path(__file__).resolve().parent.parent
 PATCH_MODULES = [
     f"patches.{m}"
     for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume", "vllm_cpu_version")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -17,9 +16,9 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "recipes"
+RECIPES = REPO_ROOT / "recipes"
 STEP_CAPS = {42: 180, 43: 230, 44: 312}
 CELLS = [(shape, seed) for shape in ("em_only", "f1_only", "f1_format") for seed in STEP_CAPS]
 
@@ -235,7 +234,9 @@ def test_unknown_key_is_rejected():
 
 def _preflight():
     if "launch_preflight" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("launch_preflight", ROOT / "launch" / "preflight.py")
+        spec = importlib.util.spec_from_file_location(
+            "launch_preflight", REPO_ROOT / "launch" / "preflight.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["launch_preflight"] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)

@@ -14,9 +14,9 @@ import pytest
 
 from eval.__main__ import main as eval_main
 from eval.regimes import binomial_tail, gap_verdict, paired_gap, ranking, seed_ci
+from search_env.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-DENSE = ROOT / "docs" / "micro_study" / "raw"
+DENSE = REPO_ROOT / "docs" / "micro_study" / "raw"
 
 needs_dense = pytest.mark.skipif(not (DENSE / "test").is_dir(), reason="docs/micro_study/raw holds no run")
 

@@ -22,7 +22,6 @@ import pytest
 from conftest import DEMO_RUN_TIMEOUT_S, free_port, logged_steps, port_free, start_demo
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parent.parent
 
 
 FROZEN_S = 4.0

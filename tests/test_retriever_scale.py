@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from search_env.paths import REPO_ROOT
+
 KEYS = (
     "passages", "build_s", "peak_build_rss_mb", "boot_s", "first_answer_s", "cold_p99_ms", "warm_qps",
     "rss_mb", "two_replica_pss_mb", "cold_p99_ms_noprewarm", "warm_ratio_b1",
@@ -18,11 +18,11 @@ KEYS = (
 
 def test_retriever_scale_prints_its_line_at_small_n(tmp_path) -> None:
     command = [
-        sys.executable, str(ROOT / "bench" / "retriever_scale.py"), "--passages", "12000",
+        sys.executable, str(REPO_ROOT / "bench" / "retriever_scale.py"), "--passages", "12000",
         "--seconds", "1", "--rounds", "1", "--warmup", "0.5", "--cold-queries", "40", "--clients", "8",
         "--evict", "fadvise", "--workdir", str(tmp_path),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=420, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=420, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("retriever_scale: passages=12000 build_s=")
@@ -39,7 +39,7 @@ def test_prepare_check_names_both_index_sources(tmp_path) -> None:
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         timeout=60,
     )
     assert done.returncode == 1
@@ -48,6 +48,6 @@ def test_prepare_check_names_both_index_sources(tmp_path) -> None:
     assert "PeterJinGo/wiki-18-e5-index" in done.stderr and "convert-index" in done.stderr
     bad = subprocess.run(
         ["bash", "launch/prepare.sh", "--check", "index"],
-        capture_output=True, text=True, env={**env, "INDEX_SOURCE": "hub"}, cwd=ROOT, timeout=60,
+        capture_output=True, text=True, env={**env, "INDEX_SOURCE": "hub"}, cwd=REPO_ROOT, timeout=60,
     )  # fmt: skip
     assert bad.returncode != 0 and "INDEX_SOURCE='hub': use study or flat" in bad.stderr

@@ -33,9 +33,9 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from search_env import resume
+from search_env.paths import REPO_ROOT
 from search_env.resume import TRACKER, complete_torch_file, problems
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARDS = ("model", "optim", "extra_state")
 
 
@@ -160,7 +160,7 @@ def test_run_sh_names_a_stray_of_an_earlier_run_and_kills_nothing(tmp_path: Path
         assert stray.stdout.readline() == "listening\n"
         done = subprocess.run(
             ["bash", "launch/run.sh", "recipes/demo_cpu.yaml", f"retriever.port={port}"],
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             env=demo_env(run_dir),
             capture_output=True,
             text=True,
@@ -204,7 +204,7 @@ def _kill_as_a_whole(
     with open(log, "w") as err:
         proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             env=demo_env(run_dir),
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -313,7 +313,7 @@ def test_killed_in_a_step_and_in_a_save_resumes_from_the_last_complete_checkpoin
 
     # 3. The same command again.
     done = subprocess.run(
-        cmd, cwd=ROOT, env=demo_env(run_dir), capture_output=True, text=True, timeout=DEMO_RUN_TIMEOUT_S
+        cmd, cwd=REPO_ROOT, env=demo_env(run_dir), capture_output=True, text=True, timeout=DEMO_RUN_TIMEOUT_S
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert (

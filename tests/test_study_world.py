@@ -8,7 +8,6 @@ import json
 import random
 import subprocess
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,9 +18,8 @@ from eval.results import IN_DISTRIBUTION, canonical_benchmark
 from reward_fns import exact_match, token_f1
 from search_demo import study_world, world
 from search_demo.warm_start import REGIMES, WarmStartConfig, _pick_rows, answered_in_a_phrase
+from search_env.paths import REPO_ROOT
 from search_env.rollout_stats import partial_credit_frac, rollout_metrics
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +188,7 @@ def test_partial_credit_fraction_is_a_fraction_of_the_wrong(scores):
 def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
     out = subprocess.run(
         ["bash", "launch/micro_study.sh", "--regime", "sparse", "--list"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
@@ -208,7 +206,7 @@ def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
     assert all(c["G"] == "10" and c["cap"] == "18" for c in g10.values())
     bad = subprocess.run(
         ["bash", "launch/micro_study.sh", "--regime", "sparce"],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,

@@ -11,8 +11,8 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData
 from verl.tools.tool_registry import initialize_tools_from_config
 
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 from search_env.tool import EMPTY_QUERY_TEXT, SearchTool
-from search_env.verl_glue import REPO_ROOT
 
 
 def _agent_data() -> AgentData:

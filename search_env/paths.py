@@ -1,0 +1,14 @@
+"""The repository root, and paths written relative to it so that a stamp or a committed result
+reads the same on every clone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository when inside it, else absolute."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else resolved)
