@@ -26,21 +26,18 @@ import sys
 import time
 from pathlib import Path
 
+from eval.stats import mean
 from search_demo.driver import main as demo_main
 from search_env.paths import REPO_ROOT
 
 EM_GAIN = 0.15
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 def check(report: dict) -> list[tuple[str, bool, str]]:
     """(target, met, numbers) for every learning target of the demo (the module docstring lists them)."""
     out = []
     rewards = [s["reward/mean"] for s in report["steps"]]
-    first, last = _mean(rewards[:5]), _mean(rewards[-5:])
+    first, last = mean(rewards[:5]), mean(rewards[-5:])
     out.append(("reward/mean: last 5 steps > first 5", last > first, f"{first:.3f} -> {last:.3f}"))
     for _, ev in sorted(report["evaluations"].items()):
         before, after = ev["before"], ev["after"]

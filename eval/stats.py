@@ -9,6 +9,7 @@ seed, k * (1/k)^s (the events are disjoint), is reported as the conservative alt
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,11 @@ import numpy as np
 
 MAX_DRAW_ELEMENTS = 2_000_000
 """Cap on resample indices drawn at once (int64): bounds bootstrap memory to ~16 MB per chunk."""
+
+
+def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean (``math.fsum``); NaN for no values."""
+    return math.fsum(values) / len(values) if values else math.nan
 
 
 def rank_groups(values: Mapping[str, float]) -> list[list[str]]:

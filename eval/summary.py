@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from eval.stats import mean
 from eval.suite import Question
 from reward_fns import evaluation_scores
 from search_env import protocol
@@ -30,10 +30,6 @@ def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
         "well_formed": bool(scored["well_formed"]),
         **record_of(record),
     }
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(math.fsum(values) / len(values)) if values else 0.0
 
 
 def summarize(
@@ -59,14 +55,14 @@ def summarize(
         counts = Counter(r.get("termination") for r in items)
         per[name] = {
             "n": len(items),
-            "em": _mean([r["em"] for r in items]),
-            "f1": _mean([r["f1"] for r in items]),
-            "acc": _mean([r["acc"] for r in items]),
-            "abort_rate": _mean([1.0 if r.get("prediction") is None else 0.0 for r in items]),
-            "searches_mean": _mean([r.get("searches", 0) for r in items]),
+            "em": mean([r["em"] for r in items]),
+            "f1": mean([r["f1"] for r in items]),
+            "acc": mean([r["acc"] for r in items]),
+            "abort_rate": mean([1.0 if r.get("prediction") is None else 0.0 for r in items]),
+            "searches_mean": mean([r.get("searches", 0) for r in items]),
             "terminations": {t: counts.get(t, 0) for t in TERMINATIONS},
         }
-    macro = {m: _mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
+    macro = {m: mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
     return {
         "step": step,
         "limits_preset": preset,
@@ -93,8 +89,8 @@ def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> st
     ]
     for step, s in sorted(summaries.items()):
         per = s["benchmarks"]
-        abort = _mean([per[b]["abort_rate"] for b in benches])
-        searches = _mean([per[b]["searches_mean"] for b in benches])
+        abort = mean([per[b]["abort_rate"] for b in benches])
+        searches = mean([per[b]["searches_mean"] for b in benches])
         cells = [str(step)] + [f"{per[b][metric]:.3f}" for b in benches]
         cells += [f"{s['macro'][metric]:.3f}", f"{abort:.2f}", f"{searches:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
