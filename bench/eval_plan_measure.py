@@ -25,7 +25,7 @@ import numpy as np
 
 from eval import plan as seq
 from eval.results import load_results
-from eval.select import select
+from eval.select import selection_document
 from eval.store import RowStore, row_key
 from eval.suite import Suite, load_suite
 from search_env.paths import REPO_ROOT
@@ -156,7 +156,7 @@ def measure(args: argparse.Namespace) -> str:
             wall[plan] += evaluate(work, world, run_dir, plan, 18610, extra)
     outs = {plan: work / f"eval_{plan}_{world.name}" for plan in ("full", "sequential")}
     full = load_results(outs["full"])
-    chosen = {"full": select(outs["full"], matched_horizon=args.steps)["runs"]}
+    chosen = {"full": selection_document(outs["full"], matched_horizon=args.steps)["runs"]}
     if args.replay:
         suite = load_suite(world / "test")
         chosen["sequential"], n_seq = {}, 0
@@ -169,7 +169,7 @@ def measure(args: argparse.Namespace) -> str:
             n_seq += rolls
         n_seq += n_conf  # step 0, once per sweep
     else:
-        chosen["sequential"] = select(outs["sequential"], matched_horizon=args.steps)["runs"]
+        chosen["sequential"] = selection_document(outs["sequential"], matched_horizon=args.steps)["runs"]
         n_seq = rollouts(outs["sequential"])
     macro = full.scores[full.scores["benchmark"] == "avg_all"].set_index(["run", "step"])["em"]
     lines = [

@@ -1,19 +1,8 @@
-"""Checkpoint selection (paper §5.3): which step of each run to report.
+"""``python -m eval select``: each run's selected checkpoints, as a JSON document and a table.
 
-Rules, each over a run's complete trained checkpoints (step >= 1; step 0, the untrained model,
-is reported separately as ``floor``), maximising the macro average of ``--metric`` (EM by
-default) and taking the earliest step on a tie:
-
-- ``own``: steps within the run's own horizon (``run.json`` ``horizon``; all steps if unknown);
-- ``matched``: steps <= the matched horizon (180, the study's common cap; ``auto`` = the smallest
-  run horizon, e.g. a scaled-down study's shortest cap) and the own horizon;
-- ``val_own`` / ``val_matched``: the same step sets, but the step is chosen by its macro score
-  on the validation suite (``--val-results``) and then reported on the test suite — the
-  independent rule the study lacked. The validation and test rows must not share a question.
-
-Input: result folders written by ``python -m eval run`` (``OUT/<run>/global_step_N/summary.json``),
-loaded by :func:`eval.results.load_results`; the rules are :func:`eval.tables.select_checkpoints`.
-Output: a JSON document (``--json``) and a printed table.
+Reads result folders written by ``python -m eval run`` (:func:`eval.results.load_results`) and
+applies the selection rules of :func:`eval.tables.select_checkpoints` (``own``, ``matched``,
+``val_own``, ``val_matched``; docs/evaluation.md, "python -m eval select").
 """
 
 from __future__ import annotations
@@ -50,14 +39,14 @@ def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
     }
 
 
-def select(
+def selection_document(
     results: Path,
     val_results: Path | None = None,
     metric: str = "em",
     matched_horizon: int | str = MATCHED_HORIZON,
 ) -> dict[str, Any]:
-    """Selections for every run under ``results`` (validation rules only where ``val_results`` has
-    the run). ``matched_horizon`` (steps) may be ``"auto"``: the smallest known horizon of the
+    """The selection document of every run under ``results``: its floor and its pick under each rule
+    (validation rules only where ``val_results`` has the run). ``matched_horizon`` (steps) may be ``"auto"``: the smallest known horizon of the
     evaluated runs. Raises ValueError (:class:`eval.results.ResultsError` for bad input files) on
     an unknown metric, unreadable results, or validation rows sharing a question with test rows."""
     if metric not in METRICS:
@@ -106,7 +95,7 @@ def select(
 
 
 def format_selection(selection: dict[str, Any]) -> str:
-    """A markdown table of a :func:`select` document: one line per run, ``step: score`` per rule
+    """A markdown table of a :func:`selection_document`: one line per run, ``step: score`` per rule
     (scores to 3 decimals, marked by stage as in Table 1; ``-`` where a rule chose nothing)."""
     rules = [OWN, MATCHED, VAL_RULES[OWN], VAL_RULES[MATCHED]]
     metric = selection["metric"].upper()
@@ -154,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="selection JSON path (default RESULTS/selection.json)")
     args = parser.parse_args(argv)
     try:
-        selection = select(args.results, args.val_results, args.metric, args.matched_horizon)
+        selection = selection_document(args.results, args.val_results, args.metric, args.matched_horizon)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,6 @@
-"""Checkpoint selection and the paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown.
-
-Selection rules (paper §5.3): for every run, the best checkpoint by the selection average
-(default: EM averaged over all benchmarks, the paper's Avg) among trained checkpoints
-(step >= 1) with step <= cap, where cap is the matched horizon (180) or the run's own horizon
-(``run.json`` ``horizon``). Ties go to the earliest step. Step 0 (the untrained model) is never
-selected; it is the floor row. The validation rules take the same candidate steps but choose
-among them by the validation suite's score. ``python -m eval select`` and ``python -m eval
-report`` both select with :func:`select_checkpoints`.
+"""The paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown, and the checkpoint
+selection rules they report (:func:`select_checkpoints`, paper §5.3; docs/evaluation.md, "python
+-m eval select"). ``python -m eval select`` and ``python -m eval report`` both select with it.
 """
 
 from __future__ import annotations

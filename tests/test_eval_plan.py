@@ -166,9 +166,9 @@ def test_sequential_run_screens_confirms_shares_step0_and_refuses_a_changed_chec
     assert (other.run_root / step0).read_bytes() == (plan.run_root / step0).read_bytes()
 
     # report and select read it: Table 1 marks confirmed numbers, selection is among confirmed steps
-    from eval.select import format_selection, select
+    from eval.select import format_selection, selection_document
 
-    chosen = select(plan.out_root, matched_horizon=3)
+    chosen = selection_document(plan.out_root, matched_horizon=3)
     assert chosen["runs"]["f1_only_s1"]["own"]["step"] == 3
     assert chosen["runs"]["f1_only_s1"]["own"]["stage"] == "confirmed"
     assert "ᶜ" in format_selection(chosen) and "confirmed on a nested subsample" in format_selection(chosen)

@@ -1,4 +1,4 @@
-"""eval.select (checkpoint selection rules) and eval.checkpoints (discovery, run info)."""
+"""The selection rules (eval.tables.select_checkpoints, through eval.select) and eval.checkpoints (discovery, run info)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from eval import checkpoints as ckpts
 from eval.__main__ import main
-from eval.select import select
+from eval.select import selection_document
 from eval.store import RowStore, write_json_atomic
 from eval.summary import summarize
 
@@ -49,7 +49,7 @@ def test_selection_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     _write_run(test, "f1_only_s43", 230, {0: 0.05, 100: 0.4, 150: 0.4, 200: 0.5, 240: 0.9}, ["who?", "what?"])
     # validation prefers step 150 in both horizons
     _write_run(val, "f1_only_s43", 230, {100: 0.1, 150: 0.3, 200: 0.2}, ["where?", "when?"])
-    sel = select(test, val)["runs"]["f1_only_s43"]
+    sel = selection_document(test, val)["runs"]["f1_only_s43"]
     assert sel["floor"]["step"] == 0 and sel["floor"]["score"] == pytest.approx(0.05)
     assert (sel["own"]["step"], sel["own"]["score"]) == (200, pytest.approx(0.5))
     assert (sel["matched"]["step"], sel["matched"]["score"]) == (100, pytest.approx(0.4))
@@ -68,7 +68,7 @@ def test_validation_must_be_disjoint(tmp_path: Path):
     _write_run(tmp_path / "test", "r_s1", 10, {10: 0.2}, ["Who wrote it?"])
     _write_run(tmp_path / "val", "r_s1", 10, {10: 0.2}, ["who wrote it"])
     with pytest.raises(ValueError, match="not disjoint"):
-        select(tmp_path / "test", tmp_path / "val")
+        selection_document(tmp_path / "test", tmp_path / "val")
 
 
 def _ckpt_dir(step_dir: Path, hf_weights: bool) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from eval.report import main as report_main
 from eval.results import ResultsError, load_results, load_rows
-from eval.select import select
+from eval.select import selection_document
 from eval.settings import checkpoint_fingerprint, differences
 from eval.stats import bootstrap_macro, stream_seed
 from search_env.paths import REPO_ROOT
@@ -44,7 +44,7 @@ def test_committed_results_load_with_their_settings_from_run_json():
 
 def _refused(root: Path, capsys: pytest.CaptureFixture[str], *needles: str) -> None:
     """load_results and select raise, the report exits 2, each naming every ``needle`` and the fix."""
-    for call in (lambda: load_results(root), lambda: select(root)):
+    for call in (lambda: load_results(root), lambda: selection_document(root)):
         with pytest.raises(ResultsError) as err:
             call()
         assert all(n in str(err.value) for n in needles) and "Fix:" in str(err.value), str(err.value)
