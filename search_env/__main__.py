@@ -4,8 +4,10 @@
     python -m search_env build-index --corpus PATH --encoder PATH --out PATH [--factory IVF4096,SQ8]
     python -m search_env convert-index --flat PATH --out PATH [--factory IVF4096,SQ8]
     python -m search_env recall --index PATH --flat PATH [--k 10] [--nprobe 16,64,256]
+    python -m search_env probe URL [--timeout S] [--require-hits]
 
 Heavy imports (torch, faiss) happen inside the subcommands, so `serve --backend bm25` starts fast.
+`probe` exits 0 once URL answers GET /health and one real POST /retrieve, else 1 with the reason.
 See docs/retrieval.md.
 """
 
@@ -21,6 +23,18 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
 from search_env.retrieval.prewarm import Prewarm, want_prewarm
+from search_env.retrieval.probe import ProbeError, probe
+from search_env.retrieval.server import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_STATS_INTERVAL_S,
+    DEFAULT_TOPK,
+    create_app,
+    serve,
+)
 from search_env.retrieval.worker import ProcessRetriever
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
@@ -105,35 +119,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--query-max-length", type=_positive(int), default=256, help="dense: query tokens (default 256)"
     )
     serve.add_argument(
-        "--topk", type=_positive(int), default=5, help="topk when a request omits it (default 5)"
+        "--topk",
+        type=_positive(int),
+        default=DEFAULT_TOPK,
+        help=f"topk when a request omits it (default {DEFAULT_TOPK})",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
         "--max-batch",
         type=_positive(int),
-        default=256,
-        help="most queries per backend call; 1 = no micro-batching (default 256)",
+        default=DEFAULT_MAX_BATCH,
+        help=f"most queries per backend call; 1 = no micro-batching (default {DEFAULT_MAX_BATCH})",
     )
     serve.add_argument(
         "--max-wait-ms",
         type=float,
-        default=2.0,
-        help="how long a non-full batch waits for more requests (default 2 ms)",
+        default=DEFAULT_MAX_WAIT_MS,
+        help=f"how long a non-full batch waits for more requests (default {DEFAULT_MAX_WAIT_MS:g} ms)",
     )
-    serve.add_argument("--max-body-bytes", type=_positive(int), default=8 * 1024 * 1024)
+    serve.add_argument("--max-body-bytes", type=_positive(int), default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument(
         "--cache-size",
         type=int,
-        default=65536,
+        default=DEFAULT_CACHE_ENTRIES,
         help="query cache: most (query, topk) answers kept, least recently used evicted first; 0 = off "
-        "(default 65536)",
+        f"(default {DEFAULT_CACHE_ENTRIES})",
     )
     serve.add_argument(
         "--cache-max-mb",
         type=_positive(float),
-        default=256.0,
-        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default 256)",
+        default=DEFAULT_CACHE_BYTES / 2**20,
+        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default "
+        f"{DEFAULT_CACHE_BYTES / 2**20:g})",
     )
     serve.add_argument(
         "--index-load",
@@ -168,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--stats-interval-s",
         type=float,
-        default=60.0,
-        help="log queries, cache hit rate and batches every this many seconds (0 = never; default 60)",
+        default=DEFAULT_STATS_INTERVAL_S,
+        help="log queries, cache hit rate and batches every this many seconds (0 = never; default "
+        f"{DEFAULT_STATS_INTERVAL_S:g})",
     )
     _gpu_flag(serve, "serve")
 
@@ -226,12 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--seed", type=int, default=0)
     recall.add_argument("--out", type=Path, default=None, help="JSON report (default <index>.recall.json)")
     _gpu_flag(recall, "recall")
+
+    check = sub.add_parser("probe", help="exit 0 once a server answers /health and one real /retrieve")
+    check.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    check.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for GET /health (default 30)"
+    )
+    check.add_argument(
+        "--require-hits", action="store_true", help="fail when the test search returns no passage"
+    )
     return parser
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from search_env.retrieval.server import create_app, serve  # heavy: fastapi/uvicorn, only for serve
-
     if args.cache_size < 0:
         raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
     prewarm = None
@@ -321,11 +347,22 @@ def cmd_recall(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def cmd_probe(args: argparse.Namespace) -> None:
+    try:
+        health = probe(args.url, health_timeout_s=args.timeout, require_hits=args.require_hits)
+    except ProbeError as err:
+        raise SystemExit(f"probe: {err}") from None
+    print(
+        f"{args.url.rstrip('/')}: healthy ({health.get('backend', 'unknown')} backend), one real /retrieve answered"
+    )
+
+
 COMMANDS = {
     "serve": cmd_serve,
     "build-index": cmd_build_index,
     "convert-index": cmd_convert_index,
     "recall": cmd_recall,
+    "probe": cmd_probe,
 }
 
 

@@ -42,7 +42,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,11 +51,15 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_v
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.cache import Hit, QueryCache
 from search_env.retrieval.prewarm import Prewarm
+from search_env.retrieval.probe import wait_healthy
 
 log = logging.getLogger(__name__)
 
 MAX_QUERIES = 4096
 MAX_TOPK = 100
+DEFAULT_TOPK = 5
+DEFAULT_MAX_BATCH = 256
+DEFAULT_MAX_WAIT_MS = 2.0
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_CACHE_ENTRIES = 65536
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
@@ -452,9 +455,9 @@ class JsonBodyGuard:
 
 def create_app(
     retriever: Retriever,
-    default_topk: int = 5,
-    max_batch: int = 256,
-    max_wait_ms: float = 2.0,
+    default_topk: int = DEFAULT_TOPK,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     cache_entries: int = DEFAULT_CACHE_ENTRIES,
     cache_bytes: int = DEFAULT_CACHE_BYTES,
@@ -565,25 +568,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> dict:
-    """Poll `url`/health until it answers 200 (returns its JSON); TimeoutError after `timeout_s`
-    seconds, RuntimeError at once if `process` exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(
-                f"retrieval server exited with code {process.returncode} before {url} was healthy"
-            )
-        try:
-            response = httpx.get(f"{url}/health", timeout=2.0)
-            if response.status_code == 200:
-                return response.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"retrieval server at {url} not healthy after {timeout_s:.0f} s")
 
 
 @dataclass
