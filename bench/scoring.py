@@ -27,6 +27,7 @@ import math
 import random
 import re
 import string
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,13 +36,16 @@ from typing import Literal
 
 from reward_fns import SHAPES, extract_answer, format_violation, score_rollout
 from reward_fns.compute_score import compute_score
-from reward_fns.study_oracle import (
+from search_env.paths import REPO_ROOT
+from search_env.protocol import parse_query, tool_response_contents
+
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+from study_reference import (  # noqa: E402  the study's regexes: tests/study_reference.py
     study_extract_answer,
     study_format_violation,
     study_parse_query,
     study_tool_response_contents,
 )
-from search_env.protocol import parse_query, tool_response_contents
 
 WORDS = [
     "paris",

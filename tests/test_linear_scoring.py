@@ -1,11 +1,10 @@
 """The linear-time scanners against the study's regexes: a seeded differential test on 120,000
 generated strings, hypothesis properties, and 200 kB floods (correct results, no timing).
 
-The oracle is the study's code as regexes (``training_m5_5/src/rewards/search_r1.py``:
-``extract_solution`` and ``is_valid_format``; ``evaluation_qwen35/flashrag/search_r1/parser.py::
-extract_tool_call_query``), kept here independently of the project's scanners. The study's
-function-block regex backtracks exponentially in the number of ``<parameter=…>`` blocks without a
-``</function>``, so the generated strings stay short (at most a dozen fragments).
+The oracle is the study's code as regexes (``tests/study_reference.py``), kept independently of
+the project's scanners. The study's function-block regex backtracks exponentially in the number of
+``<parameter=…>`` blocks without a ``</function>``, so the generated strings stay short (at most a
+dozen fragments).
 """
 
 from __future__ import annotations
@@ -19,15 +18,15 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from reward_fns import SHAPES, extract_answer, format_violation, score_rollout
-from reward_fns.compute_score import compute_score
-from reward_fns.study_oracle import (  # noqa: E402
+from study_reference import (
     study_extract_answer,
     study_format_violation,
     study_parse_query,
     study_tool_response_contents,
 )
+
+from reward_fns import SHAPES, extract_answer, format_violation, score_rollout
+from reward_fns.compute_score import compute_score
 from search_env.protocol import parse_query, render_search_call, tool_response_contents
 
 PAIRS: list[tuple[str, Callable[[str], object], Callable[[str], object]]] = [
