@@ -283,9 +283,10 @@ def plot_zero_variance(logs: pd.DataFrame, shapes: Sequence[str], smooth: int, p
 
 def plot_zero_variance_gain(frame: pd.DataFrame, path: Path) -> Path:
     """Zero-variance group fraction against EM gain, one point per cell (``eval.regimes.cells``
-    frame: ``regime, group, shape, zero_var, gain``): marker per regime, filled at G = 5."""
+    frame: ``regime, group, shape, zero_var, gain``): marker per regime, filled at the smallest G."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     shapes = sorted(frame["shape"].unique())
+    small = int(frame["group"].min())
     markers = {"dense": "o", "sparse": "s"}
     for (regime, group, shape), sub in frame.groupby(["regime", "group", "shape"]):
         colour = shape_colour(shape, shapes)
@@ -293,7 +294,7 @@ def plot_zero_variance_gain(frame: pd.DataFrame, path: Path) -> Path:
             sub["zero_var"],
             sub["gain"],
             marker=markers.get(regime, "^"),
-            facecolors=colour if group == 5 else "none",
+            facecolors=colour if group == small else "none",
             edgecolors=colour,
             s=46,
             label=f"{regime} {shape} G={int(group)}",

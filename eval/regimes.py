@@ -1,7 +1,7 @@
 """Two reward regimes side by side: ``python -m eval regimes`` (the micro study's regime report).
 
 Reads the exported raw results of the dense micro study (``--dense``: ``test/``, ``val/``,
-``logs/``) and of the sparse one (``--sparse``: the same, plus the group-size tree ``g10/``) and
+``logs/``) and of the sparse one (``--sparse``: the same, plus each tree in a subfolder, e.g. ``g10/``) and
 writes one folder:
 
 - ``cells.csv`` — one row per trained cell (regime, G, shape, seed): step-0 and best EM at the
@@ -12,8 +12,8 @@ writes one folder:
 - ``table1.md`` — Table 1 per regime (mean over seeds with a 95 % CI, per-seed values), the
   ranking test with the direction stated in advance (EM-only last) and its conservative
   alternatives;
-- ``group_size.md`` — em_only and f1_only at G = 5 and G = 10 on the same seeds and prompts, and
-  the gain gap f1_only - em_only (paired by seed) at each G with its 95 % CI;
+- ``group_size.md`` — the gap pair's shapes (``--gap BETTER WORSE``) at both group sizes on the same
+  seeds and prompts, and the gain gap BETTER - WORSE (paired by seed) at each G with its 95 % CI;
 - ``fig_zero_variance_gain.png`` — zero-variance fraction against gain, one point per cell;
 - ``index.md`` — all of the above and the conclusion, each claim of the paper with its numbers.
 
@@ -44,14 +44,23 @@ from eval.results import AVG_ALL, AVG_HELDOUT, Results, ResultsError, load_resul
 from eval.stats import RankingTest, bootstrap_means, percentile_interval, ranking_test
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon, select_checkpoints
 
-PREDICTED_LAST = "em_only"
-"""The direction stated before the runs: the paper's C2, EM-only ranks last."""
 ZERO_VAR = "grpo/zero_variance_group_frac"
 EM_ZERO_VAR = "grpo/em_zero_variance_group_frac"
 PARTIAL = "reward/partial_credit_frac"
 CLIP = "rollout/length_clip_ratio"
 LENGTH = "rollout/model_tokens_mean"
 REWARD = "reward/mean"
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What the study file states before the runs: the shape predicted last (the paper's C2) and the
+    shape pair of the gain gap (``better - worse``)."""
+
+    last: str
+    better: str
+    worse: str
+    meaning: str  # what a positive gap says, e.g. "F1 learns more"
 
 
 @dataclass
@@ -176,21 +185,21 @@ def _p(p: Fraction | None) -> str:
     return "-" if p is None else f"{p} = {float(p):.4f}"
 
 
-def ranking_markdown(regime: str, test: RankingTest) -> list[str]:
-    """The ranking test's lines: the pre-stated direction, then the conservative alternatives."""
+def ranking_markdown(regime: str, test: RankingTest, last: str) -> list[str]:
+    """The ranking test's lines: the pre-stated direction (``last``), then the conservative alternatives."""
     k, s = len(test.shapes), len(test.seeds)
     if s == 0:
         return [f"- {regime}: no seed has every shape evaluated; no test."]
-    hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == PREDICTED_LAST)
+    hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == last)
     lasts = "; ".join(f"{sd}: {test.last_by_seed[sd] or 'tie'}" for sd in test.seeds)
     return [
-        f"- **{regime}** ({k} shapes x {s} seeds; last per seed — {lasts}): {PREDICTED_LAST} strictly last at "
+        f"- **{regime}** ({k} shapes x {s} seeds; last per seed — {lasts}): {last} strictly last at "
         f"**{hits} of {s}** seeds.",
-        f"  - Stated in advance (C2: {PREDICTED_LAST} last at every seed): exact P = {_p(test.p_given_shape)}; "
+        f"  - Stated in advance (C2: {last} last at every seed): exact P = {_p(test.p_given_shape)}; "
         f"{'reached' if hits == s else 'not reached'}.",
         f"  - Conservative (post hoc: any shape last at every seed): P = {_p(test.p_any_shape)}; "
         f"{'reached by ' + test.last_everywhere[0] if test.last_everywhere else 'not reached'}.",
-        f"  - Conservative (binomial: {PREDICTED_LAST} last at >= {hits} of {s} seeds by chance): "
+        f"  - Conservative (binomial: {last} last at >= {hits} of {s} seeds by chance): "
         f"P = {_p(binomial_tail(k, s, hits)) if hits else '1'}.",
     ]
 
@@ -225,7 +234,7 @@ def paired_gap(frame: pd.DataFrame, better: str, worse: str) -> list[float]:
     return [float(v) for v in (gains[better] - gains[worse]).dropna().sort_index()]
 
 
-def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
+def regime_table_markdown(frame: pd.DataFrame, n_boot: int) -> str:
     """Per shape: mean best EM (both averages) at the matched horizon, gain with its seed CI,
     seed values."""
     rows = []
@@ -261,33 +270,33 @@ def table1_markdown(frame: pd.DataFrame, n_boot: int) -> str:
 
 
 def group_gaps(
-    frame: pd.DataFrame, seeds: Sequence[int], n_boot: int
+    frame: pd.DataFrame, seeds: Sequence[int], n_boot: int, claims: Claims
 ) -> dict[int, tuple[float, tuple[float, float]]]:
-    """Per group size: mean paired gain gap f1_only - em_only over ``seeds`` and its seed CI."""
+    """Per group size: mean paired gain gap better - worse over ``seeds`` and its seed CI."""
     out = {}
     for group in sorted(frame["group"].unique()):
         sub = frame[(frame["group"] == group) & frame["seed"].isin(seeds)]
-        gaps = paired_gap(sub, "f1_only", "em_only")
+        gaps = paired_gap(sub, claims.better, claims.worse)
         mean = float(np.mean(gaps)) if gaps else math.nan
         key = f"gap/{'/'.join(sorted(sub['regime'].unique()))}/G{int(group)}/seeds{list(seeds)}"
         out[int(group)] = (mean, seed_ci(gaps, n_boot, key))
     return out
 
 
-def gap_verdict(gaps: dict[int, tuple[float, tuple[float, float]]]) -> str:
-    """Whether G = 10 closes the G = 5 gain gap: only a gap whose CI excludes 0 can be closed."""
-    mean5, (low5, high5) = gaps[5]
-    mean10 = gaps[10][0]
-    if math.isnan(mean5) or math.isnan(mean10):
+def gap_verdict(gaps: dict[int, tuple[float, tuple[float, float]]], small: int, large: int) -> str:
+    """Whether G = ``large`` closes the G = ``small`` gain gap: only a gap whose CI excludes 0 can be closed."""
+    mean_s, (low_s, high_s) = gaps[small]
+    mean_l = gaps[large][0]
+    if math.isnan(mean_s) or math.isnan(mean_l):
         return "not measured"
-    if math.isnan(low5) or low5 <= 0 <= high5:
-        return "no gap at G = 5 to close: its CI covers 0"
-    return "G = 10 narrows it" if abs(mean10) < abs(mean5) else "G = 10 does not narrow it"
+    if math.isnan(low_s) or low_s <= 0 <= high_s:
+        return f"no gap at G = {small} to close: its CI covers 0"
+    return f"G = {large} narrows it" if abs(mean_l) < abs(mean_s) else f"G = {large} does not narrow it"
 
 
-def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int) -> str:
-    """em_only / f1_only x G on ``seeds``: mean gain, zero-variance fractions; then the paired
-    gain gap f1_only - em_only per G with its seed CI."""
+def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int, claims: Claims) -> str:
+    """The gap pair's shapes x G on ``seeds``: mean gain, zero-variance fractions; then the paired
+    gain gap better - worse per G with its seed CI."""
     rows = []
     for (shape, group), sub in frame[frame["seed"].isin(seeds)].groupby(["shape", "group"]):
         rows.append(
@@ -312,11 +321,11 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int) 
         "zero-var (own reward)",
         "zero-var (under EM)",
     ]
-    gaps = group_gaps(frame, seeds, n_boot)
+    gaps = group_gaps(frame, seeds, n_boot, claims)
     gap_rows = [[str(g), _f(m), _ci(ci)] for g, (m, ci) in gaps.items()]
     return (
         markdown_table(header, rows)
-        + "\n\nGain gap f1_only - em_only, paired by seed (positive: F1 learns more):\n\n"
+        + f"\n\nGain gap {claims.better} - {claims.worse}, paired by seed (positive: {claims.meaning}):\n\n"
         + markdown_table(["G", "mean gap", "95% CI (seeds)"], gap_rows)
     )
 
@@ -335,26 +344,33 @@ def _spearman(x: pd.Series, y: pd.Series) -> float:
     return float(x[ok].rank().corr(y[ok].rank()))
 
 
-def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) -> list[str]:
-    """The paper's claims, each with this data's numbers (95 % seed CIs of mean gains) and whether
-    it holds in each regime."""
+def group_levels(frame: pd.DataFrame) -> tuple[int, int | None]:
+    """(the main study's group size, the group-size tree's or None): the smallest G and the other."""
+    groups = sorted(int(g) for g in frame["group"].unique())
+    return groups[0], (groups[-1] if len(groups) > 1 else None)
+
+
+def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, claims: Claims) -> list[str]:
+    """The claims stated in the study file, each with this data's numbers (95 % seed CIs of mean
+    gains) and whether it holds in each regime."""
     lines = []
-    main = frame[frame["group"] == 5]
+    small, large = group_levels(frame)
+    main = frame[frame["group"] == small]
     for regime, test in tests.items():
         sub = main[main["regime"] == regime]
         means = {s: _mean(sub, "gain", shape=s) for s in order_shapes(sub["shape"].unique())}
-        hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == PREDICTED_LAST)
+        hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == claims.last)
         order = " > ".join(
             f"{s} {sub[sub['shape'] == s]['best_em'].mean():.3f}"
             for s in sorted(means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean())
         )
         held = hits == len(test.seeds) and len(test.seeds) > 0
         gains = ", ".join(f"{s} {means[s]:+.3f} {_ci(gain_ci(sub, s, n_boot))}" for s in means)
-        gap = paired_gap(sub, "f1_only", PREDICTED_LAST)
+        gap = paired_gap(sub, claims.better, claims.last)
         lines.append(
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
-            f"{PREDICTED_LAST} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)}); "
-            f"mean gain (95% seed CI) {gains}; f1_only - {PREDICTED_LAST} paired by seed "
+            f"{claims.last} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)}); "
+            f"mean gain (95% seed CI) {gains}; {claims.better} - {claims.last} paired by seed "
             f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}; "
             "EM at the first checkpoint (how fast a shape starts) "
             + ", ".join(f"{s} {_mean(sub, 'first_em', shape=s):.3f}" for s in means)
@@ -364,7 +380,7 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
         r = _spearman(sub["zero_var"], sub["gain"])
         most_tied = max(zv, key=lambda s: zv[s]) if zv else "-"
         least_gain = min(means, key=lambda s: means[s]) if means else "-"
-        mech = most_tied == PREDICTED_LAST and least_gain == PREDICTED_LAST and r < 0
+        mech = most_tied == claims.last and least_gain == claims.last and r < 0
         lines.append(
             f"- **§6.3 (sparse EM ties groups at zero and so learns less), {regime}:** "
             f"{'holds' if mech else 'does not hold'} — zero-variance fraction "
@@ -388,21 +404,22 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int) 
             + ", ".join(f"{s} {_mean(sub, 'reward_em_r', shape=s):.2f}" for s in means)
             + "."
         )
-    g10 = frame[frame["group"] == 10]
+    g10 = frame[frame["group"] == large] if large is not None else frame.iloc[:0]
     if len(g10):
         seeds = sorted(int(sd) for sd in g10["seed"].unique())
         sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
-        gaps = group_gaps(sp, seeds, n_boot)
-        zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape="em_only") for g in (5, 10)}
+        gaps = group_gaps(sp, seeds, n_boot, claims)
+        zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape=claims.worse) for g in (small, large)}
         lines.append(
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
-            f"f1_only - em_only (paired by seed, 95% CI) {gaps[5][0]:+.3f} {_ci(gaps[5][1])} at G = 5 and "
-            f"{gaps[10][0]:+.3f} {_ci(gaps[10][1])} at G = 10 ({gap_verdict(gaps)}); em_only's zero-variance "
-            f"fraction {zv[5]:.3f} -> {zv[10]:.3f}; EM at the first checkpoint, G = 5 -> 10: "
+            f"{claims.better} - {claims.worse} (paired by seed, 95% CI) {gaps[small][0]:+.3f} {_ci(gaps[small][1])} "
+            f"at G = {small} and {gaps[large][0]:+.3f} {_ci(gaps[large][1])} at G = {large} "
+            f"({gap_verdict(gaps, small, large)}); {claims.worse}'s zero-variance "
+            f"fraction {zv[small]:.3f} -> {zv[large]:.3f}; EM at the first checkpoint, G = {small} -> {large}: "
             + ", ".join(
-                f"{s} {_mean(sp[sp['group'] == 5], 'first_em', shape=s):.3f} -> "
-                f"{_mean(sp[sp['group'] == 10], 'first_em', shape=s):.3f}"
-                for s in ("em_only", "f1_only")
+                f"{s} {_mean(sp[sp['group'] == small], 'first_em', shape=s):.3f} -> "
+                f"{_mean(sp[sp['group'] == large], 'first_em', shape=s):.3f}"
+                for s in (claims.worse, claims.better)
             )
             + "."
         )
@@ -413,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval regimes", description=__doc__.split("\n\n")[0])
     p.add_argument("--dense", type=Path, help="the dense study's raw export (test/, logs/)")
     p.add_argument(
-        "--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, g10/)"
+        "--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, and trees such as g10/)"
     )
     p.add_argument(
         "--sparse-logs",
@@ -421,6 +438,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of every sparse cell's <cell>/metrics.jsonl, e.g. the runs folder (default: SPARSE/logs and SPARSE/g10/logs)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder to write")
+    p.add_argument("--last-place", required=True, help="the shape stated in advance to rank last (C2: em_only)")
+    p.add_argument(
+        "--gap", nargs=2, required=True, metavar=("BETTER", "WORSE"), help="the shapes of the paired gain gap"
+    )
+    p.add_argument("--gap-meaning", help="what a positive gap says (default: BETTER learns more)")
     p.add_argument(
         "--bootstrap", type=int, default=1000, help="resamples of the seeds for each 95%% CI (0: no CIs)"
     )
@@ -433,9 +455,8 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     if args.dense is not None:
         trees.append(load_tree("dense", args.dense))
     trees.append(load_tree("sparse", args.sparse, args.sparse_logs))
-    g10 = args.sparse / "g10"
-    if (g10 / "test").is_dir():
-        trees.append(load_tree("sparse", g10, args.sparse_logs))  # a runs folder holds every cell's log
+    for sub in sorted(p for p in args.sparse.iterdir() if (p / "test").is_dir()):  # e.g. the group-size tree g10/
+        trees.append(load_tree("sparse", sub, args.sparse_logs))  # a runs folder holds every cell's log
     matched = {}
     for t in trees:
         horizons = [r.known_horizon for r in t.results.runs.values()]
@@ -446,7 +467,9 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "cells.csv", index=False, float_format="%.6f")
-    main = frame[frame["group"] == 5]
+    claims = Claims(args.last_place, *args.gap, args.gap_meaning or f"{args.gap[0]} learns more")
+    small, large = group_levels(frame)
+    main = frame[frame["group"] == small]
     tests = {r: ranking(main[main["regime"] == r]) for r in main["regime"].unique()}
     t1 = []
     for regime, test in tests.items():
@@ -454,19 +477,19 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         t1 += [
             f"## {regime} regime (matched horizon {matched[regime]})",
             "",
-            table1_markdown(sub, args.bootstrap),
+            regime_table_markdown(sub, args.bootstrap),
             "",
         ]
-        t1 += ranking_markdown(regime, test) + [""]
+        t1 += ranking_markdown(regime, test, claims.last) + [""]
     (out / "table1.md").write_text("# Table 1 per regime\n\n" + "\n".join(t1), encoding="utf-8")
-    g10_frame = frame[frame["group"] == 10]
+    g10_frame = frame[frame["group"] == large] if large is not None else frame.iloc[:0]
     gs = ""
     if len(g10_frame):
         seeds = sorted(int(sd) for sd in g10_frame["seed"].unique())
         sp = frame[
-            (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin(["em_only", "f1_only"])
+            (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin([claims.worse, claims.better])
         ]
-        gs = group_size_markdown(sp, seeds, args.bootstrap)
+        gs = group_size_markdown(sp, seeds, args.bootstrap, claims)
         (out / "group_size.md").write_text(
             f"# Group size (seeds {', '.join(map(str, seeds))})\n\n{gs}\n", encoding="utf-8"
         )
@@ -478,7 +501,7 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         "",
         "## Conclusion",
         "",
-        *conclusion(frame, tests, args.bootstrap),
+        *conclusion(frame, tests, args.bootstrap, claims),
         "",
         "\n".join(t1),
         *(["## Group size", "", gs, ""] if gs else []),
@@ -486,7 +509,7 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         "",
         f"![zero-variance vs gain]({fig.name})",
         "",
-        "Filled: G = 5; hollow: G = 10; circles: dense, squares: sparse. Per-cell numbers: `cells.csv`.",
+        f"Filled: G = {small}; hollow: G = {large}; circles: dense, squares: sparse. Per-cell numbers: `cells.csv`.",
         "",
     ]
     (out / "index.md").write_text("\n".join(index), encoding="utf-8")

@@ -1,0 +1,110 @@
+"""``python -m study list|run|report STUDY.yaml``: a reward-design study from one file (docs/studies.md)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from eval.results import ResultsError
+from study.cost import cost_table
+from study.hypotheses import parse_tests
+from study.report import write_study_report
+from study.runner import layout, run_study, visible_gpus
+from study.spec import Study, StudyError, compose_recipe, dotted, load_study
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m study", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("list", "print the cells"),
+        ("run", "train and evaluate every cell"),
+        ("report", "write the reports"),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("study", type=Path, help="study file, e.g. recipes/studies/micro_sparse.yaml")
+        s.add_argument("--runs", type=Path, help="run folders (default runs/<study name>)")
+        s.add_argument("--results", type=Path, help="evaluation results (default results/<study name>)")
+        s.add_argument("--export", type=Path, help="export folder (default: the file's export)")
+        s.add_argument("--cells", nargs="+", help="only these cells, in this order")
+    lst = sub.choices["list"]
+    lst.add_argument(
+        "--gpu-hours", action="store_true", help="estimate each cell's GPU-hours from the stated costs"
+    )
+    lst.add_argument(
+        "--step-seconds", type=float, help="GPU-seconds per training step (default: the file's cost)"
+    )
+    lst.add_argument(
+        "--rollout-seconds", type=float, help="GPU-seconds per evaluation rollout (default: the file's)"
+    )
+    run = sub.choices["run"]
+    run.add_argument("--jobs", type=_positive, help="cells side by side (default: 2 on CPU, 1 on a GPU node)")
+    run.add_argument("--gpus-per-cell", type=_positive, help="GPU node: split the visible GPUs K per cell")
+    run.add_argument(
+        "--port", type=int, default=18500, help="retriever port of lane 0 (lane j: +10 j; eval +1)"
+    )
+    run.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
+    sub.choices["report"].add_argument("--out", type=Path, help="report folder (default EXPORT/report)")
+    return p
+
+
+def select(study: Study, names: list[str] | None) -> list:
+    return [study.cell(n) for n in names] if names else list(study.cells)
+
+
+def print_list(study: Study, cells: list, gpu_hours: bool, args: argparse.Namespace) -> None:
+    print(
+        f"study {study.name} ({study.path}): {len(cells)} cells, trees {', '.join(t or 'main' for t in study.trees)}"
+    )
+    for c in cells:
+        save = dotted(compose_recipe(c.recipe), "trainer.save_freq")[1]
+        print(f"{c.name}  cap={c.cap}  tree={c.tree or 'main'}  save_freq={save}  recipe={c.recipe.name}")
+        print(f"    {shlex.join(c.overrides)}")
+    if gpu_hours:
+        print()
+        print(cost_table(study, cells, args.step_seconds, args.rollout_seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        study = load_study(args.study)
+        parse_tests(study.spec.tests, {a for c in study.cells for a in c.axes})
+        cells = select(study, args.cells)
+        where = layout(study, args.runs, args.results, args.export)
+        if args.command == "list":
+            print_list(study, cells, args.gpu_hours, args)
+            return 0
+        if args.command == "run":
+            gpus = visible_gpus()
+            jobs = args.jobs or (1 if gpus else 2)
+            run_study(
+                study,
+                where,
+                cells,
+                jobs,
+                args.port,
+                args.gpus_per_cell,
+                lambda line: print(line, file=sys.stderr),
+            )
+            if args.no_report:
+                return 0
+        for path in write_study_report(study, where, getattr(args, "out", None)):
+            print(path)
+        return 0
+    except (StudyError, ResultsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

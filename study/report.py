@@ -1,0 +1,258 @@
+"""``python -m study report``: the paper-style report of each results tree the study produced, the
+regimes report when the file asks for it, and ``study.md`` (every cell's numbers by axis level and the
+tests stated in the file). Everything is read from raw files, so it regenerates byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from eval import regimes
+from eval.report import main as eval_report
+from eval.results import ResultsError, load_results, load_training_logs
+from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
+from study.hypotheses import METRICS, Gap, LastPlace, gap_lines, last_place_lines, parse_tests
+from study.runner import Layout
+from study.spec import SHORTHANDS, Cell, Study, compose_recipe, dotted, repo_path
+from study.store import raw_complete, reuse_root, tree_root
+
+EVICTED = "training/filter_groups/evicted_samples"
+SURPLUS = "training/filter_groups/discarded_surplus_samples"
+GROUPS = "grpo/groups"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one cell's raw results live: ``root/{test,val}/<cell>`` and its training log."""
+
+    root: Path
+    log: Path
+    reused: bool
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the working directory when below it (reports quote it)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def sources(study: Study, where: Layout) -> dict[str, Source]:
+    """Each cell's raw results: a ``reuse`` export, the study's export, or its results folder; cells
+    with none are left out (not run yet)."""
+    out = {}
+    for cell in study.cells:
+        for export in study.spec.reuse:
+            root = reuse_root(repo_path(export), cell)
+            if root is not None:
+                out[cell.name] = Source(root, root / "logs" / cell.name / "metrics.jsonl", True)
+                break
+        else:
+            if where.export is not None and raw_complete(tree_root(where.export, cell.tree), cell):
+                root = tree_root(where.export, cell.tree)
+                out[cell.name] = Source(root, root / "logs" / cell.name / "metrics.jsonl", False)
+            elif (where.results_of(cell) / "test" / cell.name).is_dir():
+                out[cell.name] = Source(
+                    where.results_of(cell), where.runs / cell.name / "metrics.jsonl", False
+                )
+    return out
+
+
+def axis_value(cell: Cell, axis: str) -> object:
+    """``cell``'s value of ``axis``: its own, else its recipe's."""
+    if axis in cell.axes:
+        return cell.axes[axis]
+    return dotted(compose_recipe(cell.recipe), SHORTHANDS.get(axis, axis))[1]
+
+
+def _log_steps(logs: pd.DataFrame, run: str, metric: str, matched: int) -> pd.Series:
+    sel = logs[(logs["run"] == run) & (logs["metric"] == metric) & logs["step"].between(1, matched)]
+    return sel.set_index("step")["value"]
+
+
+def sampling_columns(logs: pd.DataFrame, run: str, group: int, matched: int) -> tuple[float, float]:
+    """(tied-group fraction of the generated groups, rollouts generated per step), means over steps
+    1..``matched``. With dynamic sampling the evicted groups are the tied ones (refilled, never trained on)."""
+    if logs.empty:
+        return math.nan, math.nan
+    groups = _log_steps(logs, run, GROUPS, matched)
+    if groups.empty:
+        return math.nan, math.nan
+    zero = _log_steps(logs, run, regimes.ZERO_VAR, matched).reindex(groups.index).fillna(0.0)
+    evicted = _log_steps(logs, run, EVICTED, matched).reindex(groups.index).fillna(0.0) / group
+    surplus = _log_steps(logs, run, SURPLUS, matched).reindex(groups.index).fillna(0.0)
+    ties = (evicted + zero * groups) / (evicted + groups)
+    rollouts = groups * group + evicted * group + surplus
+    return float(ties.mean()), float(rollouts.mean())
+
+
+def cells_frame(study: Study, where: Layout, matched: int) -> pd.DataFrame:
+    """One row per evaluated cell: the regimes report's columns plus tree, axis values, ties and
+    rollouts per step (``study_cells.csv``)."""
+    found = sources(study, where)
+    by_root: dict[Path, list[Cell]] = {}
+    for cell in study.cells:
+        if cell.name in found:
+            by_root.setdefault(found[cell.name].root, []).append(cell)
+    axes = sorted({a for c in study.cells for a in c.axes} - {"shape", "seed"})
+    frames = []
+    for root, cells in by_root.items():
+        results = load_results(root / "test")
+        names = [c.name for c in cells]
+        bound = [f"{n}={found[n].log}" for n in names if found[n].log.is_file()]
+        log_frame = load_training_logs(bound, results.runs) if bound else pd.DataFrame()
+        frame = regimes.cells(regimes.Tree(study.name, results, log_frame), matched)
+        frame = frame[frame["run"].isin(names)].copy()
+        for cell in cells:
+            at = frame["run"] == cell.name
+            frame.loc[at, "tree"] = cell.tree
+            frame.loc[at, "shape"] = cell.shape
+            for axis in axes:
+                frame.loc[at, f"axis:{axis}"] = str(axis_value(cell, axis))
+            group = int(axis_value(cell, "group_size") or 5)
+            ties, rollouts = sampling_columns(log_frame, cell.name, group, matched)
+            frame.loc[at, "ties"] = ties
+            frame.loc[at, "rollouts_per_step"] = rollouts
+        frames.append(frame)
+    if not frames:
+        raise ResultsError(
+            f"{study.path.name}: no cell has results yet. Fix: python -m study run {rel(study.path)}"
+        )
+    order = {c.name: i for i, c in enumerate(study.cells)}
+    frame = pd.concat(frames, ignore_index=True)
+    return frame.sort_values("run", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _f(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def levels_markdown(frame: pd.DataFrame, n_boot: int) -> str:
+    """Per results tree and shape: mean (seed 95 % CI) of each metric of ``METRICS``."""
+    rows = []
+    for tree in dict.fromkeys(frame["tree"]):
+        sub_t = frame[frame["tree"] == tree]
+        for shape in order_shapes(sub_t["shape"].unique()):
+            sub = sub_t[sub_t["shape"] == shape].sort_values("seed")
+            row = [tree or "main", shape, str(len(sub))]
+            for metric in METRICS:
+                values = [float(v) for v in sub[metric]]
+                low, high = regimes.seed_ci(values, n_boot, f"level/{tree}/{shape}/{metric}")
+                mean = float(np.nanmean(values)) if not all(math.isnan(v) for v in values) else math.nan
+                ci = "" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]"
+                row.append(_f(mean) + ci)
+            rows.append(row)
+    return markdown_table(["tree", "shape", "seeds", *METRICS], rows)
+
+
+def study_markdown(study: Study, frame: pd.DataFrame, matched: int, n_boot: int) -> str:
+    """``study.md``: the cells by level, then each stated test with its numbers."""
+    tests = parse_tests(study.spec.tests, {a for c in study.cells for a in c.axes})
+    lines = [
+        f"# Study {study.name}",
+        "",
+        f"Generated by `python -m study report {rel(study.path)}` from the raw results. Matched horizon: "
+        f"step {matched}; 95 % CIs are percentile intervals of {n_boot} resamples of the seeds.",
+        "",
+        "## Metrics by results tree and shape",
+        "",
+        levels_markdown(frame, n_boot),
+        "",
+        "Metrics: " + "; ".join(f"`{k}` = {v}" for k, v in METRICS.items()) + ".",
+        "",
+        "## Tests stated in the study file",
+        "",
+    ]
+    for test in tests:
+        if isinstance(test, LastPlace):
+            lines += last_place_lines(frame, test)
+        elif isinstance(test, Gap):
+            lines += gap_lines(frame, test, n_boot)
+    if not tests:
+        lines.append("- none stated.")
+    return "\n".join(lines) + "\n"
+
+
+def _report_args(root: Path, logs: list[str], n_boot: int, horizon: str) -> list[str]:
+    args = [
+        "--results",
+        rel(root / "test"),
+        "--logs",
+        *logs,
+        "--matched-horizon",
+        horizon,
+        "--bootstrap",
+        str(n_boot),
+    ]
+    if (root / "val").is_dir():
+        args += ["--val-results", rel(root / "val")]
+    return args
+
+
+def write_study_report(study: Study, where: Layout, out: Path | None = None) -> list[Path]:
+    """Write every report of the study under ``out`` (default ``EXPORT/report``, else ``results/<name>/report``)."""
+    spec = study.spec.report
+    default = (where.export / "report") if where.export else where.results / "report"
+    out = out or default
+    record = (
+        where.export is not None and out.resolve() == default.resolve()
+    )  # report_args*.txt beside the export
+    out.mkdir(parents=True, exist_ok=True)
+    found = sources(study, where)
+    written: list[Path] = []
+    for tree in study.trees:
+        own = [c for c in study.cells if c.tree == tree and c.name in found and not found[c.name].reused]
+        if not own:
+            continue
+        roots = {found[c.name].root for c in own}
+        if len(roots) != 1:
+            raise ResultsError(
+                f"tree {tree or 'main'}: cells in {sorted(map(str, roots))}. Fix: export the study"
+            )
+        root = roots.pop()
+        exported = where.export is not None and root == tree_root(where.export, tree)
+        logs = [rel(root / "logs")] if exported else [rel(found[c.name].log) for c in own]
+        args = _report_args(root, logs, spec.bootstrap, spec.matched_horizon)
+        if record:
+            (where.export / f"report_args{'_' + tree if tree else ''}.txt").write_text(
+                shlex.join(args) + "\n"
+            )
+        target = out / tree if tree else out
+        if eval_report([*args, "--out", rel(target)]) != 0:
+            raise ResultsError(
+                f"tree {tree or 'main'}: `python -m eval report {' '.join(args)}` failed (above)"
+            )
+        written.append(target / "index.md")
+    tests = parse_tests(study.spec.tests, {a for c in study.cells for a in c.axes})
+    if spec.regimes is not None and where.export is not None:
+        last = next((t.shape for t in tests if isinstance(t, LastPlace)), None)
+        gap = next((t for t in tests if isinstance(t, Gap) and t.axis == "shape"), None)
+        if last is None or gap is None:
+            raise ResultsError(
+                "report.regimes: needs a {last_place: SHAPE} and a shape gap test in tests. Fix: state them"
+            )
+        args = [
+            "--dense", rel(repo_path(spec.regimes.dense) / "raw"), "--sparse", rel(where.export / "raw"),
+            "--bootstrap", str(spec.bootstrap), "--last-place", last, "--gap", str(gap.better), str(gap.worse),
+        ]  # fmt: skip
+        if gap.labelled:
+            args += ["--gap-meaning", gap.label]
+        if record:
+            (where.export / "report_args_regimes.txt").write_text(shlex.join(args) + "\n")
+        if regimes.main([*args, "--out", rel(out / "regimes")]) != 0:
+            raise ResultsError(f"`python -m eval regimes {' '.join(args)}` failed (above)")
+        written.append(out / "regimes" / "index.md")
+    horizons = [c.cap for c in study.cells if c.name in found]
+    matched = resolve_matched_horizon(spec.matched_horizon, horizons)
+    frame = cells_frame(study, where, matched)
+    frame.to_csv(out / "study_cells.csv", index=False, float_format="%.6f")
+    (out / "study.md").write_text(study_markdown(study, frame, matched, spec.bootstrap), encoding="utf-8")
+    written += [out / "study_cells.csv", out / "study.md"]
+    return written

@@ -1,0 +1,371 @@
+"""``python -m study run``: train, evaluate and export every cell of a study, resumably.
+
+A cell's training is done when its latest checkpoint is its cap; a split's evaluation when every
+checkpoint's summary is complete (the marker ``.study_eval_<split>`` records it). Cells finished in
+the export (or in a ``reuse`` export) are restored or read, never rerun. Mechanism: docs/studies.md.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.spec import Cell, Study, StudyError, compose_recipe, dotted, repo_path
+from study.store import (
+    SPLITS,
+    cell_complete,
+    export_cell,
+    latest_checkpoint,
+    restore_cell,
+    reuse_root,
+    write_marker,
+)
+
+STOP_GRACE_S = 90
+"""Seconds a stage's process group gets to stop after SIGTERM before SIGKILL."""
+
+
+@dataclass
+class Layout:
+    """Where a study's runs, results and export live."""
+
+    runs: Path
+    results: Path
+    export: Path | None
+
+    def results_of(self, cell: Cell) -> Path:
+        return self.results / cell.tree if cell.tree else self.results
+
+
+def layout(
+    study: Study, runs: Path | None = None, results: Path | None = None, export: Path | None = None
+) -> Layout:
+    """The study's folders: ``runs/<name>``, ``results/<name>`` and its ``export`` unless given."""
+    exp = export or (repo_path(study.spec.export) if study.spec.export else None)
+    return Layout(runs or Path("runs") / study.name, results or Path("results") / study.name, exp)
+
+
+class Stages:
+    """Child process groups of the running stages, stopped together on a signal."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._children: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def run(self, cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None = None) -> int:
+        """Run ``cmd`` in its own session, output appended to ``log``; its exit status (124: timeout)."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            with self._lock:
+                self._children.add(proc)
+            try:
+                return proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._stop(proc)
+                return 124
+            finally:
+                with self._lock:
+                    self._children.discard(proc)
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def stop_all(self) -> None:
+        self.stopping = True
+        with self._lock:
+            children = list(self._children)
+        for proc in children:
+            self._stop(proc)
+
+
+class Progress:
+    """One line per cell and stage on stderr and in ``runs/progress.log``."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None]) -> None:
+        self.path, self.echo, self._lock = path, echo, threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S', time.gmtime())}] {text}"
+        with self._lock:
+            self.echo(line)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+
+@contextmanager
+def study_lock(runs: Path) -> Iterator[None]:
+    """One study per runs folder; the lock is inherited by the stages (so a killed study's leftovers hold it)."""
+    runs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(runs / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StudyError(
+            f"{runs}/.lock: another study (or a process left by a killed one) runs here. Fix: wait for it or stop it"
+        ) from None
+    os.set_inheritable(fd, True)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Slot:
+    """Resources of one side-by-side lane: retriever ports and, on a GPU node, its GPUs."""
+
+    port: int
+    gpus: str | None
+
+
+def slots(jobs: int, port: int, gpus_per_cell: int | None, visible: list[str]) -> list[Slot]:
+    """``jobs`` lanes; with ``gpus_per_cell`` K the visible GPUs are split K per lane."""
+    if gpus_per_cell is None:
+        return [Slot(port + 10 * j, None) for j in range(jobs)]
+    lanes = len(visible) // gpus_per_cell
+    if lanes < 1:
+        raise StudyError(
+            f"--gpus-per-cell {gpus_per_cell}: only {len(visible)} GPUs visible. Fix: a smaller K or more GPUs"
+        )
+    lanes = min(lanes, jobs)
+    return [
+        Slot(port + 10 * j, ",".join(visible[j * gpus_per_cell : (j + 1) * gpus_per_cell]))
+        for j in range(lanes)
+    ]
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use (CUDA_VISIBLE_DEVICES, else torch's count); [] without GPUs."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        return []
+
+
+def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict[str, str]:
+    """``launch/eval.sh``'s environment for one split of a cell: suite, limit, retriever as in training."""
+    spec = study.spec.eval
+    cfg = compose_recipe(cell.recipe)
+    world = dotted(cfg, "launch.assets.world")[1]
+    world = _resolve_world(world, cfg)
+    suite = spec.test_suite if split == "test" else spec.val_suite
+    if suite is None:
+        if world is None:
+            raise StudyError(
+                f"eval.{split}_suite: the recipe {cell.recipe.name} builds no world. Fix: set eval.{split}_suite"
+            )
+        suite = f"{world}/test" if split == "test" else f"{world}/val.parquet"
+    limit = spec.test_limit if split == "test" else spec.val_limit
+    env = {
+        "SUITE": str(suite),
+        "LIMIT": "" if limit is None else str(limit),
+        "OUT": str(out),
+        "PLAN": spec.plan,
+    }
+    env["BACKEND"] = spec.backend
+    env["RETRIEVER_PORT"] = str(port + 1)
+    backend = cell.axes.get("retriever", dotted(cfg, "retriever.backend")[1])
+    corpus = _resolve_world(dotted(cfg, "retriever.corpus")[1], cfg)
+    if corpus:
+        env["CORPUS"] = str(corpus)
+    if backend == "dense":
+        for key, var in (("retriever.index", "INDEX"), ("retriever.encoder", "ENCODER")):
+            value = dotted(cfg, key)[1]
+            if not value:
+                raise StudyError(
+                    f"axes.retriever: dense needs {key} in {cell.recipe.name}. Fix: set it there"
+                )
+            env[var] = str(value)
+    return env
+
+
+def _resolve_world(value: object, cfg: dict) -> str | None:
+    """``${launch.assets.*}`` interpolations of the recipe resolved (the few the recipes use)."""
+    if not isinstance(value, str):
+        return None
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.create({**cfg, "_v": value})["_v"])
+
+
+class Runner:
+    """Runs a study's cells (``run``); every stage's output goes to ``runs/<cell>/study_<stage>.log``."""
+
+    def __init__(self, study: Study, where: Layout, progress: Progress, python_env: dict[str, str]) -> None:
+        self.study, self.where, self.progress, self.env = study, where, progress, python_env
+        self.stages = Stages()
+        self._export_lock = threading.Lock()
+
+    def reused(self, cell: Cell) -> Path | None:
+        """The ``reuse`` export that holds ``cell`` complete, if any."""
+        for root in self.study.spec.reuse:
+            found = reuse_root(repo_path(root), cell)
+            if found is not None:
+                return found
+        return None
+
+    def train(self, cell: Cell, slot: Slot) -> None:
+        run_dir = self.where.runs / cell.name
+        if latest_checkpoint(run_dir) == cell.cap:
+            self.progress(f"{cell.name} train: done before (step {cell.cap})")
+            return
+        t0 = time.monotonic()
+        args = ["bash", "launch/run.sh", str(cell.recipe), *cell.overrides, f"retriever.port={slot.port}"]
+        env = {**self.env, "RLVR_RUN_DIR": str(run_dir)}
+        if slot.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot.gpus
+            args.append(f"trainer.n_gpus_per_node={len(slot.gpus.split(','))}")
+        rc = self.stages.run(args, env, run_dir / "study_train.log")
+        latest = latest_checkpoint(run_dir)
+        if rc != 0 or latest != cell.cap:
+            raise StudyError(
+                f"{cell.name} train: exit {rc}, latest checkpoint {latest}, cap {cell.cap}. "
+                f"Fix: see {run_dir}/study_train.log and {run_dir}/train.log, then run again to resume"
+            )
+        self.progress(f"{cell.name} train: {cell.cap} steps in {time.monotonic() - t0:.0f} s")
+
+    def evaluate(self, cell: Cell, split: str, slot: Slot) -> None:
+        run_dir = self.where.runs / cell.name
+        marker = run_dir / f".study_eval_{split}"
+        if marker.is_file():
+            self.progress(f"{cell.name} eval {split}: done before")
+            return
+        out = self.where.results_of(cell) / split
+        env = {**self.env, **eval_env(self.study, cell, split, out, slot.port)}
+        if slot.gpus is not None:
+            env["GPUS"] = slot.gpus
+        t0 = time.monotonic()
+        rc = self.stages.run(
+            ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--run-name", cell.name],
+            env,
+            run_dir / f"study_eval_{split}.log",
+        )
+        if rc != 0 or not cell_complete(out / cell.name, cell.cap):
+            raise StudyError(
+                f"{cell.name} eval {split}: exit {rc}. Fix: see {run_dir}/study_eval_{split}.log, then run again"
+            )
+        write_marker(marker, f"{time.monotonic() - t0:.0f} s")
+        self.progress(f"{cell.name} eval {split}: {time.monotonic() - t0:.0f} s")
+
+    def run_cell(self, cell: Cell, slot: Slot) -> None:
+        if self.stages.stopping:
+            return
+        self.train(cell, slot)
+        for split in SPLITS:
+            self.evaluate(cell, split, slot)
+        if self.where.export is not None:
+            with self._export_lock:
+                export_cell(self.where, cell)
+
+    def todo(self, cells: list[Cell]) -> list[Cell]:
+        """``cells`` less the reused ones and those restored from the export (both reported)."""
+        left = []
+        for cell in cells:
+            reused = self.reused(cell)
+            if reused is not None:
+                self.progress(f"{cell.name}: reused from {reused} (not rerun)")
+                continue
+            if self.where.export is not None and restore_cell(self.where, cell):
+                self.progress(f"{cell.name}: restored from {self.where.export}/raw (trained elsewhere)")
+            left.append(cell)
+        return left
+
+    def run(self, cells: list[Cell], lanes: list[Slot]) -> None:
+        """Every cell, ``len(lanes)`` side by side; the first failure stops new starts and is raised."""
+        queue = list(self.todo(cells))
+        lock = threading.Lock()
+        failure: list[BaseException] = []
+
+        def lane(slot: Slot) -> None:
+            while True:
+                with lock:
+                    if failure or not queue or self.stages.stopping:
+                        return
+                    cell = queue.pop(0)
+                try:
+                    self.run_cell(cell, slot)
+                except BaseException as err:  # noqa: BLE001 - the first failure is re-raised below
+                    with lock:
+                        failure.append(err)
+                    self.progress(str(err))
+                    return
+
+        with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
+            futures = [pool.submit(lane, s) for s in lanes]
+            wait(futures, return_when=FIRST_EXCEPTION)
+        if failure:
+            raise failure[0]
+
+
+def run_study(
+    study: Study,
+    where: Layout,
+    cells: list[Cell],
+    jobs: int,
+    port: int,
+    gpus_per_cell: int | None,
+    echo: Callable[[str], None],
+) -> None:
+    """Run ``cells`` of ``study`` under its lock; SIGINT/SIGTERM stop the running stages (run again to resume)."""
+    with study_lock(where.runs):
+        progress = Progress(where.runs / "progress.log", echo)
+        if where.export is not None and not (where.runs / "progress.log").exists():
+            earlier = where.export / "raw" / "progress.log"
+            if earlier.is_file():
+                shutil.copy(earlier, where.runs / "progress.log")
+        env = dict(os.environ)
+        runner = Runner(study, where, progress, env)
+        lanes = slots(jobs, port, gpus_per_cell, visible_gpus() if gpus_per_cell else [])
+        progress(
+            f"study {study.name}: {len(cells)} cells, {len(lanes)} side by side, runs in {where.runs}, "
+            f"results in {where.results}"
+        )
+
+        def stop(signum: int, _frame: object) -> None:
+            progress(f"signal {signum}: stopping the running stages (run again to resume)")
+            runner.stages.stop_all()
+
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            t0 = time.monotonic()
+            runner.run(cells, lanes)
+            if runner.stages.stopping:
+                raise StudyError("interrupted. Fix: run the same command again to resume")
+            progress(f"study {study.name}: done in {time.monotonic() - t0:.0f} s (this invocation)")
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
