@@ -5,10 +5,11 @@ verl entry points live in :mod:`reward_fns.compute_score`.
 
 from reward_fns.answer import extract_answer, format_violation, is_well_formed
 from reward_fns.metrics import cover_match, exact_match, normalize_answer, token_f1, train_f1
-from reward_fns.shapes import FORMAT_FLOOR, SHAPES, Scored, evaluation_scores, score_rollout
+from reward_fns.shapes import FORMAT_FLOOR, REWARD_PATH, SHAPES, Scored, evaluation_scores, score_rollout
 
 __all__ = [
     "FORMAT_FLOOR",
+    "REWARD_PATH",
     "SHAPES",
     "Scored",
     "cover_match",

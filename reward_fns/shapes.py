@@ -69,6 +69,9 @@ def f1_format(s: Scored) -> float:
     return s.f1 if s.f1 > 0 else FORMAT_FLOOR
 
 
+REWARD_PATH = "pkg://reward_fns.compute_score"
+"""``reward.custom_reward_function.path`` of the built-in shapes (any other path is a user's reward)."""
+
 SHAPES: dict[str, Callable[[Scored], float]] = {
     "em_only": em_only,
     "f1_only": f1_only,

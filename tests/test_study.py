@@ -1,0 +1,261 @@
+"""The study bench (``python -m study``): study files expand into the right cells, bad files fail in
+one line naming the key, the committed reports regenerate from their study files, and the stated
+tests compute what they say."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from search_env.paths import REPO_ROOT
+from study.__main__ import main as study_main
+from study.cost import checkpoints
+from study.hypotheses import Gap, gap_pairs, parse_tests
+from study.runner import Layout, Stages, slots, study_lock
+from study.spec import StudyError, load_study
+from study.store import export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
+
+STUDIES = REPO_ROOT / "recipes" / "studies"
+GPU_CAPS = {42: 180, 43: 230, 44: 312}
+
+
+@pytest.fixture(autouse=True)
+def _user_module_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(STUDIES))  # my_rewards.py, as PYTHONPATH=recipes/studies
+    monkeypatch.chdir(REPO_ROOT)
+
+
+def test_paper_study_lists_the_nine_gpu_cells_with_their_recipes_caps(capsys):
+    study = load_study(STUDIES / "paper.yaml")
+    assert [c.name for c in study.cells] == [f"{sh}_s{sd}" for sd in GPU_CAPS for sh in ("em_only", "f1_only", "f1_format")]
+    for c in study.cells:
+        assert c.cap == GPU_CAPS[c.seed] and c.recipe.name == f"{c.name}.yaml" and c.tree == ""
+    assert study_main(["list", str(STUDIES / "paper.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "9 cells" in out and "f1_only_s44  cap=312" in out and "em_only_s43  cap=230" in out
+
+
+def test_sparse_study_lists_21_cells_with_the_caps_rule_and_a_g10_tree():
+    study = load_study(STUDIES / "micro_sparse.yaml")
+    main = [c for c in study.cells if c.tree == ""]
+    g10 = [c for c in study.cells if c.tree == "g10"]
+    assert len(study.cells) == 21 and len(main) == 15 and len(g10) == 6
+    for c in main:  # seed 42 + k takes seed 42 + (k mod 3)'s GPU cap / 10
+        assert c.cap == round(GPU_CAPS[42 + (c.seed - 42) % 3] / 10)
+    assert {c.name for c in g10} == {f"{sh}_g10_s{sd}" for sh in ("em_only", "f1_only") for sd in (42, 43, 44)}
+    assert all(c.cap == 18 and "actor_rollout_ref.rollout.n=10" in c.overrides for c in g10)
+    dense = load_study(STUDIES / "micro_dense.yaml")
+    assert {(c.seed, c.cap) for c in dense.cells} == {(42, 18), (43, 23), (44, 31)} and len(dense.cells) == 9
+
+
+def test_user_reward_is_an_axis_value_labelled_by_its_name():
+    study = load_study(STUDIES / "example.yaml")
+    cell = study.cell("half_credit_s42")
+    assert cell.shape == "half_credit"
+    assert "reward.custom_reward_function.path=pkg://my_rewards" in cell.overrides
+    assert "shape=half_credit" in cell.overrides and "trainer.total_training_steps=18" in cell.overrides
+    from my_rewards import half_credit
+
+    partial = half_credit("d", "<answer>in Velmora city</answer>", ["Velmora"])
+    assert partial["score"] == pytest.approx(0.5 * partial["f1"]) and 0 < partial["score"] < 0.5
+    assert half_credit("d", "<answer>Velmora</answer>", ["Velmora"])["score"] == 1.0
+
+
+def test_mechanism_study_names_dynamic_sampling_cells_apart():
+    study = load_study(STUDIES / "mechanism.yaml")
+    names = {c.tree: [] for c in study.cells}
+    for c in study.cells:
+        names[c.tree].append(c.name)
+    assert set(names) == {"", "ds", "g10"} and "em_only_ds_s42" in names["ds"]
+    ds = study.cell("em_only_ds_s42")
+    assert "algorithm.filter_groups.enable=true" in ds.overrides and ds.cap == 18
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = "base: recipes/micro_sparse.yaml\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        (BASE + "axes: {shape: [em_only], seed: [42], colour: [red]}\nsteps: 2\n", "axes.colour"),
+        (BASE + "axes: {shape: [em_lonely], seed: [42]}\nsteps: 2\n", "unknown shape 'em_lonely'"),
+        (BASE + "axes: {shape: ['no_such_module_x:f'], seed: [42]}\nsteps: 2\n", "module 'no_such_module_x'"),
+        (BASE + "axes: {shape: ['my_rewards:nothing'], seed: [42]}\nsteps: 2\n", "no function 'nothing'"),
+        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: {42: eighteen}\n", "steps.42"),
+        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: {43: 18}\n", "no cap for seed 42"),
+        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: -1\n", "steps"),
+        (BASE + "axes: {shape: [em_only], seed: [42], retriever: [grep]}\nsteps: 2\n", "axes.retriever"),
+        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\nflavour: x\n", "flavour"),
+        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\ntests: [{gap: {axis: top_k, better: 3, worse: 5}}]\n", "tests.0.gap.axis"),
+        ("base: recipes/nope.yaml\naxes: {shape: [em_only], seed: [42]}\n", "base"),
+    ],
+)
+def test_a_bad_study_file_is_one_line_naming_the_key_before_anything_runs(tmp_path, capsys, text, names):
+    path = _write(tmp_path, text)
+    assert study_main(["run", str(path), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and names in err and "Fix" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_any_dotted_recipe_key_is_an_axis_and_cells_of_different_values_never_collide(tmp_path):
+    path = _write(
+        tmp_path,
+        BASE + "axes: {shape: [em_only], seed: [42], actor_rollout_ref.actor.optim.lr: [0.0002, 0.001], top_k: [3]}\nsteps: 2\n",
+    )
+    study = load_study(path)
+    assert len({c.name for c in study.cells}) == 2 and len({c.tree for c in study.cells}) == 2
+    assert {c.tree for c in study.cells} == {"lr-0.001_k3", "k3"}  # the recipe's lr is 2e-4: untagged
+    assert all("+retriever.top_k=3" in c.overrides for c in study.cells)
+
+
+def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
+    assert study_main(["list", str(STUDIES / "paper.yaml"), "--gpu-hours", "--step-seconds", "100", "--rollout-seconds", "1"]) == 0
+    out = capsys.readouterr().out
+    study = load_study(STUDIES / "paper.yaml")
+    save = 10
+    evals = sum(checkpoints(c.cap, save) for c in study.cells) + 1  # one base model: step 0 once
+    steps = sum(c.cap for c in study.cells)
+    rollouts = evals * 51713
+    total = steps * 100 / 3600 + rollouts / 3600
+    assert f"| total | {steps} | {evals} | {rollouts:,} |" in out and f"{total:,.1f} |" in out
+    assert checkpoints(312, 10) == 32 and checkpoints(180, 10) == 18 and checkpoints(18, 6) == 3
+
+
+@pytest.mark.parametrize(("name", "export"), [("micro_dense", "micro_study"), ("micro_sparse", "micro_study_sparse")])
+def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_path, name, export):
+    """Every table of the committed report (each tree's, the regimes', the study's) from the raw results."""
+    out = tmp_path / "report"
+    assert study_main(["report", str(STUDIES / f"{name}.yaml"), "--out", str(out)]) == 0
+    committed = REPO_ROOT / "docs" / export / "report"
+    tables = [p.relative_to(committed) for p in committed.rglob("*") if p.suffix in {".md", ".csv"}]
+    assert len(tables) > 20
+    for rel in tables:
+        assert (out / rel).read_text() == (committed / rel).read_text(), f"{rel} differs when regenerated"
+    assert {p.relative_to(committed) for p in committed.rglob("*.png")} == {p.relative_to(out) for p in out.rglob("*.png")}
+
+
+def _frame(gaps: dict[int, float]) -> pd.DataFrame:
+    rows = []
+    for seed, gap in gaps.items():
+        rows.append({"seed": seed, "shape": "em_only", "axis:group_size": "5", "first_em": 0.3, "tree": ""})
+        rows.append({"seed": seed, "shape": "em_only", "axis:group_size": "10", "first_em": 0.3 + gap, "tree": "g10"})
+    rows.append({"seed": 99, "shape": "em_only", "axis:group_size": "10", "first_em": 0.9, "tree": "g10"})  # unpaired
+    return pd.DataFrame(rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.integers(40, 60), st.floats(-0.5, 0.5), min_size=1, max_size=6))
+def test_a_gap_pairs_by_seed_and_swapping_levels_negates_it(gaps):
+    frame = _frame(gaps)
+    up = gap_pairs(frame, Gap("group_size", 10, 5, "first_em", "x"))
+    down = gap_pairs(frame, Gap("group_size", 5, 10, "first_em", "x"))
+    assert list(up) == ["shape=em_only"]
+    assert [s for s, _ in up["shape=em_only"]] == sorted(gaps)  # seed 99 has no pair
+    for (s1, a), (s2, b) in zip(up["shape=em_only"], down["shape=em_only"], strict=True):
+        assert s1 == s2 and a == pytest.approx(gaps[s1]) and b == pytest.approx(-a)
+
+
+def test_parse_tests_reads_both_kinds():
+    tests = parse_tests([{"last_place": "em_only", "label": "C2"}, {"gap": {"axis": "shape", "better": "f1_only", "worse": "em_only"}}], {"shape", "seed"})
+    assert tests[0].shape == "em_only" and tests[0].label == "C2"
+    assert tests[1].metric == "gain" and not tests[1].labelled
+
+
+def _fake_results(out: Path, cell: str, cap: int) -> None:
+    for step in (0, cap):
+        d = out / cell / f"global_step_{step}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"complete": True, "step": step}))
+        (d / "rows.jsonl").write_text("{}\n")
+    (out / cell / "run.json").write_text("{}")
+    (out / cell / "global_step_0" / "merged").mkdir()  # merged weights stay out of the export
+
+
+def test_export_then_restore_round_trips_a_cell_without_weights(tmp_path):
+    study = load_study(STUDIES / "micro_sparse.yaml")
+    cell = study.cell("f1_only_g10_s43")
+    where = Layout(tmp_path / "runs", tmp_path / "results", tmp_path / "export")
+    for split in ("test", "val"):
+        _fake_results(where.results_of(cell) / split, cell.name, cell.cap)
+    (where.runs / cell.name).mkdir(parents=True)
+    (where.runs / cell.name / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    export_cell(where, cell)
+    root = tree_root(where.export, "g10")
+    assert raw_complete(root, cell) and not list(root.rglob("merged"))
+    elsewhere = Layout(tmp_path / "runs2", tmp_path / "results2", where.export)
+    assert restore_cell(elsewhere, cell)
+    assert latest_checkpoint(elsewhere.runs / cell.name) == cell.cap
+    assert (elsewhere.results / "g10" / "val" / cell.name / f"global_step_{cell.cap}" / "summary.json").is_file()
+    assert not restore_cell(elsewhere, cell)  # done: nothing more to restore
+
+
+def test_one_study_per_runs_folder(tmp_path):
+    with study_lock(tmp_path):
+        with pytest.raises(StudyError, match="another study"):
+            with study_lock(tmp_path):
+                pass
+
+
+def test_gpu_lanes_split_the_visible_gpus(tmp_path):
+    lanes = slots(8, 18500, 2, ["0", "1", "2", "3", "4"])
+    assert [(s.port, s.gpus) for s in lanes] == [(18500, "0,1"), (18510, "2,3")]
+    assert [s.gpus for s in slots(2, 18500, None, [])] == [None, None]
+    with pytest.raises(StudyError, match="--gpus-per-cell 4"):
+        slots(1, 18500, 4, ["0"])
+
+
+def test_a_stage_past_its_timeout_is_stopped_with_its_process_group(tmp_path):
+    stages = Stages()
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    t0 = time.monotonic()
+    assert stages.run(["bash", "-c", script], dict(os.environ), tmp_path / "log", timeout_s=2) == 124
+    assert time.monotonic() - t0 < 60
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the stage's grandchild outlived it")
+
+
+@pytest.mark.e2e
+def test_a_user_reward_study_trains_evaluates_and_reports_on_cpu(tmp_path):
+    """The example file's user reward, one seed, 2 steps: trained by verl, evaluated, labelled by its name."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "name: mine\nbase: recipes/micro_sparse.yaml\naxes: {shape: ['my_rewards:half_credit'], seed: [42]}\n"
+        "steps: 2\noverrides: {trainer.save_freq: 2}\neval: {test_limit: 3, val_limit: 2, backend: hf}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{STUDIES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "study", "run", str(path), "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "res"), "--jobs", "1", "--port", "18930"]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (tmp_path / "res" / "report" / "table1.md").read_text()
+    assert "half_credit" in table
+    info = json.loads((tmp_path / "res" / "test" / "half_credit_s42" / "run.json").read_text())
+    assert info["shape"] == "half_credit"
+    assert "half_credit" in (tmp_path / "res" / "report" / "study.md").read_text()
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
