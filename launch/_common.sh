@@ -1,5 +1,6 @@
-# Shared helpers of the launch scripts (sourced, not run). Bash 4+.
-# Every process a script starts is stopped by its PID / process group, never by name.
+# Shared helpers of the launch scripts (sourced, not run). Bash 4+. The scripts choose the
+# interpreter here and hand over to `python -m launch` (launch/*.py); micro_study.sh and sweep.sh
+# also use log, die and stop_group. Every process is stopped by its PID / process group, never by name.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -45,55 +46,14 @@ need_verl() {
 
 resolve_python
 
-# wait_health URL DEADLINE_S PID -> 0 once GET URL/health answers, 1 on deadline or when PID died.
-wait_health() {
-  local url="$1" deadline=$((SECONDS + $2)) pid="${3:-}"
-  while ((SECONDS < deadline)); do
-    if "$PYTHON" - "$url" <<'PY' 2>/dev/null; then return 0; fi
-import sys, urllib.request
-urllib.request.urlopen(sys.argv[1].rstrip("/") + "/health", timeout=2).read()
-PY
-    if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
-    sleep 1
-  done
-  return 1
-}
-
-# probe_retrieve URL REQUIRE_HITS -> 0 when one real POST URL/retrieve answers with a well-formed
-# result (and, when REQUIRE_HITS is 1, at least one passage: a dense index always has neighbours);
-# otherwise prints the failure (HTTP status and the server's error text) on stdout and returns 1.
-# /health never searches, so this is the check that a backend can actually answer a query.
-probe_retrieve() {
-  "$PYTHON" - "$1" "$2" <<'PY'
-import json, sys, urllib.error, urllib.request
-url, require_hits = sys.argv[1].rstrip("/"), sys.argv[2] == "1"
-body = json.dumps({"queries": ["who wrote the first american novel"], "topk": 1}).encode()
-request = urllib.request.Request(url + "/retrieve", data=body, headers={"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(request, timeout=120) as answer:
-        doc = json.loads(answer.read())
-except urllib.error.HTTPError as err:
-    sys.exit(print(f"POST {url}/retrieve answered HTTP {err.code}: {err.read().decode(errors='replace')[:600]}") or 1)
-except (OSError, ValueError) as err:
-    sys.exit(print(f"POST {url}/retrieve failed: {type(err).__name__}: {err}") or 1)
-result = doc.get("result") if isinstance(doc, dict) else None
-if not isinstance(result, list) or len(result) != 1 or not isinstance(result[0], list):
-    sys.exit(print(f"POST {url}/retrieve answered without one result list per query: {str(doc)[:300]}") or 1)
-if require_hits and not result[0]:
-    sys.exit(print(f"POST {url}/retrieve returned no passage for a plain query (empty or broken index?)") or 1)
-PY
+# launch_py ARGS...: replace this shell by `python -m launch ARGS` (the repository on its path).
+launch_py() {
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m launch "$@"
 }
 
 # group_alive PGID -> 0 while a process of the group is running (zombies do not count).
 group_alive() {
   ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
-}
-
-# pid_alive PID -> 0 while the process is running (a zombie does not count).
-pid_alive() {
-  local stat
-  stat="$(ps -o stat= -p "$1" 2>/dev/null)" || return 1
-  [[ -n "$stat" && "$stat" != Z* ]]
 }
 
 # stop_group PGID [GRACE_S]: SIGTERM the process group, SIGKILL whatever is left after GRACE_S.
@@ -106,18 +66,4 @@ stop_group() {
     sleep 0.2
   done
   kill -KILL -- "-$pgid" 2>/dev/null || true
-}
-
-# stop_pid PID [GRACE_S]: SIGTERM one child process, SIGKILL it after GRACE_S, then reap it.
-stop_pid() {
-  local pid="$1" grace="${2:-10}" i
-  if pid_alive "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 5; i++)); do
-      pid_alive "$pid" || break
-      sleep 0.2
-    done
-    pid_alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  fi
-  wait "$pid" 2>/dev/null || true
 }

@@ -27,7 +27,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/rlvr_gpu_install.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 START=$SECONDS
 
-echo "check_gpu_install: resolving $ROOT[gpu] with $("$BASE_PYTHON" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+echo "check_gpu_install: resolving $ROOT[gpu] with $(command -v "$BASE_PYTHON") ($("$BASE_PYTHON" --version 2>&1))"
 "$BASE_PYTHON" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
 

@@ -1,26 +1,23 @@
-"""Check a recipe's prerequisites before launch/run.sh starts anything, and plan the run.
+"""Check a recipe's prerequisites before the launcher starts anything, and plan the run.
 
-    python launch/preflight.py --run-dir DIR RECIPE.yaml [hydra overrides...]
+    python -m launch preflight --run-dir DIR RECIPE.yaml [hydra overrides...]
 
-Composes the recipe with verl's config (hydra compose API, the same overrides as the trainer
-gets), runs verl's ``validate_config``, then checks every prerequisite: GPUs for GPU recipes,
-model, train/val parquet, retrieval corpus/index/encoder, the retriever port, the tool and
-agent-loop YAML. Each missing item is reported with its exact path and the command that
-provides it; the exit status is 2 if anything is missing, 0 otherwise.
-
-On success it writes ``DIR/launch.env`` (shell assignments sourced by run.sh: absolute paths,
-device, timeout, which demo assets to build) and ``DIR/tools.yaml`` (the recipe's tool YAML with
-``retrieval_urls`` set to the retriever(s) of this run). Paths in recipes are relative to the
-repository root.
+:func:`make_plan` composes the recipe with verl's config (the overrides the trainer gets), runs
+verl's ``validate_config``, checks every prerequisite and returns a :class:`Plan`: what
+``launch.train`` starts, and each missing item with its path and the command that provides it.
+It writes ``DIR/tools.yaml`` (the tool YAML pointed at this run's retrievers); the command also
+writes ``DIR/recipe.yaml`` and ``DIR/plan.json`` and exits 2 when anything is missing.
+Paths in recipes are relative to the repository root (docs/training.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
 import os
 import re
-import shlex
 import shutil
 import socket
 import subprocess
@@ -34,22 +31,72 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
+from reward_fns.shapes import SHAPES
+from search_env.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 PREPARE = "bash launch/prepare.sh"
 
 
 @dataclass
-class Plan:
-    """What run.sh needs to know; ``problems`` lists missing prerequisites with their fix."""
+class RetrieverPlan:
+    """The run's retrievers: external ones (``retriever.urls``) or the local one it starts."""
 
-    env: dict[str, str] = field(default_factory=dict)
+    backend: str = ""
+    index: Path | None = None
+    """The dense index (named in the self-test's failure), None for BM25."""
+    urls: list[str] = field(default_factory=list)
+    external: bool = False
+    serve_args: list[str] = field(default_factory=list)
+    """``python -m search_env`` arguments of the local retriever (empty when external)."""
+    port: int | None = None
+    startup_s: int = 900
+    max_restarts: int = 0
+
+
+@dataclass
+class Plan:
+    """What the launcher starts; ``problems`` lists missing prerequisites with their fix."""
+
     problems: list[str] = field(default_factory=list)
     config: DictConfig | None = None
+    model_path: Path | None = None
+    train_files: Path | None = None
+    val_files: Path | None = None
+    tool_config: Path | None = None
+    agent_loop_config: Path | None = None
+    device: str = "gpu"
+    timeout_s: int = 0
+    experiment: str = ""
+    total_steps: int | None = None
+    extra_overrides: list[str] = field(default_factory=list)
+    """Overrides the preflight adds (GPUs per node)."""
+    demo_assets: list[str] | None = None
+    """``python -m search_demo assets`` arguments, for ``launch.build_demo_assets`` recipes."""
+    retriever: RetrieverPlan = field(default_factory=RetrieverPlan)
 
     def need(self, ok: bool, message: str) -> bool:
         if not ok:
             self.problems.append(message)
         return ok
+
+    def trainer_overrides(self, ckpt_dir: Path) -> list[str]:
+        """The overrides the trainer gets after the user's: the preflight's and the run's paths."""
+        return [
+            *self.extra_overrides,
+            f"data.train_files={self.train_files}",
+            f"data.val_files={self.val_files}",
+            f"actor_rollout_ref.model.path={self.model_path}",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={self.tool_config}",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={self.agent_loop_config}",
+            f"trainer.default_local_dir={ckpt_dir}",
+        ]
+
+    def to_json(self) -> str:
+        """The plan without the composed config (``recipe.yaml`` holds that), paths as strings."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "config"}
+        fields["retriever"] = dataclasses.asdict(self.retriever)
+        return json.dumps(fields, indent=2, default=str) + "\n"
 
 
 def repo_path(value: Any) -> Path | None:
@@ -223,8 +270,6 @@ def check_reward(cfg: DictConfig, plan: Plan) -> None:
     fn = cfg.reward.custom_reward_function
     if str(fn.get("path")) != "pkg://reward_fns.compute_score":
         return  # a user's own reward function: verl loads and checks it
-    from reward_fns.shapes import SHAPES
-
     plan.need(
         fn.name in SHAPES,
         f"reward shape {fn.name!r} is unknown: set shape= to one of {', '.join(sorted(SHAPES))}",
@@ -250,14 +295,14 @@ def check_model(cfg: DictConfig, plan: Plan) -> None:
     model = str(cfg.actor_rollout_ref.model.path)
     path = repo_path(model)
     if demo_asset(cfg, path):
-        pass  # launch/run.sh builds (or refreshes) it before the trainer starts
+        pass  # the launcher builds (or refreshes) it before the trainer starts
     elif not (path / "config.json").is_file():
         plan.problems.append(
             f"model: no config.json in {path} (actor_rollout_ref.model.path={model}); "
             f"run `{PREPARE} model` (downloads Qwen/Qwen3.5-0.8B there) or pass "
             "actor_rollout_ref.model.path=<local HF model dir>"
         )
-    plan.env["MODEL_PATH"] = str(path)
+    plan.model_path = path
 
 
 def check_data(cfg: DictConfig, plan: Plan) -> None:
@@ -267,7 +312,7 @@ def check_data(cfg: DictConfig, plan: Plan) -> None:
             plan.problems.append(f"data.{key} must be one parquet path for launch/run.sh, got {value!r}")
             continue
         path = repo_path(value)
-        plan.env[key.upper()] = str(path)
+        setattr(plan, key, path)
         plan.need(
             demo_asset(cfg, path) or path.is_file(),
             f"data.{key}: {path} is missing; run `{PREPARE} data` (MuSiQue train + validation "
@@ -277,7 +322,7 @@ def check_data(cfg: DictConfig, plan: Plan) -> None:
 
 def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
     """True when ``path`` lies in a demo asset folder (``launch.assets.world``/``warm_start``) that
-    launch/run.sh builds for ``launch.build_demo_assets`` recipes (python -m search_demo assets)."""
+    the launcher builds for ``launch.build_demo_assets`` recipes (python -m search_demo assets)."""
     assets = cfg.launch.get("assets") or {}
     if not cfg.launch.build_demo_assets or path is None:
         return False
@@ -286,7 +331,7 @@ def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
 
 
 def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
-    """``DEMO_ASSETS``: the ``python -m search_demo assets`` arguments run.sh passes (demo recipes)."""
+    """``plan.demo_assets``: the ``python -m search_demo assets`` arguments (demo recipes)."""
     assets = cfg.launch.get("assets") or {}
     if not cfg.launch.build_demo_assets:
         return
@@ -300,24 +345,22 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
             "rebuild it: python -m search_demo.base_model --out assets/demo_base (~30 min on 2 cores)",
         )
     if plan.need(not missing, f"launch.build_demo_assets needs launch.assets.{{{','.join(missing)}}}"):
-        plan.env["DEMO_ASSETS"] = shlex.join(
-            [
-                "--world-seed",
-                str(assets.world_seed),
-                "--world",
-                str(repo_path(assets.world)),
-                "--warm-start",
-                str(repo_path(assets.warm_start)),
-                *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") is not None else []),
-                *(["--base", str(repo_path(assets.base))] if assets.get("base") is not None else []),
-                *(["--regime", str(assets.regime)] if assets.get("regime") is not None else []),
-                *(
-                    ["--unseen-world-seed", str(assets.unseen_world_seed)]
-                    if assets.get("unseen_world_seed") is not None
-                    else []
-                ),
-            ]
-        )
+        plan.demo_assets = [
+            "--world-seed",
+            str(assets.world_seed),
+            "--world",
+            str(repo_path(assets.world)),
+            "--warm-start",
+            str(repo_path(assets.warm_start)),
+            *(["--sft-steps", str(assets.sft_steps)] if assets.get("sft_steps") is not None else []),
+            *(["--base", str(repo_path(assets.base))] if assets.get("base") is not None else []),
+            *(["--regime", str(assets.regime)] if assets.get("regime") is not None else []),
+            *(
+                ["--unseen-world-seed", str(assets.unseen_world_seed)]
+                if assets.get("unseen_world_seed") is not None
+                else []
+            ),
+        ]
 
 
 def retriever_urls(cfg: DictConfig) -> list[str]:
@@ -339,7 +382,7 @@ def retriever_gpu(value: Any) -> str | None:
 
 def check_fault_settings(r: DictConfig, plan: Plan) -> None:
     """``retriever.{retry_budget_s, max_failed_steps, max_restarts}``: what a retriever that dies
-    mid-run costs (docs/retrieval.md "Faults during training"); ``RETRIEVER_MAX_RESTARTS`` for run.sh."""
+    mid-run costs (docs/retrieval.md "Faults during training")."""
     budget = r.get("retry_budget_s")
     plan.need(
         isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= 0,
@@ -351,18 +394,19 @@ def check_fault_settings(r: DictConfig, plan: Plan) -> None:
             isinstance(value, int) and not isinstance(value, bool) and value >= 0,
             f"retriever.{key} must be an integer >= 0, got {value!r} (recipes/base.yaml documents it)",
         )
-    plan.env["RETRIEVER_MAX_RESTARTS"] = str(r.get("max_restarts"))
+    restarts = r.get("max_restarts")
+    plan.retriever.max_restarts = restarts if isinstance(restarts, int) else 0
 
 
 def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
     """Check what the local retriever needs; returns the URLs the search tool will call."""
     r = cfg.retriever
     check_fault_settings(r, plan)
-    plan.env["RETRIEVER_BACKEND"] = str(r.backend)
-    plan.env["RETRIEVER_INDEX"] = str(repo_path(r.get("index")) or "") if r.backend == "dense" else ""
+    plan.retriever.backend = str(r.backend)
+    plan.retriever.index = repo_path(r.get("index")) if r.backend == "dense" else None
     external = retriever_urls(cfg)
     if external:
-        plan.env["RETRIEVER_EXTERNAL"] = "1"
+        plan.retriever.external = True
         return external
     port = int(r.port)
     plan.need(
@@ -400,9 +444,9 @@ def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
         args += ["--index", str(index), "--encoder", str(encoder), "--nprobe", str(r.nprobe)]
     elif r.backend != "bm25":
         plan.problems.append(f"retriever.backend must be dense or bm25, got {r.backend!r}")
-    plan.env["RETRIEVER_ARGS"] = shlex.join(args)
-    plan.env["RETRIEVER_STARTUP_S"] = str(int(r.get("startup_timeout_s") or 900))
-    plan.env["RETRIEVER_PORT"] = str(port)
+    plan.retriever.serve_args = args
+    plan.retriever.startup_s = int(r.get("startup_timeout_s") or 900)
+    plan.retriever.port = port
     return [f"http://127.0.0.1:{port}"]
 
 
@@ -420,10 +464,11 @@ def write_tools_yaml(cfg: DictConfig, urls: list[str], out: Path, plan: Plan) ->
     out.write_text(
         f"# generated by launch/preflight.py from {source}\n" + yaml.safe_dump(tools, sort_keys=False)
     )
-    plan.env["TOOL_CONFIG"] = str(out)
+    plan.tool_config = out
 
 
 def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
+    """Compose, validate and check ``recipe`` with ``overrides``; writes ``run_dir/tools.yaml``."""
     plan = Plan()
     cfg = compose_recipe(recipe, overrides)
     extra = check_gpus(cfg, overrides, plan, recipe)
@@ -443,21 +488,37 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     if plan.need(
         agent_loops is not None and agent_loops.is_file(), f"agent-loop config {agent_loops} is missing"
     ):
-        plan.env["AGENT_LOOP_CONFIG"] = str(agent_loops)
-    plan.env.update(
-        DEVICE=str(cfg.launch.device),
-        TIMEOUT_S=str(int(cfg.launch.timeout_s or 0)),
-        EXPERIMENT=str(cfg.trainer.experiment_name),
-        TOTAL_STEPS=str(cfg.trainer.total_training_steps),
-        RETRIEVER_URLS=",".join(urls),
-        EXTRA_OVERRIDES=shlex.join(extra),
-    )
+        plan.agent_loop_config = agent_loops
+    plan.device = str(cfg.launch.device)
+    plan.timeout_s = int(cfg.launch.timeout_s or 0)
+    plan.experiment = str(cfg.trainer.experiment_name)
+    plan.total_steps = cfg.trainer.total_training_steps
+    plan.retriever.urls = urls
+    plan.extra_overrides = extra
+    return plan
+
+
+def plan_run(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
+    """:func:`make_plan`, then ``run_dir/recipe.yaml`` and ``run_dir/plan.json`` when nothing is
+    missing. ValueError (the problems, one a line) when the recipe does not compose or validate or a
+    prerequisite is missing."""
+    try:
+        plan = make_plan(recipe, overrides, run_dir)
+    except (HydraException, AssertionError, ValueError) as exc:
+        raise ValueError(f"recipe {recipe} does not compose/validate: {exc}") from None
+    if plan.problems:
+        lines = "".join(f"\n  - {problem}" for problem in plan.problems)
+        raise ValueError(f"{len(plan.problems)} prerequisite(s) missing for {recipe}:{lines}")
+    OmegaConf.save(plan.config, run_dir / "recipe.yaml")
+    (run_dir / "plan.json").write_text(plan.to_json())
     return plan
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True, type=Path, help="run folder (launch.env, tools.yaml)")
+    parser.add_argument(
+        "--run-dir", required=True, type=Path, help="run folder (tools.yaml, recipe.yaml, plan.json)"
+    )
     parser.add_argument("recipe", type=Path, help="recipe YAML, e.g. recipes/f1_only_s44.yaml")
     parser.add_argument("overrides", nargs="*", help="hydra overrides, as for the trainer")
     args = parser.parse_args(argv)
@@ -466,18 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        plan = make_plan(args.recipe, list(args.overrides), args.run_dir.resolve())
-    except (HydraException, AssertionError, ValueError) as exc:
-        print(f"error: recipe {args.recipe} does not compose/validate: {exc}", file=sys.stderr)
+        plan_run(args.recipe, list(args.overrides), args.run_dir.resolve())
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    if plan.problems:
-        print(f"error: {len(plan.problems)} prerequisite(s) missing for {args.recipe}:", file=sys.stderr)
-        for problem in plan.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 2
-    lines = [f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items())]
-    (args.run_dir / "launch.env").write_text("\n".join(lines) + "\n")
-    OmegaConf.save(plan.config, args.run_dir / "recipe.yaml")
     return 0
 
 

@@ -1,34 +1,12 @@
-"""What ``launch/run.sh`` checks before it (re)starts a run: processes an earlier run left behind,
-and the checkpoint verl will resume from.
+"""What the launcher checks before it (re)starts a run: processes an earlier run of the same run
+directory left behind (:func:`strays`, by the :data:`MARKER` in their environment; nothing is
+killed), and the checkpoint verl will resume from (:func:`choose`: the one the tracker file names
+when complete, else the newest complete one, the tracker rewritten atomically).
 
-    python -m search_env.resume strays RUN_DIR --exclude-tree PID [--wait-s S]
-    python -m search_env.resume checkpoint CKPT_DIR [--config RUN_DIR/recipe.yaml]
+    python -m launch resume strays RUN_DIR --exclude-tree PID [--wait-s S]
+    python -m launch resume checkpoint CKPT_DIR [--config RUN_DIR/recipe.yaml]
 
-Both print one message on stdout; exit status 0 = go on, 1 = stop (the message says why and what
-to do).
-
-**strays**: every process run.sh starts (the retriever, the trainer, Ray's daemons and workers)
-inherits ``RLVR_LAUNCH_RUN_DIR=<run dir>`` (:data:`MARKER`). A process still carrying it when the
-next run.sh of the same run directory starts outlived a killed run (or belongs to a run still
-going): it may hold the retriever's port and keep writing checkpoints and metrics into the run
-directory. After waiting up to ``--wait-s`` for them to exit on their own (Ray workers do, a few
-seconds after their raylet died), each one left is listed with its PID, the TCP ports it listens on
-and its command line. Nothing is killed.
-
-**checkpoint** (``trainer.resume_mode=auto``): verl 0.9.1 resumes from the folder that
-``latest_checkpointed_iteration.txt`` names (``find_latest_ckpt_path``,
-``verl/utils/checkpoint/checkpoint_manager.py:222``). The trainer writes that file after the
-whole checkpoint (``verl/trainer/ppo/v1/trainer_base.py:1024``, after the actor shards at 978 and
-``data.pt`` at 999, each call blocking until written), so a SIGKILL during a save leaves it naming
-the previous, complete checkpoint. The write itself is a plain ``open(path, "w")`` without fsync,
-though: a kill inside it leaves an empty file (``int(b"")`` then fails at every restart,
-``checkpoint_manager.py:245``), a power loss can leave it naming a checkpoint whose shards never
-reached the disk, and a file naming a missing folder makes verl train from scratch
-(``checkpoint_manager.py:247-249``, ``trainer_base.py:861-863``), over the old checkpoints and the
-metrics history. So the named checkpoint is checked (:func:`problems`); when it is not complete,
-the newest complete one at or below it is named instead (the file rewritten atomically) or, when
-there is none, the run stops. With no tracker file at all, the newest complete checkpoint is
-named, and training starts from scratch only when there is none (a kill during the first save).
+Why verl 0.9.1 needs this, with its line numbers: docs/training.md "Killed runs".
 """
 
 from __future__ import annotations
@@ -48,7 +26,7 @@ import psutil
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "RLVR_LAUNCH_RUN_DIR"
-"""Environment variable run.sh exports (the absolute run directory) to everything it starts."""
+"""Environment variable the launcher gives (the absolute run directory) to everything it starts."""
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 SHARD_PREFIX = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 """verl's ``checkpoint.load_contents`` item -> FSDP file prefix (``{prefix}_world_size_W_rank_R.pt``)."""
@@ -138,7 +116,7 @@ def write_tracker(ckpt_dir: Path, step: int) -> None:
 
 
 def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) -> Resume:
-    """Pick the checkpoint to resume from and make the tracker file name it (see module doc).
+    """Pick the checkpoint to resume from and make the tracker file name it (docs/training.md).
 
     Raises :class:`ResumeError` when a tracker file exists but neither the checkpoint it names nor
     any older one is complete (with the checkpoint policy older ones keep their weights only).
@@ -190,7 +168,7 @@ def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) 
 
 def recipe_contents(config: Path) -> tuple[str | None, dict[str, list[str]]]:
     """Role -> ``checkpoint.load_contents`` of a composed recipe (``RUN_DIR/recipe.yaml``, written
-    by launch/preflight.py), and why it is not checked (None: check it): ``trainer.resume_mode``
+    by the preflight), and why it is not checked (None: check it): ``trainer.resume_mode``
     other than ``auto``, or an actor strategy other than FSDP (another checkpoint layout)."""
     from omegaconf import OmegaConf  # heavy: omegaconf, only for checkpoint --config
 
@@ -215,7 +193,7 @@ def recipe_contents(config: Path) -> tuple[str | None, dict[str, list[str]]]:
 
 def marked(run_dir: Path) -> list[psutil.Process]:
     """Live processes (``psutil.Process``, zombies left out) whose environment has :data:`MARKER` =
-    ``run_dir``: everything a run.sh of ``run_dir`` started. Other users' processes (environment
+    ``run_dir``: everything a launcher of ``run_dir`` started. Other users' processes (environment
     unreadable) are not seen."""
     found = []
     for proc in psutil.process_iter():
@@ -229,7 +207,7 @@ def marked(run_dir: Path) -> list[psutil.Process]:
 
 def strays(run_dir: Path, exclude_tree: int, wait_s: float) -> list[psutil.Process]:
     """:func:`marked` processes other than ``exclude_tree``, its ancestors and its descendants (the
-    run.sh asking), still alive after waiting up to ``wait_s`` seconds for them to exit."""
+    launcher asking), still alive after waiting up to ``wait_s`` seconds for them to exit."""
     me = psutil.Process(exclude_tree)
     skip = {me.pid} | {p.pid for p in me.parents()} | {p.pid for p in me.children(recursive=True)}
     found = [p for p in marked(run_dir) if p.pid not in skip]
@@ -262,12 +240,23 @@ def describe(proc: psutil.Process) -> str:
     return f"PID {proc.pid}{where}: {cmd}"
 
 
+def strays_message(run_dir: Path, left: list[psutil.Process]) -> str:
+    """Why the run stops: each stray with its PID, ports and command, and what to do."""
+    pids = " ".join(str(p.pid) for p in left)
+    return (
+        f"{len(left)} process(es) of an earlier run of {run_dir} are still running (left by a killed "
+        "run, or a run still going); they can hold the retriever's port and write into the run directory:\n"
+        + "\n".join(f"  {describe(p)}" for p in left)
+        + f"\nwait for that run to end, or stop them by PID (kill {pids}), then run the same command again"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("strays", help="processes of an earlier run of RUN_DIR that are still running")
     s.add_argument("run_dir", type=Path)
-    s.add_argument("--exclude-tree", type=int, required=True, help="PID of the asking run.sh")
+    s.add_argument("--exclude-tree", type=int, required=True, help="PID of the asking launcher")
     s.add_argument("--wait-s", type=float, default=10.0, help="seconds to wait for them to exit (default 10)")
     c = sub.add_parser("checkpoint", help="make latest_checkpointed_iteration.txt name a complete checkpoint")
     c.add_argument("ckpt_dir", type=Path, help="trainer.default_local_dir")
@@ -278,13 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         left = strays(args.run_dir, args.exclude_tree, args.wait_s)
         if not left:
             return 0
-        pids = " ".join(str(p.pid) for p in left)
-        print(
-            f"{len(left)} process(es) of an earlier run of {args.run_dir} are still running (left by a killed "
-            "run, or a run still going); they can hold the retriever's port and write into the run directory:\n"
-            + "\n".join(f"  {describe(p)}" for p in left)
-            + f"\nwait for that run to end, or stop them by PID (kill {pids}), then run the same command again"
-        )
+        print(strays_message(args.run_dir, left))
         return 1
 
     skip, contents = recipe_contents(args.config) if args.config else (None, {})

@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every stop-word-only query at INFO
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # CPU-feature probing noise
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request (probe)
     try:
         COMMANDS[args.command](args)
     except (FileNotFoundError, ValueError) as err:

@@ -1,24 +1,12 @@
 """Checkpoint retention: every checkpoint keeps its model weights, only the latest keeps what a
 resume needs besides them (optimizer and extra state).
 
-verl 0.9.1's v1 trainer calls ``trainer.checkpoint_callback_class`` on the driver after each
-save, once ``latest_checkpointed_iteration.txt`` names the new step (so the new checkpoint is
-complete and is the one a restart resumes from). :class:`PruneOlderToWeights` then prunes every
-OLDER ``global_step_M`` (M < the saved step) of the run, per role folder (``actor``, ``critic``):
-
-- ``optim_world_size_W_rank_R.pt`` and ``extra_state_world_size_W_rank_R.pt`` are deleted: only
-  a resume reads them, and a resume starts from the latest checkpoint;
-- ``model_world_size_W_rank_R.pt`` (FSDP weight shards) are deleted only when the role's
-  ``huggingface/`` folder holds full weights (``save_contents`` has ``hf_model``): then those are
-  the same weights, loadable by evaluation (vLLM, HF) without merging; otherwise the shards ARE
-  the weights and stay (evaluation merges them with verl's model merger).
-
-Folders above the saved step (left by an earlier, longer run) and everything else are left
-alone. A file that cannot be deleted is reported and skipped: a retention hook must never stop
-training (verl propagates exceptions from the hook). With ``async_save`` (Megatron only) the new
-checkpoint may not be durable yet when the hook runs, so nothing is pruned then.
-
-Disk arithmetic for Qwen3.5-0.8B: docs/training.md "Checkpoint disk".
+verl 0.9.1 loads :class:`PruneOlderToWeights` by the dotted path the recipes name
+(``trainer.checkpoint_callback_class``) and calls it on the driver after each save, once the new
+checkpoint is named: every OLDER ``global_step_M`` loses its optimizer/extra shards, and its FSDP
+weight shards too when ``huggingface/`` holds the same weights. A file that cannot be deleted is
+reported, never raised (verl would stop training); nothing is pruned after an async save. Why
+and the disk arithmetic: docs/training.md "Checkpoint disk".
 """
 
 from __future__ import annotations

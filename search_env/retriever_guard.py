@@ -3,7 +3,7 @@
 A search whose retrieval failed (``SearchTool`` counts it in the rollout's
 ``retrieval_failures``: the retriever did not answer within the client's ``retry_budget_s``)
 gives the model the study's ``Retriever failed: ...`` text, and the rollout goes on. One such
-step is a blip (a retriever restarted by launch/run.sh while a search was waiting); K steps in a
+step is a blip (a retriever restarted by the launcher while a search was waiting); K steps in a
 row mean the run trains on error texts. :class:`FailedStepGuard` counts the consecutive steps
 with at least one failed retrieval and, at ``max_failed_steps`` of them, returns the message the
 trainer stops with (``patches/training_metrics.py`` raises :class:`RetrieverDown` in the driver).
@@ -23,7 +23,7 @@ import yaml
 
 DEFAULT_MAX_FAILED_STEPS = 2
 RETRIEVER_LOG_ENV = "RLVR_RETRIEVER_LOG"
-"""launch/run.sh exports the log of the retriever it started, named in the stop message."""
+"""The launcher (launch/train.py) exports the log of the retriever it started, named in the stop message."""
 
 
 class RetrieverDown(RuntimeError):

@@ -1,5 +1,6 @@
 """The imports between the project's modules form no cycle, and each package imports only the
-packages docs/design.md allows it.
+packages docs/design.md allows it; the launcher (``launch``, not installed) is one package that
+nothing installed imports, and its shell wrappers embed no Python.
 
 Read from the source (``ast``), so function-local imports count as much as module-level ones.
 """
@@ -7,13 +8,23 @@ Read from the source (``ast``), so function-local imports count as much as modul
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 from search_env.paths import REPO_ROOT
 
-PACKAGES = ("search_env", "search_demo", "cpu_engine", "eval", "reward_fns", "patches", "cpu_compat")
+PACKAGES = (
+    "search_env",
+    "search_demo",
+    "cpu_engine",
+    "eval",
+    "reward_fns",
+    "patches",
+    "cpu_compat",
+    "launch",
+)
 ALLOWED = {
     "reward_fns": set(),
     "cpu_compat": set(),
@@ -22,6 +33,7 @@ ALLOWED = {
     "search_demo": {"search_env", "cpu_engine", "reward_fns"},
     "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
     "patches": {"search_env", "cpu_engine"},
+    "launch": {"search_env", "search_demo", "reward_fns"},
 }
 """Per package, the other project packages it may import (docs/design.md §2, its last column)."""
 
@@ -145,3 +157,33 @@ def test_function_local_imports_say_why():
         for line in uncommented_local_imports(path.read_text(encoding="utf-8"))
     ]
     assert not bare, "function-local imports without a reason comment: " + ", ".join(bare)
+
+
+def test_one_training_run_reads_in_the_launch_package():
+    """``python -m launch run`` (launch/run.sh) -> launch.train -> the preflight's plan, the resume
+    check, the retriever it starts and watches, the shared probe (docs/design.md §2)."""
+    graph = import_graph()
+    assert {"launch.train", "launch.evaluate", "launch.prepare"} <= graph["launch.__main__"]
+    assert {"launch.preflight", "launch.resume", "launch.retriever", "launch.progress"} <= graph[
+        "launch.train"
+    ]
+    assert "search_env.retrieval.probe" in graph["launch.train"] & graph["launch.evaluate"]
+    assert "search_env.retrieval.probe" in graph["eval.retrievers"] & graph["search_env.retrieval.server"]
+
+
+EMBEDDED_PYTHON = re.compile(r"(PYTHON|python3?)\"?\s+-\s*<<|<<\s*'?PY'?|(PYTHON|python3?)\"?\s+-c\s")
+REWRITTEN_ELSEWHERE = {"micro_study.sh"}
+"""Being rewritten by another change (its Python heredocs move into a module there)."""
+
+
+def test_launch_scripts_embed_no_python():
+    """The shell scripts of launch/ choose an interpreter and call Python entry points; the one
+    ``-c`` left is _common.sh's probe whether an interpreter has verl."""
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted((REPO_ROOT / "launch").glob("*.sh"))
+        if path.name not in REWRITTEN_ELSEWHERE
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if EMBEDDED_PYTHON.search(line) and 'find_spec("verl")' not in line
+    ]
+    assert not found, found

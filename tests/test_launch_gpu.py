@@ -48,7 +48,7 @@ def _smoke():
     return _load("launch_gpu_smoke", REPO_ROOT / "launch" / "gpu_smoke.py")
 
 
-# ---- interpreter choice (launch/_common.sh) ------------------------------------------------------
+# ---- interpreter choice (launch/_common.sh, the one thing the wrappers decide) --------------------
 
 
 def _fake_python(path: Path, has_verl: bool) -> Path:
@@ -157,10 +157,10 @@ def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, fl
     plan = _preflight().make_plan(
         RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={_free_port()}"], tmp_path
     )
-    args = shlex.split(plan.env["RETRIEVER_ARGS"])
+    args = plan.retriever.serve_args
     assert args[args.index("--gpu") + 1] == flag
     assert not any("retriever.gpu" in p for p in plan.problems)
-    assert plan.env["RETRIEVER_BACKEND"] == "bm25" and plan.env["RETRIEVER_INDEX"] == ""
+    assert plan.retriever.backend == "bm25" and plan.retriever.index is None
     bad = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
     assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
 
@@ -180,7 +180,7 @@ def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
 
     setters = [p.name for p in sorted(RECIPES.glob("*.yaml")) if "gpu" in retriever_keys(p)]
     assert setters == ["base.yaml"], "only recipes/base.yaml sets retriever.gpu"
-    for recipe in ("f1_only_s44.yaml", "micro_f1_only_s42.yaml", "demo_cpu.yaml", "gpu_smoke.yaml"):
+    for recipe in ("f1_only_s44.yaml", "micro_dense.yaml", "demo_cpu.yaml", "gpu_smoke.yaml"):
         flag = preflight.retriever_gpu(preflight.compose_recipe(RECIPES / recipe, []).retriever.get("gpu"))
         assert flag == "auto" and not index_on_gpu(flag), f"{recipe}: retriever.gpu={flag}"
     assert index_on_gpu("on") and index_on_gpu("true") and not index_on_gpu("off")
@@ -217,16 +217,9 @@ def broken_retriever():
     server.server_close()
 
 
-def _probe(url: str, require_hits: str) -> subprocess.CompletedProcess:
+def _probe(url: str, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            "bash",
-            "-c",
-            'source launch/_common.sh 2>/dev/null; probe_retrieve "$1" "$2"',
-            "_",
-            url,
-            require_hits,
-        ],
+        [sys.executable, "-m", "search_env", "probe", url, "--timeout", "2", *flags],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -235,11 +228,12 @@ def _probe(url: str, require_hits: str) -> subprocess.CompletedProcess:
 
 
 def test_probe_sends_one_real_search(retrieval_server_url: str, broken_retriever: str):
-    assert _probe(retrieval_server_url, "1").returncode == 0
-    failed = _probe(broken_retriever, "0")
-    assert failed.returncode == 1 and "HTTP 500" in failed.stdout and "index is not trained" in failed.stdout
-    gone = _probe("http://127.0.0.1:9", "0")
-    assert gone.returncode == 1 and "failed" in gone.stdout
+    assert _probe(retrieval_server_url, "--require-hits").returncode == 0
+    failed = _probe(broken_retriever)
+    assert failed.returncode == 1 and "HTTP 500" in failed.stderr and "index is not trained" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1, "one line saying why"
+    gone = _probe("http://127.0.0.1:9")
+    assert gone.returncode == 1 and "not healthy" in gone.stderr
 
 
 def test_run_sh_stops_before_training_when_the_retriever_cannot_search(

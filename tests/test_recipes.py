@@ -4,6 +4,7 @@ the protocol of docs/design.md §3; the launcher's preflight names each missing 
 from __future__ import annotations
 
 import importlib.util
+import json
 import socket
 import sys
 
@@ -204,7 +205,7 @@ def test_demo_cpu_recipe():
 
 
 def test_sparse_regime_recipe_is_the_micro_recipe_with_its_world_and_warm_start():
-    cfg, micro = _compose("micro_sparse"), _compose("micro_em_only_s42")
+    cfg, micro = _compose("micro_sparse"), _compose("micro_dense")
     assets = cfg.launch.assets
     assert (assets.regime, assets.unseen_world_seed) == (
         "sparse",
@@ -269,7 +270,7 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
         "launch/prepare.sh index",
     ):
         assert expected in text
-    assert not (tmp_path / "launch.env").exists()
+    assert not (tmp_path / "plan.json").exists()
 
 
 def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
@@ -284,14 +285,15 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
         preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "demo_cpu.yaml"), f"retriever.port={port}"])
         == 0
     )
-    env = dict(line.split("=", 1) for line in (tmp_path / "launch.env").read_text().splitlines())
-    assert env["DEVICE"] == "cpu" and env["RETRIEVER_URLS"] == f"http://127.0.0.1:{port}"
-    assert env["MODEL_PATH"].endswith(".demo/warm_start") and env["TRAIN_FILES"].startswith("/")
-    assert "--world-seed 0" in env["DEMO_ASSETS"] and ".demo/world_s0" in env["DEMO_ASSETS"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["device"] == "cpu" and plan["retriever"]["urls"] == [f"http://127.0.0.1:{port}"]
+    assert plan["model_path"].endswith(".demo/warm_start") and plan["train_files"].startswith("/")
+    assets = " ".join(plan["demo_assets"])
+    assert "--world-seed 0" in assets and ".demo/world_s0" in assets
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]
     assert tools["tools"][0]["config"]["topk"] == protocol.TOPK
-    assert tools["tools"][0]["config"]["retry_budget_s"] == 60 and env["RETRIEVER_MAX_RESTARTS"] == "3"
+    assert tools["tools"][0]["config"]["retry_budget_s"] == 60 and plan["retriever"]["max_restarts"] == 3
     assert OmegaConf.load(tmp_path / "recipe.yaml").retriever.port == port
 
 
@@ -322,9 +324,6 @@ def test_preflight_takes_external_retrievers(tmp_path):
     plan = _preflight().make_plan(
         RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path
     )
-    assert (
-        plan.env["RETRIEVER_URLS"] == "http://h1:8000,http://h2:8000"
-        and plan.env["RETRIEVER_EXTERNAL"] == "1"
-    )
+    assert plan.retriever.urls == ["http://h1:8000", "http://h2:8000"] and plan.retriever.external
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == ["http://h1:8000", "http://h2:8000"]

@@ -6,7 +6,7 @@ once, and nothing of the killed runs holds a port or a lock.
 The e2e test runs the CPU demo three times on one run directory (10.6 min measured on 2 cores
 shared with other runs, about 3 min a run; each in one of the heavy-run slots,
 tests/heavy_slot.py). The others are fast: what verl 0.9.1 does under it (so an upgrade fails
-here first), the launcher's checkpoint choice (``search_env.resume``) on hand-made checkpoints,
+here first), the launcher's checkpoint choice (``launch.resume``) on hand-made checkpoints,
 and run.sh stopping on a stray process.
 """
 
@@ -32,9 +32,9 @@ from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, port_fre
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from search_env import resume
+from launch import resume
+from launch.resume import TRACKER, complete_torch_file, problems
 from search_env.paths import REPO_ROOT
-from search_env.resume import TRACKER, complete_torch_file, problems
 
 SHARDS = ("model", "optim", "extra_state")
 
@@ -43,7 +43,7 @@ SHARDS = ("model", "optim", "extra_state")
 
 
 def test_verl_names_a_checkpoint_only_once_written_but_not_atomically(tmp_path: Path):
-    assert verl.__version__ == "0.9.1", "re-check search_env/resume.py against the new verl"
+    assert verl.__version__ == "0.9.1", "re-check launch/resume.py against the new verl"
     save = inspect.getsource(PPOTrainer._save_checkpoint)
     actor = save.index("self.actor_rollout_wg.save_checkpoint(")
     data = save.index("torch.save(self.train_dataloader.state_dict(), dataloader_local_path)")

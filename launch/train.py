@@ -1,0 +1,373 @@
+"""``python -m launch run RECIPE [overrides]``: one training run, top to bottom (docs/design.md §2).
+
+Strays of an earlier run stop it; then the preflight's plan, the checkpoint to resume from, the demo
+assets, the retriever (started, probed, watched and restarted), verl's trainer in its own process
+group, and a summary. Everything it started is stopped by PID / process group on exit, error,
+SIGINT and SIGTERM. The steps and the run directory's files: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from launch import preflight, progress, resume
+from launch.procs import exit_status, stop_group, stop_on_sigterm
+from launch.retriever import LocalRetriever
+from search_env.paths import REPO_ROOT
+from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
+from search_env.retriever_guard import RETRIEVER_LOG_ENV
+
+RAY_TMP = re.compile(r"^/tmp/rlvr_ray\.[A-Za-z0-9_]{6,8}$")
+"""The private Ray temp dirs this launcher makes (the only ones a later run removes)."""
+ASSETS_TIMEOUT_S = 3600
+TRAINER_GRACE_S = 30
+EXTERNAL_HEALTH_S = 30
+RAY_ENV = (
+    "VERL_FILE_LOGGER_PATH",
+    "VERL_PLATFORM",
+    resume.MARKER,
+    RETRIEVER_LOG_ENV,
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "WANDB_MODE",
+    "TOKENIZERS_PARALLELISM",
+)
+"""Variables a joined Ray cluster's workers get through the job's runtime env (they do not inherit ours)."""
+
+
+class LaunchError(RuntimeError):
+    """The run stops before training, with this message (exit status 2)."""
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class RunDir:
+    """The run directory's files (docs/training.md "Run directory")."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.ckpt = self.path / "checkpoints"
+        self.train_log = self.path / "train.log"
+        self.retriever_log = self.path / "retriever.log"
+        self.metrics = self.path / "metrics.jsonl"
+        self.ray_tmp_record = self.path / ".ray_tmp"
+
+
+@dataclass
+class Started:
+    """What this run started, stopped by :meth:`stop` (idempotent)."""
+
+    run: RunDir
+    trainer: subprocess.Popen | None = None
+    retriever: LocalRetriever | None = None
+    ray_tmp: Path | None = None
+    pump: threading.Thread | None = None
+    log_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, message: str) -> None:
+        """Log ``message`` and append it to train.log and retriever.log (the watchdog's events)."""
+        log(message)
+        line = f"[{time.strftime('%H:%M:%S')}] launch: {message}\n"
+        with self.log_lock, open(self.run.train_log, "a") as out:
+            out.write(line)
+        with open(self.run.retriever_log, "a") as out:
+            out.write(line)
+
+    def stop(self) -> None:
+        if self.trainer is not None:  # also whatever Ray left in the group after a normal exit
+            stop_group(self.trainer.pid, TRAINER_GRACE_S)
+            self.trainer.wait()
+            if self.pump is not None:
+                self.pump.join(timeout=10)
+            self.trainer = None
+        if self.retriever is not None:
+            self.retriever.stop(10)
+            self.retriever = None
+        if self.ray_tmp is not None:
+            _remove_tree(self.ray_tmp)
+            self.run.ray_tmp_record.unlink(missing_ok=True)
+            self.ray_tmp = None
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def check_strays(run: RunDir) -> None:
+    """Stop when a process an earlier run of this run directory started still runs; remove the
+    private Ray temp dir a killed run left."""
+    left = resume.strays(run.path, os.getpid(), wait_s=10.0)
+    if left:
+        raise LaunchError(resume.strays_message(run.path, left))
+    if run.ray_tmp_record.is_file():
+        old = run.ray_tmp_record.read_text().strip()
+        if RAY_TMP.match(old) and Path(old).is_dir():
+            _remove_tree(Path(old))
+            log(f"removed {old}, the Ray temp dir of an earlier run that was killed")
+        run.ray_tmp_record.unlink()
+
+
+def plan_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.Plan:
+    """The preflight (its output in preflight.log), then the checkpoint verl will resume from."""
+    log(f"preflight: {recipe.stem} (run dir {run.path})")
+    with open(run.path / "preflight.log", "w") as out:
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = out
+        try:
+            plan = preflight.plan_run(recipe, overrides, run.path)
+        except ValueError as err:
+            print(f"error: {err}", file=out)
+            raise LaunchError(str(err)) from None
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
+    skip, contents = resume.recipe_contents(run.path / "recipe.yaml")
+    try:
+        note = skip or resume.choose(run.ckpt, contents).note
+    except resume.ResumeError as err:
+        raise LaunchError(str(err)) from None
+    log(f"resume: {note}")
+    return plan
+
+
+def build_demo_assets(args: list[str], run: RunDir) -> None:
+    """``python -m search_demo assets`` (world + warm start, each rebuilt only when missing or
+    stale), one build at a time on the machine (a flock)."""
+    out = run.path / "assets.log"
+    log(f"demo assets: world + warm start (first build ~3 min on 2 cores, then cached; log: {out})")
+    lock_path = Path(os.environ.get("TMPDIR") or "/tmp") / "rlvr_demo_assets.lock"
+    with open(lock_path, "w") as lock, open(out, "a") as sink:
+        deadline = time.monotonic() + ASSETS_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"{lock_path} stayed locked for {ASSETS_TIMEOUT_S} s") from None
+                time.sleep(1)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "search_demo", "assets", *args],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=max(1.0, deadline - time.monotonic()),
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"building the demo assets took over {ASSETS_TIMEOUT_S} s; see {out}") from None
+    if done.returncode != 0:
+        raise LaunchError(f"building the demo assets failed; see {out}")
+    last = [line for line in out.read_text(errors="replace").splitlines() if line.strip()]
+    if last:
+        print(f"  {last[-1]}", file=sys.stderr, flush=True)
+
+
+def start_retriever(plan: preflight.Plan, started: Started) -> None:
+    """Start the local retriever (unless ``retriever.urls`` names running ones), wait for its
+    ``/health``, then send every retriever one real search; LaunchError when one fails."""
+    r, run = plan.retriever, started.run
+    if not r.external:
+        log(f"retriever: python -m search_env {' '.join(r.serve_args)}")
+        run.retriever_log.write_text("")
+        started.retriever = LocalRetriever(
+            r.serve_args, run.retriever_log, run.path / "retriever.pid", r.max_restarts, started.note
+        )
+        process = started.retriever.start()
+        os.environ[RETRIEVER_LOG_ENV] = str(run.retriever_log)  # named in the trainer's stop message
+        try:
+            wait_healthy(r.urls[0], r.startup_s, process)
+        except (TimeoutError, RuntimeError) as err:
+            raise LaunchError(
+                f"retriever did not answer GET {r.urls[0]}/health within {r.startup_s} s ({err}); "
+                f"see {run.retriever_log}"
+            ) from None
+    else:
+        os.environ.pop(RETRIEVER_LOG_ENV, None)
+        for url in r.urls:
+            try:
+                wait_healthy(url, EXTERNAL_HEALTH_S)
+            except TimeoutError:
+                raise LaunchError(f"retriever {url} does not answer GET /health (retriever.urls)") from None
+    for url in r.urls:
+        try:
+            search_once(url, require_hits=r.backend == "dense")
+        except ProbeError as err:
+            where = "" if r.external else f"; see {run.retriever_log}"
+            raise LaunchError(
+                f"retriever self-test failed (backend {r.backend}, index {r.index or 'none'}): {err}{where}; "
+                "training was not started"
+            ) from None
+    log(f"retriever ready: {','.join(r.urls)} (backend {r.backend}, one real /retrieve answered)")
+
+
+def trainer_command(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Started) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the user's overrides, then the plan's, then Ray's."""
+    args = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(recipe.parent)]
+    args += ["--config-name", recipe.stem, *overrides, *plan.trainer_overrides(started.run.ckpt)]
+    if not os.environ.get("RAY_ADDRESS"):  # a private local Ray instance, removed on exit
+        started.ray_tmp = Path(tempfile.mkdtemp(prefix="rlvr_ray.", dir="/tmp"))
+        started.run.ray_tmp_record.write_text(
+            f"{started.ray_tmp}\n"
+        )  # the next run removes it if we are killed
+        log(f"private Ray instance, temp dir {started.ray_tmp} (removed on exit)")
+        return [*args, f"+ray_kwargs.ray_init._temp_dir={started.ray_tmp}"]
+    log(
+        f"joining the Ray cluster at {os.environ['RAY_ADDRESS']} (its nodes' resources; "
+        "ray_kwargs.ray_init.num_cpus/num_gpus dropped)"
+    )
+    args += [f"++ray_kwargs.ray_init.{key}=null" for key in ("num_cpus", "num_gpus", "include_dashboard")]
+    for var in RAY_ENV:  # quoted: Ray takes only strings (hydra would read HF_HUB_OFFLINE=1 as an int)
+        if os.environ.get(var):
+            args.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.{var}='{os.environ[var]}'")
+    return args
+
+
+def _pump(source: IO[bytes], started: Started) -> None:
+    """The trainer's output: all of it to train.log, :func:`progress.condense` of it to stderr."""
+    with open(started.run.train_log, "ab") as out:
+        for raw in iter(source.readline, b""):
+            with started.log_lock:
+                out.write(raw)
+                out.flush()
+            for line in progress.condense(raw.decode(errors="replace")):
+                print(line, file=sys.stderr, flush=True)
+
+
+def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Started) -> int:
+    """Run the trainer in its own process group, watching the retriever every second; its exit
+    status (124 when it hit ``launch.timeout_s``)."""
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(started.run.metrics)
+    if plan.device == "cpu":
+        os.environ["VERL_PLATFORM"] = "cpu"
+    command = trainer_command(recipe, overrides, plan, started)
+    log(
+        f"training {plan.experiment} ({plan.total_steps} steps, device {plan.device}); log: {started.run.train_log}"
+    )
+    started.trainer = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    started.pump = threading.Thread(target=_pump, args=(started.trainer.stdout, started), daemon=True)
+    started.pump.start()
+    deadline = time.monotonic() + plan.timeout_s if plan.timeout_s > 0 else None
+    while True:
+        try:
+            return exit_status(started.trainer.wait(timeout=1.0))
+        except subprocess.TimeoutExpired:
+            pass
+        if started.retriever is not None:
+            started.retriever.check()
+        if deadline is not None and time.monotonic() > deadline:
+            stop_group(started.trainer.pid, TRAINER_GRACE_S)
+            started.trainer.wait()
+            log(f"the trainer hit launch.timeout_s={plan.timeout_s} s and was stopped")
+            return 124
+
+
+def summary(rc: int, plan: preflight.Plan, run: RunDir) -> None:
+    """Where the checkpoint, the logs and the metrics are; the log's end when training failed."""
+    tracker = run.ckpt / resume.TRACKER
+    latest = tracker.read_text().strip() if tracker.is_file() else ""
+    lines = run.metrics.read_text(errors="replace").splitlines() if run.metrics.is_file() else []
+    text = [
+        "",
+        f"training finished: {plan.experiment}"
+        if rc == 0
+        else f"training FAILED (exit {rc}): {plan.experiment}",
+    ]
+    if latest:
+        text.append(
+            f"  checkpoint: {run.ckpt}/global_step_{latest}/actor   (resume: run the same command again)"
+        )
+    else:
+        text.append(f"  checkpoint: none written yet under {run.ckpt}")
+    text.append(f"  train log:  {run.train_log}")
+    if not plan.retriever.external:
+        text.append(f"  retriever:  {run.retriever_log}")
+    text.append(f"  metrics:    {run.metrics} ({sum(1 for line in lines if line.strip())} steps logged)")
+    text.append(f"  config:     {run.path / 'recipe.yaml'}")
+    if rc != 0 and run.train_log.is_file():
+        text.append(f"--- last lines of {run.train_log} ---")
+        kept = [
+            line
+            for line in run.train_log.read_text(errors="replace").splitlines()
+            if "target_num_threads" not in line
+        ]
+        text += kept[-25:]
+    print("\n".join(text), file=sys.stderr, flush=True)
+
+
+def run(recipe: Path, overrides: list[str], run_dir: Path) -> int:
+    """One training run (module docstring); its exit status: the trainer's, 2 when it stopped
+    before training, 130 when interrupted."""
+    paths = RunDir(run_dir)
+    started = Started(paths)
+    stop_on_sigterm()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        check_strays(paths)
+        os.environ[resume.MARKER] = str(paths.path)  # inherited by everything started below
+        plan = plan_run(recipe, overrides, paths)
+        if plan.demo_assets is not None:
+            build_demo_assets(plan.demo_assets, paths)
+        start_retriever(plan, started)
+        rc = train(recipe, overrides, plan, started)
+        started.stop()
+        summary(rc, plan, paths)
+        return rc
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (launch.procs.Terminated)
+        log("interrupted: stopping what this run started")
+        return 130
+    finally:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        started.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch run",
+        description="Train one recipe end to end: preflight, resume, demo assets, retriever, verl, clean-up.",
+        epilog="Environment: RLVR_RUN_DIR (run directory, default runs/<recipe name>; relative to the "
+        "repository), RAY_ADDRESS (join a running Ray cluster), TMPDIR (the demo assets' lock). "
+        "docs/training.md describes each step and the run directory.",
+    )
+    parser.add_argument("recipe", type=Path, help="recipe YAML, e.g. recipes/demo_cpu.yaml")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="hydra overrides, passed to the trainer")
+    args = parser.parse_args(argv)
+    recipe = args.recipe.expanduser().absolute()
+    if not recipe.is_file():
+        print(
+            f"error: recipe {args.recipe} not found (the recipes are in {REPO_ROOT / 'recipes'})",
+            file=sys.stderr,
+        )
+        return 2
+    os.chdir(REPO_ROOT)  # recipe paths and RLVR_RUN_DIR are relative to the repository
+    run_dir = Path(os.environ.get("RLVR_RUN_DIR") or REPO_ROOT / "runs" / recipe.stem)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run(recipe, list(args.overrides), Path(os.path.abspath(run_dir)))  # as `cd DIR && pwd`
