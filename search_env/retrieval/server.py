@@ -1,28 +1,11 @@
 """Retrieval HTTP server (FastAPI): Search-R1 `/retrieve`, FlashRAG/ReSearch `/search` + `/batch_search`,
-`/health`, with concurrent requests micro-batched into one backend call and repeated queries answered
-from an LRU cache.
+`/health`; binds 127.0.0.1 unless told otherwise.
 
-Micro-batching: every request's queries go to a queue; one batching task takes all queued requests
-(whole requests, up to `max_batch` queries still to search; a single larger request forms its own
-batch), waits up to `max_wait_ms` for more when the batch is not full, and runs ONE `search_rows`
-(= one encode + one index search for the dense backend) plus the passage lookups in a dedicated worker
-thread, so the event loop keeps accepting requests meanwhile. Requests that arrive during a search form
-the next batch. With `max_batch=1` each request is searched alone (the Search-R1/FlashRAG design).
-`python -m search_env serve` passes a `worker.ProcessRetriever`, so that thread only waits for a child
-process doing the encode + search (no GIL shared with the event loop).
-
-Query cache (`cache.QueryCache`, shared by all dialects): a request's queries are looked up by
-(query text, topk) when it arrives; a request answered entirely from the cache skips the queue. The
-others are queued with their cached answers filled in; when their batch is formed the rest are looked
-up again (a previous batch may just have answered them), identical texts in one batch are searched
-once, and every searched answer is cached. With the cache off (0 entries) every query is searched,
-duplicates included.
-
-Validation (422 JSON with an `error` string naming the field, plus FastAPI's `detail` list): queries must
-be 1..4096 non-empty strings, topk/top_n in 1..100. Bodies over `max_body_bytes` -> 413 JSON, sent after
-the rest of the body has been read and discarded (bounded in bytes and time, see `JsonBodyGuard`), so
-clients that write the whole body before reading (urllib, requests, httpx) receive it. Faiss's -1
-("no hit") never becomes a passage.
+Concurrent requests are micro-batched (one batching task, up to `max_batch` queries, waiting at most
+`max_wait_ms` for more) into one backend search run in a worker thread, so the event loop keeps
+accepting requests; repeated queries are answered from an LRU cache (`cache.QueryCache`). Invalid
+fields are a 422 naming the field, oversized bodies a 413 sent after the body was drained (bounded).
+Mechanisms and measurements: docs/retrieval.md ("HTTP API", "Micro-batching", "Query cache").
 """
 
 from __future__ import annotations
