@@ -139,6 +139,13 @@ def find_run_config(run_dir: Path) -> Path | None:
     return None
 
 
+def _held_by_run(config: Path, run_dir: Path) -> str:
+    """``config`` named from the run folder that holds it (``<run>/recipe.yaml``): results name no
+    machine path."""
+    holder = run_dir if config.is_relative_to(run_dir) else run_dir.parent
+    return str(config.relative_to(holder.parent))
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """A YAML config as a plain dict (interpolations resolved where they can be)."""
     conf = OmegaConf.load(path)
@@ -168,7 +175,7 @@ def run_info(
     Values come from the run's saved config (reward function name or ``reward_kwargs.shape``,
     ``data.seed``, ``trainer.total_training_steps``; the recipes' top-level ``shape``/``seed``
     first), then from a ``<shape>_s<seed>`` folder name, and the explicit arguments override
-    all. Unknown values stay ``None``.
+    all. Unknown values stay ``None``. ``config_path`` is :func:`_held_by_run`'s.
     """
     run_dir = Path(run_dir).resolve()
     config_path = find_run_config(run_dir)
@@ -197,7 +204,7 @@ def run_info(
         "seed": seed if seed is not None else found_seed,
         "horizon": horizon if horizon is not None else found_horizon,
         "config": config,
-        "config_path": str(config_path) if config_path else None,
+        "config_path": _held_by_run(config_path, run_dir) if config_path else None,
     }
 
 

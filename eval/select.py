@@ -25,6 +25,7 @@ from eval.tables import (
     select_checkpoints,
     stage_caption,
 )
+from search_env.paths import repo_relative
 
 
 def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
@@ -88,8 +89,8 @@ def selection_document(
     return {
         "metric": metric,
         "matched_horizon": matched,
-        "results": str(results),
-        "val_results": str(val_results) if val_results is not None else None,
+        "results": repo_relative(results),
+        "val_results": repo_relative(val_results) if val_results is not None else None,
         "runs": runs,
     }
 
