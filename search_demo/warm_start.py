@@ -1,50 +1,12 @@
-"""Warm start of the CPU demo: the base model SFT-trained, briefly, on protocol trajectories.
+"""Warm start of the CPU demo: the shipped base model SFT-trained, briefly, on protocol trajectories.
 
-``build_warm_start(out)`` makes the policy the demo's GRPO starts from:
-
-1. **Base model** (``search_demo.base_model``, shipped in ``assets/demo_base``): a 1.4M-parameter
-   ``qwen3_5`` LM that can read an answer out of the protocol's 5 passages and copy a name into a
-   search, in a plain text format; it has never seen the study's prompt, chat template, tool
-   calls or tool responses.
-   Its tokenizer (the demo tokenizer, trained on the fixed name inventory of ``search_demo.world``
-   and on protocol-rendered trajectories) covers every seed's world.
-2. **Demonstrations**: training questions of the ``SFT_WORLD_SEEDS`` worlds are rolled out
-   through verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` against a real
-   BM25 server over each world's corpus, with :class:`TeacherClient` in place of the LLM: on each
-   turn it writes the assistant message the oracle would send (search the hop's subject, then
-   answer) as the chat template renders it, cut where the protocol's stop strings stop a
-   generator. So the token sequences (prompt, tool turns, masks) are exactly those a GRPO
-   rollout of the same protocol produces, and they follow any protocol change. A demonstration
-   whose retrieved passages miss the passage it needs is dropped. The teacher is deliberately
-   flawed: on ``two_hop_stop_early`` of the two-hop questions it answers after one search, with
-   the bridge entity (:func:`stopped_early`).
-3. **SFT** (:func:`sft`): a plain torch loop (AdamW, next-token loss on the model's own tokens
-   only, i.e. ``response_mask`` 1, name tokens weighted). Deliberately partial
-   (``WarmStartConfig``): few steps and the flawed teacher, so the policy searches and answers in
-   the protocol's format but mostly stops after one search on two-hop questions, a behaviour
-   GRPO, rewarded for the final answer only, can learn away (its samples still search twice now
-   and then, and those are the rollouts that score).
-
-The warm start depends on no demo world, so one model serves every world seed (the demo's GRPO
-world and the unseen world it is also evaluated on).
-
-Why not verl's SFT trainer: it needs a torchrun/FSDP process group and its multi-turn dataset
-re-tokenises messages with the chat template, while the protocol's tool turns are hand-built
-(``protocol.tool_turn_text``, the study's format) and the exact rollout tokens come only from the
-agent loop; a hundred steps on a 1.4M-parameter model also run faster in-process than a
-trainer start-up on two CPU cores.
-
-Cache: ``out/warm_start.json`` records :func:`cache_key` — a hash of a trajectory rendered by
-the protocol and chat template, the base model's stamp, the world generator version, the SFT
-worlds and the settings. :func:`ensure_warm_start` rebuilds only when it differs. Deterministic
-for a seed on one machine, but not across CPUs: float rounding differs between instruction sets,
-and a warm start rebuilt on another CPU agreed with the first on 69 of 100 held-out greedy
-answers (docs/training.md "Shipped warm starts"). So the warm starts the demo, the tests and the micro study use are shipped
-built (``SHIPPED``, ``assets/warm_start_<regime>``): :func:`ensure_warm_start` copies the one
-whose key matches instead of training, and every machine starts from the same bytes. CLI::
+A deliberately flawed teacher (:class:`TeacherClient`, :func:`stopped_early`) is rolled out
+through verl's own agent loop against a real BM25 server, so the SFT tokens are exactly a GRPO
+rollout's; :func:`sft` is a plain torch loop. :func:`ensure_warm_start` copies the shipped build
+(``SHIPPED``) whose :func:`cache_key` matches, else trains. Why and how: docs/training.md ("The
+CPU demo", step 3, and "Shipped warm starts").
 
     python -m search_demo.warm_start --out DIR [--base DIR] [--regime R] [--seed N] [--steps N] [--force]
-    python -m search_demo.warm_start --out assets/warm_start_sparse --regime sparse --force   # refresh one
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """``SearchAgentLoop``: verl's ``ToolAgentLoop`` producing the study's token sequence.
 
-Registered as agent ``search_agent`` (parquet column ``agent_name``; also declared in
-recipes/agent_loops.yaml for ``rollout.agent.agent_loop_config_path``). What it changes in verl's
-loop, to match the study's rollout (``training_m5_*/src/environments/search_r1_env.py`` and
-NeMo-RL's ``run_multi_turn_rollout``; docs/protocol.md):
-
-- every turn is sampled with the study's stop rules (``protocol.stop_sampling_params``): it
-  stops right after ``</tool_call>``, ``</search>`` or ``</answer>``, the stop text kept;
-- calls are read with ``protocol.classify_turn``: ``protocol.parse_query`` (first closed
-  ``<tool_call>`` with a ``<parameter=query>``, name unchecked), and a turn holding an
-  ``<answer>`` calls nothing;
-- after a call, the tool turn is the study's hand-built text ``protocol.tool_turn_text``
-  (``<|im_end|>\\n<|im_start|>user\\n<tool_response>…<|im_end|>\\n<|im_start|>assistant\\n``, no
-  ``<think>`` re-opened), tokenised on its own and appended with loss mask 0 — not verl's
-  chat-template render, which would add ``<think>\\n`` and drop the ``<|im_end|>`` the stopped turn
-  never sampled;
-- a tool turn that does not fit the token budget is cut to what fits and ends the rollout
-  (the study's ``truncation_mask``; verl would drop it).
-
-YAML/constructor options:
-
-- ``mask_retrieved`` (default true): true gives environment tokens ``response_mask`` 0 (no policy
-  loss, KL or entropy on retrieved text); false gives every response token mask 1 (padding stays
-  0), the Search-R1 "no retrieved-token mask" ablation.
-- ``max_turn_tokens`` (default ``protocol.MAX_TURN_TOKENS`` = 1,024): new tokens per assistant turn.
-- ``max_total_tokens`` (default ``protocol.MAX_TOTAL_TOKENS`` = 8,192): the whole sequence,
-  prompt + model turns + tool turns. ``rollout.response_length`` still bounds the response part.
-- ``stop_strings`` (default ``protocol.STOP_STRINGS``).
-- ``invalid_action`` (default ``end``): what follows a turn that stopped at ``</tool_call>`` but
-  holds no readable query: ``end`` the rollout (training env) or ``retry``: append
-  ``protocol.INVALID_ACTION_TEXT`` (mask 0) and sample again (the study's evaluation loop).
-The number of assistant turns comes from ``rollout.multi_turn.max_assistant_turns`` (recipes: 10).
-
-Each turn is sent with ``max_tokens = min(max_turn_tokens, room left in the total budget, room
-left in rollout.response_length)``.
-
-Per rollout, ``AgentLoopOutput.extra_fields`` gets the record of :mod:`search_env.rollout_record`
-(verl passes it to the reward function's ``extra_info`` and to the trainer's non-tensor batch).
-Each sampled turn is decoded once and read with ``protocol.classify_turn``: the reading gives
-verl's loop the call and labels the rollout's termination.
+Registered as agent ``search_agent`` (parquet column ``agent_name``; recipes/agent_loops.yaml).
+It overrides only what the study's rollout does differently: its stop strings, its query parser
+(:class:`StudyQueryParser`), its hand-built tool turn (loss mask 0 unless ``mask_retrieved`` is
+false), its token budgets, and the rollout record in ``extra_fields``. Options and each rule:
+docs/environment.md ("Agent loop"); the study's sources: docs/protocol.md.
 """
 
 from __future__ import annotations
