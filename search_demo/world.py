@@ -1,35 +1,12 @@
 """A synthetic multi-hop world for the CPU demo: fictional entities, wiki-18 passages, QA rows.
 
-``build_world(seed)`` draws a small world of fictional countries, cities, people and companies
-linked by four relations — a city is *located in* a country, a person was *born in* a city, a
-company was *founded by* a person and is *headquartered in* a city — and writes:
-
-- passages in the wiki-18 layout (``{"id", "contents": "\\"Title\\"\\ntext"}``): one per entity,
-  stating its relations, plus distractors that share its words (surname pages, city festivals,
-  "later lived in" sentences naming a second city), so the passage BM25 ranks first is not
-  always the one that answers;
-- FlashRAG-style question rows ``{"id", "question", "golden_answers", "type", "relation",
-  "hops", "entities", "split"}``: ``single_hop`` (one relation) and ``two_hop`` bridge questions
-  (MuSiQue-like: the answer of hop 1 is the subject of hop 2, e.g. "In which country was X
-  born?" = born in -> located in). Answers are entity names of one to three words.
-
-Names are random, so no answer can come from memory, but every name is drawn from the fixed
-``INVENTORY`` (built from a fixed syllable list and a fixed RNG, independent of the world seed),
-on which the demo tokenizer (``search_demo.tiny.build_demo_tokenizer``) is trained: any seed's
-world is covered by that tokenizer, and a model trained on one world can be tested on another.
-
-Splits: each of ``train``/``val``/``test`` is its own region of the world (its own countries,
-cities, people and companies, all in the one corpus), so the entities of test questions appear in
-no training question (and the same for val). Same seed -> identical files.
-
-CLI::
+``build_world(seed)`` draws fictional countries, cities, people and companies linked by four
+relations, and writes their passages (with distractors) and single-hop and two-hop bridge
+questions; every name comes from the fixed ``INVENTORY`` the demo tokenizer covers, and each
+split is its own region of the world. Same seed -> identical files. What it writes and why:
+docs/training.md ("The CPU demo", step 1).
 
     python -m search_demo.world --seed 7 --out DIR
-
-writes ``DIR/corpus.jsonl``, ``DIR/{train,val,test}.jsonl`` (all rows of a split),
-``DIR/test/{single_hop,two_hop}.jsonl`` (the evaluation suite: one benchmark per question type),
-``DIR/{train,val}.parquet`` (verl rows via ``search_env.data``; ``data_source`` = question type)
-and ``DIR/world.json`` (seed, sizes, counts).
 """
 
 from __future__ import annotations

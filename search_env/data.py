@@ -1,34 +1,8 @@
 """Dataset preparation: FlashRAG-format QA rows -> verl parquet (and plain jsonl for evaluation).
 
-Input rows are FlashRAG ``{"id", "question", "golden_answers": [...]}`` or R1-Searcher
-``{"idx", "question", "answer"}``. Sources (``--source``):
-
-- a folder laid out like the hub repo: ``DIR/<dataset>/<split>.jsonl`` (e.g. ``DIR/nq/test.jsonl``);
-- ``hub``: ``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", <dataset>, split=<split>)``
-  (needs network; offline it fails with a message saying what to download).
-
-Commands (``python -m search_env.data CMD --source SRC --out DIR``; ``--limit N`` keeps the
-first N rows of each split; a row count different from docs/design.md §7 prints a warning line)::
-
-    train  -> DIR/musique_train.parquet                   (MuSiQue train, the RL training set)
-    suite  -> DIR/suite/<name>.parquet + DIR/suite/<name>.jsonl  (the 7-benchmark test suite)
-    val    -> DIR/val.parquet + DIR/val.jsonl             (checkpoint selection; see below)
-    convert --input FILE --data-source NAME --out FILE.parquet   (one file, any of both schemas)
-
-The validation split samples ``--per-dataset`` (default 250) rows with ``--seed`` from the TRAIN
-splits of NQ, TriviaQA, HotpotQA and 2WikiMultiHopQA, skipping every question whose
-normalised text (``reward_fns.normalize_answer``) is in the test suite or the training set.
-
-Parquet row (what verl's ``RLHFDataset`` and ``SearchAgentLoop`` read)::
-
-    prompt        protocol.build_messages(question)   (the study's user prompt, question as given;
-                                                       tools come from tools.yaml)
-    data_source   benchmark name, e.g. "musique"
-    agent_name    "search_agent"
-    reward_model  {"style": "rule", "ground_truth": {"target": [gold answers]}}
-    extra_info    {"index": i, "id": row id, "split": split, "question": original question,
-                   "tools_kwargs": {"search": {"create_kwargs": {"id": row id}}}}
-(``tools_kwargs`` holds a field because parquet cannot store an empty struct.)
+``python -m search_env.data train|suite|val|convert``: the MuSiQue training set, the seven-benchmark
+test suite, the validation split (disjoint from both) and one-file conversion. Sources, row
+counts and the parquet row: docs/environment.md ("Datasets").
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """``SearchTool``: the verl tool behind the model's ``search`` calls.
 
-Declared in a tool YAML (``rollout.multi_turn.tool_config_path``, see recipes/tools.yaml)::
-
-    tools:
-      - class_name: search_env.tool.SearchTool
-        config: {type: native, retrieval_urls: ["http://127.0.0.1:8000"], topk: 5,
-                 chunk_cap: 1024, chunk_cap_unit: chars, timeout: 30, retry_budget_s: 60}
-
-The text returned is ``protocol.tool_response_text``: one ``<tool_response>`` block per passage
-with its raw wiki-18 ``contents``, each cut by ``protocol.cap_chunk`` (the study's
-``format_docs_qwen_native``). A failed search returns the study's ``Retriever failed: ...`` and an
-empty result ``Retriever returned no documents for query: ...``, both as one block.
-
-verl creates ONE instance per agent-loop worker and shares it between all concurrent
-trajectories, running ``create -> execute -> release`` on every call; so the tool keeps no
-per-trajectory state. Per-rollout counters go to ``agent_data.extra_fields``:
-``searches`` (search calls executed), ``search_errors`` (calls that returned an error text
-instead of passages: a failed retrieval, no passage, or a missing/empty query) and
-``retrieval_failures`` (the failed retrievals among them: the retriever did not answer within the
-client's retry budget, or rejected the request; the trainer's stop rule counts these only). A
-failure never raises: the model sees a short error text and the rollout goes on.
+Declared in a tool YAML (recipes/tools.yaml). It returns ``protocol.tool_response_text`` (one
+``<tool_response>`` block per passage) or the study's error texts, never raises, keeps no
+per-trajectory state (verl shares one instance between all trajectories of a worker) and counts
+``searches``, ``search_errors`` and ``retrieval_failures`` in ``agent_data.extra_fields``.
+Options and texts: docs/environment.md ("Tool").
 """
 
 from __future__ import annotations
