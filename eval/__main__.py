@@ -23,6 +23,7 @@ from eval import checkpoints as ckpts
 from eval import plan as seq
 from eval.settings import FULL, SEQUENTIAL, eval_settings
 from eval.suite import load_suite
+from search_env import protocol
 from search_env.paths import REPO_ROOT
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
@@ -52,6 +53,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, nargs="+", help="only these steps (0 = the untrained model)")
     p.add_argument("--limit", type=_positive_int, help="rows per benchmark (seeded subsample by id)")
     p.add_argument("--subsample-seed", type=int, default=0, help="seed of the --limit subsample (default 0)")
+    p.add_argument(
+        "--top-k",
+        type=_positive_int,
+        default=protocol.TOPK,
+        help="passages per search (training's retriever.top_k)",
+    )
     p.add_argument("--benchmarks", nargs="+", help="only these benchmarks of the suite")
     p.add_argument(
         "--backend",
@@ -250,8 +257,16 @@ def prepare(args: argparse.Namespace):
         retriever_urls=list(args.retriever_urls),
         max_in_flight=args.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
         eval_settings=eval_settings(
-            suite, args.limit, args.subsample_seed, limits, backend, args.prefix_caching, plan_name
+            suite,
+            args.limit,
+            args.subsample_seed,
+            limits,
+            backend,
+            args.prefix_caching,
+            plan_name,
+            topk=args.top_k,
         ),
+        topk=args.top_k,
         schedule=runner.Schedule(
             plan=plan_name,
             screen_rows=args.screen_rows,

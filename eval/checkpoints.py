@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from omegaconf import OmegaConf
 
-from reward_fns import SHAPES
+from reward_fns import REWARD_PATH, SHAPES
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
@@ -172,8 +172,8 @@ def run_info(
 ) -> dict[str, Any]:
     """``{"run", "shape", "seed", "horizon", "config", "config_path"}`` for ``run.json``.
 
-    Values come from the run's saved config (reward function name or ``reward_kwargs.shape``,
-    ``data.seed``, ``trainer.total_training_steps``; the recipes' top-level ``shape``/``seed``
+    Values come from the run's saved config (a user reward's function name; else ``shape``,
+    ``reward_kwargs.shape`` or the reward function name, ``data.seed``, ``trainer.total_training_steps``; the recipes' top-level ``shape``/``seed``
     first), then from a ``<shape>_s<seed>`` folder name, and the explicit arguments override
     all. Unknown values stay ``None``. ``config_path`` is :func:`_held_by_run`'s.
     """
@@ -181,9 +181,13 @@ def run_info(
     config_path = find_run_config(run_dir)
     config = load_config(config_path) if config_path else {}
     reward_fn = get_dotted(config, "reward.custom_reward_function.name")
-    found_shape = config.get("shape") or get_dotted(
-        config, "reward.custom_reward_function.reward_kwargs.shape"
-    )
+    reward_path = get_dotted(config, "reward.custom_reward_function.path")
+    if reward_fn and reward_path and reward_path != REWARD_PATH:
+        found_shape = reward_fn  # a user's own reward: labelled by its function's name
+    else:
+        found_shape = config.get("shape") or get_dotted(
+            config, "reward.custom_reward_function.reward_kwargs.shape"
+        )
     if found_shape is None and reward_fn in SHAPES:
         found_shape = reward_fn
     found_seed = config.get("seed")

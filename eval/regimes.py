@@ -330,7 +330,7 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int, 
     )
 
 
-def _mean(frame: pd.DataFrame, col: str, **where: object) -> float:
+def _column_mean(frame: pd.DataFrame, col: str, **where: object) -> float:
     sub = frame
     for k, v in where.items():
         sub = sub[sub[k] == v]
@@ -358,7 +358,7 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
     main = frame[frame["group"] == small]
     for regime, test in tests.items():
         sub = main[main["regime"] == regime]
-        means = {s: _mean(sub, "gain", shape=s) for s in order_shapes(sub["shape"].unique())}
+        means = {s: _column_mean(sub, "gain", shape=s) for s in order_shapes(sub["shape"].unique())}
         hits = sum(1 for sd in test.seeds if test.last_by_seed[sd] == claims.last)
         order = " > ".join(
             f"{s} {sub[sub['shape'] == s]['best_em'].mean():.3f}"
@@ -373,10 +373,10 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
             f"mean gain (95% seed CI) {gains}; {claims.better} - {claims.last} paired by seed "
             f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}; "
             "EM at the first checkpoint (how fast a shape starts) "
-            + ", ".join(f"{s} {_mean(sub, 'first_em', shape=s):.3f}" for s in means)
+            + ", ".join(f"{s} {_column_mean(sub, 'first_em', shape=s):.3f}" for s in means)
             + "."
         )
-        zv = {s: _mean(sub, "zero_var", shape=s) for s in means}
+        zv = {s: _column_mean(sub, "zero_var", shape=s) for s in means}
         r = _spearman(sub["zero_var"], sub["gain"])
         most_tied = max(zv, key=lambda s: zv[s]) if zv else "-"
         least_gain = min(means, key=lambda s: means[s]) if means else "-"
@@ -394,14 +394,14 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
             f"- **§6.4 (responses compress; the length-clip ratio stays low), {regime}:** "
             f"{'holds' if late < early else 'does not hold'} — policy tokens per rollout {_f(early, 1)} "
             f"(steps 1-3) -> {_f(late, 1)} (last 3 matched steps); length-clip ratio "
-            + ", ".join(f"{s} {_mean(sub, 'clip_ratio', shape=s):.3f}" for s in means)
+            + ", ".join(f"{s} {_column_mean(sub, 'clip_ratio', shape=s):.3f}" for s in means)
             + "."
         )
         rs = sub["reward_em_r"]
         lines.append(
             f"- **§6.5 (training reward tracks held-out EM), {regime}:** mean Pearson r over checkpoints "
             f"{_f(rs.mean(), 2)} (cells with r > 0: {int((rs > 0).sum())} of {int(rs.notna().sum())}); "
-            + ", ".join(f"{s} {_mean(sub, 'reward_em_r', shape=s):.2f}" for s in means)
+            + ", ".join(f"{s} {_column_mean(sub, 'reward_em_r', shape=s):.2f}" for s in means)
             + "."
         )
     g10 = frame[frame["group"] == large] if large is not None else frame.iloc[:0]
@@ -409,7 +409,7 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
         seeds = sorted(int(sd) for sd in g10["seed"].unique())
         sp = frame[(frame["regime"] == g10["regime"].iloc[0]) & frame["seed"].isin(seeds)]
         gaps = group_gaps(sp, seeds, n_boot, claims)
-        zv = {g: _mean(sp[sp["group"] == g], "zero_var", shape=claims.worse) for g in (small, large)}
+        zv = {g: _column_mean(sp[sp["group"] == g], "zero_var", shape=claims.worse) for g in (small, large)}
         lines.append(
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
             f"{claims.better} - {claims.worse} (paired by seed, 95% CI) {gaps[small][0]:+.3f} {_ci(gaps[small][1])} "
@@ -417,8 +417,8 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
             f"({gap_verdict(gaps, small, large)}); {claims.worse}'s zero-variance "
             f"fraction {zv[small]:.3f} -> {zv[large]:.3f}; EM at the first checkpoint, G = {small} -> {large}: "
             + ", ".join(
-                f"{s} {_mean(sp[sp['group'] == small], 'first_em', shape=s):.3f} -> "
-                f"{_mean(sp[sp['group'] == large], 'first_em', shape=s):.3f}"
+                f"{s} {_column_mean(sp[sp['group'] == small], 'first_em', shape=s):.3f} -> "
+                f"{_column_mean(sp[sp['group'] == large], 'first_em', shape=s):.3f}"
                 for s in (claims.worse, claims.better)
             )
             + "."
@@ -430,7 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval regimes", description=__doc__.split("\n\n")[0])
     p.add_argument("--dense", type=Path, help="the dense study's raw export (test/, logs/)")
     p.add_argument(
-        "--sparse", type=Path, required=True, help="the sparse study's raw results (test/, logs/, and trees such as g10/)"
+        "--sparse",
+        type=Path,
+        required=True,
+        help="the sparse study's raw results (test/, logs/, and trees such as g10/)",
     )
     p.add_argument(
         "--sparse-logs",
@@ -438,7 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of every sparse cell's <cell>/metrics.jsonl, e.g. the runs folder (default: SPARSE/logs and SPARSE/g10/logs)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder to write")
-    p.add_argument("--last-place", required=True, help="the shape stated in advance to rank last (C2: em_only)")
+    p.add_argument(
+        "--last-place", required=True, help="the shape stated in advance to rank last (C2: em_only)"
+    )
     p.add_argument(
         "--gap", nargs=2, required=True, metavar=("BETTER", "WORSE"), help="the shapes of the paired gain gap"
     )
@@ -455,7 +460,9 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     if args.dense is not None:
         trees.append(load_tree("dense", args.dense))
     trees.append(load_tree("sparse", args.sparse, args.sparse_logs))
-    for sub in sorted(p for p in args.sparse.iterdir() if (p / "test").is_dir()):  # e.g. the group-size tree g10/
+    for sub in sorted(
+        p for p in args.sparse.iterdir() if (p / "test").is_dir()
+    ):  # e.g. the group-size tree g10/
         trees.append(load_tree("sparse", sub, args.sparse_logs))  # a runs folder holds every cell's log
     matched = {}
     for t in trees:
@@ -487,7 +494,8 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
     if len(g10_frame):
         seeds = sorted(int(sd) for sd in g10_frame["seed"].unique())
         sp = frame[
-            (frame["regime"] == g10_frame["regime"].iloc[0]) & frame["shape"].isin([claims.worse, claims.better])
+            (frame["regime"] == g10_frame["regime"].iloc[0])
+            & frame["shape"].isin([claims.worse, claims.better])
         ]
         gs = group_size_markdown(sp, seeds, args.bootstrap, claims)
         (out / "group_size.md").write_text(

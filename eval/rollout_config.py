@@ -15,7 +15,7 @@ TOOL_TEXT_CHAR_LIMIT = 1 << 20
 
 
 def tool_and_loop_files(
-    limits: Limits, retriever_urls: Sequence[str], folder: Path, model_dir: Path
+    limits: Limits, retriever_urls: Sequence[str], folder: Path, model_dir: Path, topk: int = protocol.TOPK
 ) -> tuple[Path, Path]:
     """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
@@ -28,7 +28,7 @@ def tool_and_loop_files(
     tools = verl_glue.write_tool_config(
         folder / "tools.yaml",
         list(retriever_urls),
-        topk=protocol.TOPK,
+        topk=topk,
         max_retries=None,  # tries bounded by retry_budget_s, as in training
         **cap,
     )
@@ -44,12 +44,17 @@ def tool_and_loop_files(
 
 
 def rollout_config(
-    limits: Limits, retriever_urls: Sequence[str], backend: str, model_dir: Path, folder: Path
+    limits: Limits,
+    retriever_urls: Sequence[str],
+    backend: str,
+    model_dir: Path,
+    folder: Path,
+    topk: int = protocol.TOPK,
 ) -> Any:
     """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
-    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir)
+    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir, topk)
     return verl_glue.compose_rollout_config(
         model_dir,
         tools,

@@ -37,6 +37,7 @@ from eval.settings import (
 from eval.store import RowStore, exclusive_lock, read_json, row_key, try_lock, write_json_atomic
 from eval.suite import Question, Suite
 from eval.summary import score_row, summarize
+from search_env import protocol
 
 DEFAULT_IN_FLIGHT = {"hf": 32, "vllm": 512}
 """Rollouts kept in flight per backend (``--max-in-flight``). ``hf``: the CPU generator batches
@@ -79,6 +80,7 @@ class RunPlan:
     max_in_flight: int
     eval_settings: dict[str, Any]
     schedule: Schedule = field(default_factory=Schedule)
+    topk: int = protocol.TOPK  # passages per search (training's retriever.top_k)
 
     @property
     def run_root(self) -> Path:
@@ -190,7 +192,9 @@ def _roll_out_rows(
     back for a failed search get RETRIEVAL_RETRY_PASSES more passes, then RuntimeError."""
     model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", fingerprint)
     backend = make_backend(
-        rollout_config(plan.limits, plan.retriever_urls, plan.backend, model_dir, store.path.parent),
+        rollout_config(
+            plan.limits, plan.retriever_urls, plan.backend, model_dir, store.path.parent, plan.topk
+        ),
         str(model_dir),
     )
     with tqdm(

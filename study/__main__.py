@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, default=18500, help="retriever port of lane 0 (lane j: +10 j; eval +1)"
     )
     run.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
+    run.add_argument("--train-only", action="store_true", help="train every cell; no evaluation or report")
+    run.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hydra overrides for every cell (after its own)",
+    )
     sub.choices["report"].add_argument("--out", type=Path, help="report folder (default EXPORT/report)")
     return p
 

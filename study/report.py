@@ -19,7 +19,7 @@ from eval.results import ResultsError, load_results, load_training_logs
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
 from study.hypotheses import METRICS, Gap, LastPlace, gap_lines, last_place_lines, parse_tests
 from study.runner import Layout
-from study.spec import SHORTHANDS, Cell, Study, compose_recipe, dotted, repo_path
+from study.spec import Cell, Study, axis_value, repo_path
 from study.store import raw_complete, reuse_root, tree_root
 
 EVICTED = "training/filter_groups/evicted_samples"
@@ -63,13 +63,6 @@ def sources(study: Study, where: Layout) -> dict[str, Source]:
                     where.results_of(cell), where.runs / cell.name / "metrics.jsonl", False
                 )
     return out
-
-
-def axis_value(cell: Cell, axis: str) -> object:
-    """``cell``'s value of ``axis``: its own, else its recipe's."""
-    if axis in cell.axes:
-        return cell.axes[axis]
-    return dotted(compose_recipe(cell.recipe), SHORTHANDS.get(axis, axis))[1]
 
 
 def _log_steps(logs: pd.DataFrame, run: str, metric: str, matched: int) -> pd.Series:

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.spec import Cell, Study, StudyError, compose_recipe, dotted, repo_path
+from search_env.paths import repo_relative
+from study.spec import Cell, Study, StudyError, axis_value, compose_recipe, dotted, repo_path
 from study.store import (
     SPLITS,
     cell_complete,
@@ -225,8 +226,17 @@ def _resolve_world(value: object, cfg: dict) -> str | None:
 class Runner:
     """Runs a study's cells (``run``); every stage's output goes to ``runs/<cell>/study_<stage>.log``."""
 
-    def __init__(self, study: Study, where: Layout, progress: Progress, python_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        study: Study,
+        where: Layout,
+        progress: Progress,
+        python_env: dict[str, str],
+        extra: tuple[str, ...] = (),
+        train_only: bool = False,
+    ) -> None:
         self.study, self.where, self.progress, self.env = study, where, progress, python_env
+        self.extra, self.train_only = extra, train_only
         self.stages = Stages()
         self._export_lock = threading.Lock()
 
@@ -244,7 +254,14 @@ class Runner:
             self.progress(f"{cell.name} train: done before (step {cell.cap})")
             return
         t0 = time.monotonic()
-        args = ["bash", "launch/run.sh", str(cell.recipe), *cell.overrides, f"retriever.port={slot.port}"]
+        args = [
+            "bash",
+            "launch/run.sh",
+            str(cell.recipe),
+            *cell.overrides,
+            f"retriever.port={slot.port}",
+            *self.extra,
+        ]
         env = {**self.env, "RLVR_RUN_DIR": str(run_dir)}
         if slot.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpus
@@ -254,7 +271,7 @@ class Runner:
         if rc != 0 or latest != cell.cap:
             raise StudyError(
                 f"{cell.name} train: exit {rc}, latest checkpoint {latest}, cap {cell.cap}. "
-                f"Fix: see {run_dir}/study_train.log and {run_dir}/train.log, then run again to resume"
+                f"Fix: see {repo_relative(run_dir)}/study_train.log and train.log, then run again to resume"
             )
         self.progress(f"{cell.name} train: {cell.cap} steps in {time.monotonic() - t0:.0f} s")
 
@@ -269,14 +286,23 @@ class Runner:
         if slot.gpus is not None:
             env["GPUS"] = slot.gpus
         t0 = time.monotonic()
+        top_k = axis_value(cell, "top_k")
         rc = self.stages.run(
-            ["bash", "launch/eval.sh", str(run_dir / "checkpoints"), "--run-name", cell.name],
+            [
+                "bash",
+                "launch/eval.sh",
+                str(run_dir / "checkpoints"),
+                "--run-name",
+                cell.name,
+                "--top-k",
+                str(top_k),
+            ],
             env,
             run_dir / f"study_eval_{split}.log",
         )
         if rc != 0 or not cell_complete(out / cell.name, cell.cap):
             raise StudyError(
-                f"{cell.name} eval {split}: exit {rc}. Fix: see {run_dir}/study_eval_{split}.log, then run again"
+                f"{cell.name} eval {split}: exit {rc}. Fix: see {repo_relative(run_dir)}/study_eval_{split}.log, then run again"
             )
         write_marker(marker, f"{time.monotonic() - t0:.0f} s")
         self.progress(f"{cell.name} eval {split}: {time.monotonic() - t0:.0f} s")
@@ -285,6 +311,8 @@ class Runner:
         if self.stages.stopping:
             return
         self.train(cell, slot)
+        if self.train_only:
+            return
         for split in SPLITS:
             self.evaluate(cell, split, slot)
         if self.where.export is not None:
@@ -297,10 +325,12 @@ class Runner:
         for cell in cells:
             reused = self.reused(cell)
             if reused is not None:
-                self.progress(f"{cell.name}: reused from {reused} (not rerun)")
+                self.progress(f"{cell.name}: reused from {repo_relative(reused)} (not rerun)")
                 continue
             if self.where.export is not None and restore_cell(self.where, cell):
-                self.progress(f"{cell.name}: restored from {self.where.export}/raw (trained elsewhere)")
+                self.progress(
+                    f"{cell.name}: restored from {repo_relative(self.where.export)}/raw (trained elsewhere)"
+                )
             left.append(cell)
         return left
 
@@ -339,6 +369,8 @@ def run_study(
     port: int,
     gpus_per_cell: int | None,
     echo: Callable[[str], None],
+    extra: tuple[str, ...] = (),
+    train_only: bool = False,
 ) -> None:
     """Run ``cells`` of ``study`` under its lock; SIGINT/SIGTERM stop the running stages (run again to resume)."""
     with study_lock(where.runs):
@@ -348,11 +380,11 @@ def run_study(
             if earlier.is_file():
                 shutil.copy(earlier, where.runs / "progress.log")
         env = dict(os.environ)
-        runner = Runner(study, where, progress, env)
+        runner = Runner(study, where, progress, env, extra, train_only)
         lanes = slots(jobs, port, gpus_per_cell, visible_gpus() if gpus_per_cell else [])
         progress(
-            f"study {study.name}: {len(cells)} cells, {len(lanes)} side by side, runs in {where.runs}, "
-            f"results in {where.results}"
+            f"study {study.name}: {len(cells)} cells, {len(lanes)} side by side, runs in {repo_relative(where.runs)}, "
+            f"results in {repo_relative(where.results)}"
         )
 
         def stop(signum: int, _frame: object) -> None:

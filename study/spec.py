@@ -355,3 +355,10 @@ def load_study(path: str | Path) -> Study:
             raise StudyError(f"axes: two cells are both named {c.name}. Fix: remove the repeated axis values")
         seen[c.name] = c
     return Study(spec.name or path.stem, path, spec, cells)
+
+
+def axis_value(cell: Cell, axis: str) -> object:
+    """``cell``'s value of ``axis``: its own, else its recipe's."""
+    if axis in cell.axes:
+        return cell.axes[axis]
+    return dotted(compose_recipe(cell.recipe), SHORTHANDS.get(axis, axis))[1]

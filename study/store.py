@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from search_env.paths import repo_relative
+
 if TYPE_CHECKING:
     from study.runner import Layout
     from study.spec import Cell
@@ -117,7 +119,7 @@ def restore_cell(where: Layout, cell: Cell) -> bool:
         dst = where.results_of(cell) / split / cell.name
         shutil.rmtree(dst, ignore_errors=True)
         _copy_results(root / split / cell.name, dst)
-        write_marker(run_dir / f".study_eval_{split}", f"restored from {root}")
+        write_marker(run_dir / f".study_eval_{split}", f"restored from {repo_relative(root)}")
     shutil.copy(root / "logs" / cell.name / "metrics.jsonl", run_dir / "metrics.jsonl")
-    write_marker(run_dir / TRAINED, f"{cell.cap} restored from {root} (no checkpoints here)")
+    write_marker(run_dir / TRAINED, f"{cell.cap} restored from {repo_relative(root)} (no checkpoints here)")
     return True

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +18,10 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from eval.regimes import main as regimes_main
 from eval.report import main as report_main
 from eval.select import horizon_arg, resolve_matched_horizon
 from search_env.paths import REPO_ROOT
+from study.spec import load_study
 
 STUDY = REPO_ROOT / "docs" / "micro_study"
 RECIPES = REPO_ROOT / "recipes"
@@ -37,47 +37,6 @@ needs_committed_run = pytest.mark.skipif(
     not (STUDY / "report_args.txt").is_file(),
     reason="docs/micro_study/ holds no run yet: EXPORT=docs/micro_study bash launch/micro_study.sh writes it",
 )
-COMMITTED_REPORTS = [
-    pytest.param(STUDY, "", id="dense"),
-    pytest.param(SPARSE, "", id="sparse"),
-    pytest.param(SPARSE, "g10", id="sparse-g10"),
-]
-
-
-def _committed_command(export: Path = STUDY, tree: str = "") -> list[str]:
-    """The arguments recorded with a committed report (report_args[_TREE].txt); skips the test if absent."""
-    path = export / f"report_args{'_' + tree if tree else ''}.txt"
-    if not path.is_file():
-        pytest.skip(f"{path.relative_to(REPO_ROOT)} is not committed: the study has not written that report")
-    return shlex.split(path.read_text())
-
-
-def _same_tables(out: Path, committed: Path) -> list[str]:
-    """Assert every .md/.csv of ``committed`` (one level) is byte-equal in ``out``; returns the names."""
-    tables = sorted(p.name for p in committed.iterdir() if p.suffix in {".md", ".csv"})
-    for name in tables:
-        assert (out / name).read_text() == (committed / name).read_text(), f"{name} differs when regenerated"
-    assert {p.name for p in committed.glob("*.png")} == {p.name for p in out.glob("*.png")}
-    return tables
-
-
-@pytest.mark.parametrize(("export", "tree"), COMMITTED_REPORTS)
-def test_committed_report_tables_regenerate_from_committed_raw_results(tmp_path, monkeypatch, export, tree):
-    args = _committed_command(export, tree)
-    out = tmp_path / "report"
-    monkeypatch.chdir(REPO_ROOT)  # the recorded paths are relative to the repository root
-    assert report_main([*args, "--out", str(out)]) == 0
-    tables = _same_tables(out, export / "report" / tree)
-    assert {"table1.md", "table1.csv", "statistics.md", "ranking_test.csv", "table1_val.md"} <= set(tables)
-
-
-def test_committed_regimes_report_regenerates_from_both_exports(tmp_path, monkeypatch):
-    args = _committed_command(SPARSE, "regimes")
-    out = tmp_path / "regimes"
-    monkeypatch.chdir(REPO_ROOT)
-    assert regimes_main([*args, "--out", str(out)]) == 0
-    tables = _same_tables(out, SPARSE / "report" / "regimes")
-    assert {"cells.csv", "table1.md", "group_size.md", "index.md"} <= set(tables)
 
 
 @pytest.mark.parametrize(
@@ -121,30 +80,6 @@ def test_committed_raw_results_are_complete_and_checkpoint_free(raw: Path, expec
     assert not [p for p in raw.parent.rglob("*") if p.suffix in {".pt", ".safetensors", ".bin"}]
 
 
-def _cell(shape: str, seed: int) -> dict:
-    return yaml.safe_load((RECIPES / f"micro_{shape}_s{seed}.yaml").read_text())
-
-
-def test_micro_cells_differ_only_in_shape_seed_and_a_proportional_cap():
-    caps = {}
-    for shape in SHAPES:
-        for seed in GPU_CAPS:
-            raw = _cell(shape, seed)
-            assert raw["hydra"] == {"searchpath": ["pkg://verl.trainer.config"]}
-            assert raw["defaults"] == ["micro", "_self_"]
-            rest = {k: v for k, v in raw.items() if k not in ("hydra", "defaults")}
-            assert set(rest) == {"shape", "seed", "trainer"} and set(rest["trainer"]) == {
-                "total_training_steps"
-            }
-            assert (rest["shape"], rest["seed"]) == (shape, seed)
-            caps.setdefault(seed, set()).add(rest["trainer"]["total_training_steps"])
-    assert all(len(c) == 1 for c in caps.values()), "every shape of a seed has the same cap"
-    cap = {seed: next(iter(c)) for seed, c in caps.items()}
-    scale = cap[42] / GPU_CAPS[42]
-    for seed, gpu in GPU_CAPS.items():  # the GPU proportion 180 : 230 : 312 up to rounding to whole steps
-        assert abs(cap[seed] - gpu * scale) <= 0.5 + 1e-9, (seed, cap[seed], gpu * scale)
-
-
 def _dotted(tree: dict, prefix: str = "") -> list[str]:
     """``{"a": {"b": 1}}`` -> ``["a.b=1"]`` (hydra overrides of every leaf)."""
     out = []
@@ -157,18 +92,23 @@ def _dotted(tree: dict, prefix: str = "") -> list[str]:
 
 
 def test_micro_cells_are_the_demo_recipe_plus_their_own_keys():
-    """Each cell composes to exactly the demo recipe with micro.yaml's keys and the cell's shape,
-    seed and step cap applied on top: same model, data, world, rollout and optimiser."""
+    """Each dense cell of recipes/studies/micro_dense.yaml composes to exactly the demo recipe with
+    micro.yaml's keys and the cell's shape, seed and step cap on top: same model, data, world, rollout
+    and optimiser; the caps keep the GPU proportion 180 : 230 : 312."""
     micro = {k: v for k, v in yaml.safe_load((RECIPES / "micro.yaml").read_text()).items() if k != "defaults"}
+    study = load_study(REPO_ROOT / "recipes" / "studies" / "micro_dense.yaml")
+    assert {c.name for c in study.cells} == {f"{sh}_s{sd}" for sh in SHAPES for sd in GPU_CAPS}
     with initialize_config_dir(config_dir=str(RECIPES), version_base=None):
-        for shape in SHAPES:
-            for seed in GPU_CAPS:
-                cap = _cell(shape, seed)["trainer"]["total_training_steps"]
-                cell_keys = {"shape": shape, "seed": seed, "trainer": {"total_training_steps": cap}}
-                cfg = compose(config_name=f"micro_{shape}_s{seed}")
-                demo = compose(config_name="demo_cpu", overrides=_dotted(micro) + _dotted(cell_keys))
-                assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(demo, resolve=True)
-                assert cfg.trainer.experiment_name == f"{shape}_s{seed}" and cfg.data.seed == seed
+        for cell in study.cells:
+            cfg = compose(config_name="micro_dense", overrides=list(cell.overrides))
+            keys = {"shape": cell.shape, "seed": cell.seed, "trainer": {"total_training_steps": cell.cap}}
+            demo = compose(config_name="demo_cpu", overrides=_dotted(micro) + _dotted(keys))
+            demo.trainer.experiment_name = cell.name
+            assert OmegaConf.to_container(cfg, resolve=True) == OmegaConf.to_container(demo, resolve=True)
+            assert cfg.trainer.experiment_name == cell.name and cfg.data.seed == cell.seed
+    scale = study.cell("em_only_s42").cap / GPU_CAPS[42]
+    for seed, gpu in GPU_CAPS.items():  # the GPU proportion up to rounding to whole steps
+        assert abs(study.cell(f"f1_only_s{seed}").cap - gpu * scale) <= 0.5 + 1e-9
 
 
 def test_matched_horizon_auto_is_the_smallest_known_cap():
@@ -319,11 +259,11 @@ def test_search_profile_pools_every_benchmark_without_multi_hop_ones(small_repor
     assert "pools every benchmark" in (out / "index.md").read_text()
 
 
-def _study(timeout: int, **env: str) -> subprocess.CompletedProcess:
-    """``bash launch/micro_study.sh`` from the repository root with ``env`` over this process's
-    environment, its output captured; killed after ``timeout`` seconds."""
+def _study(timeout: int, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``bash launch/micro_study.sh ARGS`` (a wrapper of ``python -m study run``) from the repository root
+    with ``env`` over this process's environment, its output captured; killed after ``timeout`` seconds."""
     return subprocess.run(
-        ["bash", "launch/micro_study.sh"],
+        ["bash", "launch/micro_study.sh", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -332,54 +272,82 @@ def _study(timeout: int, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_micro_study_skips_finished_cells_and_writes_the_report(small_report, tmp_path):
-    """Every cell marked done: the script neither trains nor evaluates, only reports (resume path)."""
+def test_a_study_skips_finished_cells_and_writes_the_report(small_report, tmp_path):
+    """Every cell marked done: the study neither trains nor evaluates, only reports (resume path)."""
     base, _ = small_report
+    study = tmp_path / "small.yaml"
+    study.write_text(
+        "name: small\nbase: recipes/micro_dense.yaml\naxes: {shape: [em_only, f1_only, f1_format], seed: [42, 43, 44]}\n"
+        f"steps: {json.dumps(CAPS)}\nreport: {{bootstrap: 20}}\n"
+    )
     runs = tmp_path / "runs"
     for shape, seed in TEST_TREE:
         cell = runs / f"{shape}_s{seed}"
         cell.mkdir(parents=True)
-        for marker in (".micro_trained", ".micro_eval_test", ".micro_eval_val"):
-            (cell / marker).write_text("done in an earlier run\n")
+        (cell / ".study_trained").write_text(f"{CAPS[seed]} done in an earlier run\n")
+        for split in ("test", "val"):
+            (cell / f".study_eval_{split}").write_text("done in an earlier run\n")
         (cell / "metrics.jsonl").write_text((base / "logs" / cell.name / "metrics.jsonl").read_text())
-    proc = _study(300, RUNS=str(runs), RESULTS=str(base), REPORT=str(tmp_path / "report"), BOOTSTRAP="20")
+    proc = subprocess.run(
+        [sys.executable, "-m", "study", "run", str(study), "--runs", str(runs), "--results", str(base)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "done before" in line]
     assert len(lines) == 27  # 9 cells x (train, eval test, eval val)
-    assert (tmp_path / "report" / "table1.md").is_file() and (tmp_path / "report" / "table1_val.md").is_file()
+    assert (base / "report" / "table1.md").is_file() and (base / "report" / "table1_val.md").is_file()
     assert (runs / "progress.log").read_text().count("done before") == 27
 
 
 def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path):
     """JOBS=2: two cells start together; both fail in preflight (an unknown
-    reward shape), so the third never starts and the study exits 1, naming the failure."""
+    reward shape), so the third never starts and the study exits non-zero, naming the failure."""
     env = {
         "RUNS": str(tmp_path / "runs"),
         "RESULTS": str(tmp_path / "results"),
+        "EXPORT": str(tmp_path / "export"),
         "PORT": "18740",
         "JOBS": "2",
         "CELLS": "em_only_s42 f1_only_s42 f1_format_s42",
-        "EXTRA": "shape=no_such_shape",
     }
-    done = _study(600, **env)
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert done.stderr.count("reward shape 'no_such_shape' is unknown") == 2
-    assert "a cell failed" in done.stderr
+    done = _study_with_set(600, env, "shape=no_such_shape")
+    assert done.returncode == 2, done.stderr[-3000:]
+    logs = [p.read_text() for p in (tmp_path / "runs").glob("*/study_train.log")]
+    assert sum("reward shape 'no_such_shape' is unknown" in text for text in logs) == 2
+    assert "train: exit" in done.stderr
     assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == [
         "em_only_s42",
         "f1_only_s42",
     ]
     bad = _study(60, **{**env, "JOBS": "0"})
-    assert bad.returncode == 2 and "JOBS must be a whole number >= 1" in bad.stderr
+    assert bad.returncode == 2 and "--jobs" in bad.stderr
+
+
+def _study_with_set(timeout: int, env: dict[str, str], override: str) -> subprocess.CompletedProcess:
+    """``python -m study run`` of the dense micro study with one extra hydra override for every cell."""
+    cmd = [sys.executable, "-m", "study", "run", "recipes/studies/micro_dense.yaml", "--jobs", env["JOBS"]]
+    cmd += [
+        "--port",
+        env["PORT"],
+        "--runs",
+        env["RUNS"],
+        "--results",
+        env["RESULTS"],
+        "--export",
+        env["EXPORT"],
+    ]
+    cmd += ["--cells", *env["CELLS"].split(), "--set", override]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @needs_committed_run
 def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path):
     """A study continued on a machine without its runs folder: the cell the export already holds
-    is restored (results, log, markers), nothing is trained or evaluated, and the export, rewritten,
-    keeps its results and its earlier progress lines. A finished cell outside CELLS is restored too
-    and survives the export's refresh (an export used to be rebuilt from this invocation's results
-    alone, dropping every exported cell not yet restored)."""
+    is restored (results, log, markers), nothing is trained or evaluated, and the export keeps its
+    results and its earlier progress lines. A finished cell outside CELLS is left in the export."""
     export = tmp_path / "export"
     for cell in ("em_only_s42", "f1_only_s42"):
         for sub in ("test", "val", "logs"):
@@ -391,19 +359,17 @@ def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path)
         RESULTS=str(tmp_path / "results"),
         EXPORT=str(export),
         CELLS="em_only_s42",
-        BOOTSTRAP="10",
         PORT="18720",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "em_only_s42: restored from" in done.stderr and "train: done before" in done.stderr
-    assert "f1_only_s42: restored from" in done.stderr
-    assert not (tmp_path / "runs" / "em_only_s42" / "micro_train.log").exists()  # nothing was run
+    assert not (tmp_path / "runs" / "em_only_s42" / "study_train.log").exists()  # nothing was run
     for cell in ("em_only_s42", "f1_only_s42"):
         for sub in ("test", "val", "logs"):
             for f in (STUDY / "raw" / sub / cell).rglob("*"):
                 if f.is_file():
                     rel = f.relative_to(STUDY / "raw")
                     assert (export / "raw" / rel).read_bytes() == f.read_bytes(), rel
-    log = (export / "raw" / "progress.log").read_text()
+    log = (tmp_path / "runs" / "progress.log").read_text()
     assert log.startswith((STUDY / "raw" / "progress.log").read_text()) and "restored from" in log
     assert (export / "report" / "table1.md").is_file()

@@ -38,7 +38,9 @@ def _user_module_on_path(monkeypatch):
 
 def test_paper_study_lists_the_nine_gpu_cells_with_their_recipes_caps(capsys):
     study = load_study(STUDIES / "paper.yaml")
-    assert [c.name for c in study.cells] == [f"{sh}_s{sd}" for sd in GPU_CAPS for sh in ("em_only", "f1_only", "f1_format")]
+    assert [c.name for c in study.cells] == [
+        f"{sh}_s{sd}" for sd in GPU_CAPS for sh in ("em_only", "f1_only", "f1_format")
+    ]
     for c in study.cells:
         assert c.cap == GPU_CAPS[c.seed] and c.recipe.name == f"{c.name}.yaml" and c.tree == ""
     assert study_main(["list", str(STUDIES / "paper.yaml")]) == 0
@@ -53,7 +55,9 @@ def test_sparse_study_lists_21_cells_with_the_caps_rule_and_a_g10_tree():
     assert len(study.cells) == 21 and len(main) == 15 and len(g10) == 6
     for c in main:  # seed 42 + k takes seed 42 + (k mod 3)'s GPU cap / 10
         assert c.cap == round(GPU_CAPS[42 + (c.seed - 42) % 3] / 10)
-    assert {c.name for c in g10} == {f"{sh}_g10_s{sd}" for sh in ("em_only", "f1_only") for sd in (42, 43, 44)}
+    assert {c.name for c in g10} == {
+        f"{sh}_g10_s{sd}" for sh in ("em_only", "f1_only") for sd in (42, 43, 44)
+    }
     assert all(c.cap == 18 and "actor_rollout_ref.rollout.n=10" in c.overrides for c in g10)
     dense = load_study(STUDIES / "micro_dense.yaml")
     assert {(c.seed, c.cap) for c in dense.cells} == {(42, 18), (43, 23), (44, 31)} and len(dense.cells) == 9
@@ -103,7 +107,11 @@ BASE = "base: recipes/micro_sparse.yaml\n"
         (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: -1\n", "steps"),
         (BASE + "axes: {shape: [em_only], seed: [42], retriever: [grep]}\nsteps: 2\n", "axes.retriever"),
         (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\nflavour: x\n", "flavour"),
-        (BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\ntests: [{gap: {axis: top_k, better: 3, worse: 5}}]\n", "tests.0.gap.axis"),
+        (
+            BASE
+            + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\ntests: [{gap: {axis: top_k, better: 3, worse: 5}}]\n",
+            "tests.0.gap.axis",
+        ),
         ("base: recipes/nope.yaml\naxes: {shape: [em_only], seed: [42]}\n", "base"),
     ],
 )
@@ -118,16 +126,30 @@ def test_a_bad_study_file_is_one_line_naming_the_key_before_anything_runs(tmp_pa
 def test_any_dotted_recipe_key_is_an_axis_and_cells_of_different_values_never_collide(tmp_path):
     path = _write(
         tmp_path,
-        BASE + "axes: {shape: [em_only], seed: [42], actor_rollout_ref.actor.optim.lr: [0.0002, 0.001], top_k: [3]}\nsteps: 2\n",
+        BASE
+        + "axes: {shape: [em_only], seed: [42], actor_rollout_ref.actor.optim.lr: [0.0002, 0.001], top_k: [3]}\nsteps: 2\n",
     )
     study = load_study(path)
     assert len({c.name for c in study.cells}) == 2 and len({c.tree for c in study.cells}) == 2
     assert {c.tree for c in study.cells} == {"lr-0.001_k3", "k3"}  # the recipe's lr is 2e-4: untagged
-    assert all("+retriever.top_k=3" in c.overrides for c in study.cells)
+    assert all("retriever.top_k=3" in c.overrides for c in study.cells)
 
 
 def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
-    assert study_main(["list", str(STUDIES / "paper.yaml"), "--gpu-hours", "--step-seconds", "100", "--rollout-seconds", "1"]) == 0
+    assert (
+        study_main(
+            [
+                "list",
+                str(STUDIES / "paper.yaml"),
+                "--gpu-hours",
+                "--step-seconds",
+                "100",
+                "--rollout-seconds",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     study = load_study(STUDIES / "paper.yaml")
     save = 10
@@ -139,7 +161,9 @@ def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
     assert checkpoints(312, 10) == 32 and checkpoints(180, 10) == 18 and checkpoints(18, 6) == 3
 
 
-@pytest.mark.parametrize(("name", "export"), [("micro_dense", "micro_study"), ("micro_sparse", "micro_study_sparse")])
+@pytest.mark.parametrize(
+    ("name", "export"), [("micro_dense", "micro_study"), ("micro_sparse", "micro_study_sparse")]
+)
 def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_path, name, export):
     """Every table of the committed report (each tree's, the regimes', the study's) from the raw results."""
     out = tmp_path / "report"
@@ -149,15 +173,21 @@ def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_p
     assert len(tables) > 20
     for rel in tables:
         assert (out / rel).read_text() == (committed / rel).read_text(), f"{rel} differs when regenerated"
-    assert {p.relative_to(committed) for p in committed.rglob("*.png")} == {p.relative_to(out) for p in out.rglob("*.png")}
+    assert {p.relative_to(committed) for p in committed.rglob("*.png")} == {
+        p.relative_to(out) for p in out.rglob("*.png")
+    }
 
 
 def _frame(gaps: dict[int, float]) -> pd.DataFrame:
     rows = []
     for seed, gap in gaps.items():
         rows.append({"seed": seed, "shape": "em_only", "axis:group_size": "5", "first_em": 0.3, "tree": ""})
-        rows.append({"seed": seed, "shape": "em_only", "axis:group_size": "10", "first_em": 0.3 + gap, "tree": "g10"})
-    rows.append({"seed": 99, "shape": "em_only", "axis:group_size": "10", "first_em": 0.9, "tree": "g10"})  # unpaired
+        rows.append(
+            {"seed": seed, "shape": "em_only", "axis:group_size": "10", "first_em": 0.3 + gap, "tree": "g10"}
+        )
+    rows.append(
+        {"seed": 99, "shape": "em_only", "axis:group_size": "10", "first_em": 0.9, "tree": "g10"}
+    )  # unpaired
     return pd.DataFrame(rows)
 
 
@@ -174,7 +204,13 @@ def test_a_gap_pairs_by_seed_and_swapping_levels_negates_it(gaps):
 
 
 def test_parse_tests_reads_both_kinds():
-    tests = parse_tests([{"last_place": "em_only", "label": "C2"}, {"gap": {"axis": "shape", "better": "f1_only", "worse": "em_only"}}], {"shape", "seed"})
+    tests = parse_tests(
+        [
+            {"last_place": "em_only", "label": "C2"},
+            {"gap": {"axis": "shape", "better": "f1_only", "worse": "em_only"}},
+        ],
+        {"shape", "seed"},
+    )
     assert tests[0].shape == "em_only" and tests[0].label == "C2"
     assert tests[1].metric == "gain" and not tests[1].labelled
 
@@ -203,7 +239,9 @@ def test_export_then_restore_round_trips_a_cell_without_weights(tmp_path):
     elsewhere = Layout(tmp_path / "runs2", tmp_path / "results2", where.export)
     assert restore_cell(elsewhere, cell)
     assert latest_checkpoint(elsewhere.runs / cell.name) == cell.cap
-    assert (elsewhere.results / "g10" / "val" / cell.name / f"global_step_{cell.cap}" / "summary.json").is_file()
+    assert (
+        elsewhere.results / "g10" / "val" / cell.name / f"global_step_{cell.cap}" / "summary.json"
+    ).is_file()
     assert not restore_cell(elsewhere, cell)  # done: nothing more to restore
 
 
@@ -250,7 +288,21 @@ def test_a_user_reward_study_trains_evaluates_and_reports_on_cpu(tmp_path):
         "steps: 2\noverrides: {trainer.save_freq: 2}\neval: {test_limit: 3, val_limit: 2, backend: hf}\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{STUDIES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "study", "run", str(path), "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "res"), "--jobs", "1", "--port", "18930"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "run",
+        str(path),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "res"),
+        "--jobs",
+        "1",
+        "--port",
+        "18930",
+    ]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "res" / "report" / "table1.md").read_text()
