@@ -15,7 +15,8 @@ import pandas as pd
 
 from eval import regimes
 from eval.report import main as eval_report
-from eval.results import ResultsError, load_results, load_training_logs
+from eval.results import SETTINGS_FIX, ResultsError, load_results, load_training_logs, run_settings
+from eval.settings import differences, mismatch_message
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
 from study.hypotheses import METRICS, Gap, LastPlace, gap_lines, last_place_lines, parse_tests
 from study.runner import Layout
@@ -25,6 +26,8 @@ from study.store import raw_complete, reuse_root, tree_root
 EVICTED = "training/filter_groups/evicted_samples"
 SURPLUS = "training/filter_groups/discarded_surplus_samples"
 GROUPS = "grpo/groups"
+AXIS_SETTINGS = {"top_k": "top-k", "retriever": "retriever"}
+"""Evaluation settings that differ between cells by design when the study varies that axis."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def cells_frame(study: Study, where: Layout, matched: int) -> pd.DataFrame:
         if cell.name in found:
             by_root.setdefault(found[cell.name].root, []).append(cell)
     axes = sorted({a for c in study.cells for a in c.axes} - {"shape", "seed"})
+    check_comparable(by_root, {AXIS_SETTINGS[a] for a in axes if a in AXIS_SETTINGS})
     frames = []
     for root, cells in by_root.items():
         results = load_results(root / "test")
@@ -121,6 +125,21 @@ def cells_frame(study: Study, where: Layout, matched: int) -> pd.DataFrame:
     order = {c.name: i for i, c in enumerate(study.cells)}
     frame = pd.concat(frames, ignore_index=True)
     return frame.sort_values("run", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def check_comparable(by_root: dict[Path, list[Cell]], varied: set[str]) -> None:
+    """ResultsError unless every results folder (own and reused) was evaluated with the same settings,
+    but for those an axis of the study varies (``varied``)."""
+    reference: tuple[str, dict] | None = None
+    for root, cells in by_root.items():
+        where = root / "test" / cells[0].name / "run.json"
+        settings = run_settings(where.parent)
+        if reference is None:
+            reference = (rel(where), settings)
+            continue
+        diffs = [d for d in differences(reference[1], settings) if d[0] not in varied]
+        if diffs:
+            raise ResultsError(mismatch_message(reference[0], rel(where), diffs, SETTINGS_FIX))
 
 
 def _f(x: float) -> str:

@@ -21,6 +21,10 @@ DENSE = REPO_ROOT / "docs" / "micro_study" / "raw"
 needs_dense = pytest.mark.skipif(not (DENSE / "test").is_dir(), reason="docs/micro_study/raw holds no run")
 
 
+CLAIMS = ["--last-place", "em_only", "--gap", "f1_only", "em_only"]
+"""The claims the sparse study file states (recipes/studies/micro_sparse.yaml)."""
+
+
 def test_binomial_tail_is_exact():
     assert binomial_tail(3, 5, 5) == Fraction(1, 243)  # = the pre-stated test's P when last everywhere
     assert binomial_tail(3, 5, 0) == 1
@@ -69,10 +73,13 @@ def test_paired_gap_pairs_by_seed_and_skips_unpaired():
 
 
 def test_only_a_gap_that_excludes_zero_can_be_closed():
-    assert gap_verdict({5: (0.004, (-0.007, 0.013)), 10: (-0.001, (-0.003, 0.002))}).startswith("no gap")
-    assert gap_verdict({5: (0.10, (0.05, 0.15)), 10: (0.02, (-0.01, 0.05))}) == "G = 10 narrows it"
+    assert gap_verdict({5: (0.004, (-0.007, 0.013)), 10: (-0.001, (-0.003, 0.002))}, 5, 10).startswith(
+        "no gap"
+    )
+    assert gap_verdict({5: (0.10, (0.05, 0.15)), 10: (0.02, (-0.01, 0.05))}, 5, 10) == "G = 10 narrows it"
     assert (
-        gap_verdict({5: (-0.10, (-0.15, -0.05)), 10: (-0.12, (-0.2, -0.05))}) == "G = 10 does not narrow it"
+        gap_verdict({5: (-0.10, (-0.15, -0.05)), 10: (-0.12, (-0.2, -0.05))}, 5, 10)
+        == "G = 10 does not narrow it"
     )
 
 
@@ -99,7 +106,7 @@ def _sparse_from_dense(tmp: Path) -> Path:
 def test_regimes_report_from_real_results(tmp_path):
     sparse = _sparse_from_dense(tmp_path)
     out = tmp_path / "report"
-    argv = ["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--bootstrap", "400"]
+    argv = ["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--bootstrap", "400", *CLAIMS]
     assert eval_main([*argv, "--out", str(out)]) == 0
     cells = pd.read_csv(out / "cells.csv")
     assert len(cells) == 9 + 9 + 4
@@ -142,12 +149,15 @@ def test_regimes_report_from_real_results(tmp_path):
 
 
 def test_regimes_rejects_a_negative_bootstrap(tmp_path, capsys):
-    argv = ["regimes", "--sparse", str(tmp_path), "--out", str(tmp_path / "o"), "--bootstrap", "-1"]
+    argv = ["regimes", "--sparse", str(tmp_path), "--out", str(tmp_path / "o"), "--bootstrap", "-1", *CLAIMS]
     assert eval_main(argv) == 2
     assert "--bootstrap -1" in capsys.readouterr().out and not (tmp_path / "o").exists()
 
 
 def test_regimes_without_results_names_the_fix(tmp_path, capsys):
     (tmp_path / "sparse" / "test").mkdir(parents=True)
-    assert eval_main(["regimes", "--sparse", str(tmp_path / "sparse"), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        eval_main(["regimes", "--sparse", str(tmp_path / "sparse"), "--out", str(tmp_path / "o"), *CLAIMS])
+        == 2
+    )
     assert "Fix" in capsys.readouterr().out
