@@ -1,35 +1,12 @@
-"""The demo's base model: a small ``qwen3_5`` LM that can read and search, before any protocol.
+"""Build the demo's base model: a small ``qwen3_5`` LM that reads passages and searches, before any protocol.
 
-The GPU recipes start from a pretrained Qwen3.5-0.8B, which already reads a passage and copies a
-name into a query; the study teaches it only the protocol (through RL). The CPU demo's stand-in is
-this module: a random 1.4M-parameter ``qwen3_5`` model (``tiny.DEMO_TEXT_CONFIG``, the real
-classes, the demo tokenizer) trained on a *reading curriculum* over fresh synthetic worlds (seeds
-in ``BASE_WORLD_SEEDS``, never a demo world, so no demo fact is learned), in a plain text format
-that is not the protocol's:
-
-1. **read** (``read_steps``): the BM25 top-3 passages of a single-hop question's subject, then
-   ``Question: Q\\nAnswer: A``. Loss weight 1 on the answer tokens, 0.1 elsewhere. A random model
-   learns to read the answer out of a passage here (held-out accuracy 0 -> 0.97 in ~500 steps).
-2. **search** (``search_steps``): ``Question: Q`` then, per hop, ``Search: S`` and the BM25
-   top-3 passages of S, then ``Answer: A`` — single-hop and two-hop bridge questions (the second
-   search copies the bridge entity out of the first passages). Mixed with read samples.
-3. **wide** (``wide_steps``): stages 1 and 2 again, with the protocol's ``protocol.TOPK`` = 5
-   passages per search instead of 3. A model trained on 3 does not read 5 (teacher-forced answer
-   accuracy 1.0 with 3 passages, 0.035 with 5), and the protocol's warm start then copies the first
-   word of a name and invents the second: the flaw that capped the demo's held-out EM near 0.7.
-   Three passages first, because a random model learns to read from them in a few hundred steps.
-
-The result knows *what* to do but not the protocol: not the study's prompt, chat template, tool
-call syntax or ``<tool_response>`` blocks (``search_demo.warm_start`` teaches those, briefly).
-
-Building takes ~31 minutes on two CPU cores (read + search ~19 min, wide ~12 min), more than the
-demo's whole budget, so the built model ships with the repository (``assets/demo_base``, 5.9 MB),
-the way the GPU recipes download theirs; ``python -m search_demo.base_model --out
-assets/demo_base`` rebuilds it
-(deterministic for a seed on one thread; the stamp ``base_model.json`` records the key and the
-held-out accuracies measured at the end). The curriculum trains a linear-attention head dim of 32;
-the written model has 64 (:data:`SHIPPED_LINEAR_HEAD_DIM`), widened without changing its outputs
-(``search_demo.widen_heads``) so that vLLM's CPU kernels can serve it too.
+The CPU demo's stand-in for the pretrained Qwen3.5-0.8B of the GPU recipes: a random 1.4M-parameter
+model (``tiny.DEMO_TEXT_CONFIG``) trained on a plain-text reading curriculum (stages read, search and
+wide; :class:`BaseConfig`) over fresh worlds (``BASE_WORLD_SEEDS``, never a demo world), then
+widened to linear-attention head dim 64 (``search_demo.widen_heads``) so vLLM's CPU kernels serve it.
+The build takes ~31 minutes, so it ships as ``assets/demo_base``;
+``python -m search_demo.base_model --out assets/demo_base`` rebuilds it. The curriculum and why each
+stage: docs/training.md, "The CPU demo" (item 2).
 """
 
 from __future__ import annotations

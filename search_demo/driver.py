@@ -1,26 +1,12 @@
 """The CPU demo end to end (``make demo``): world, warm start, GRPO, before/after evaluation.
 
-Subcommands::
-
-    python -m search_demo assets --world-seed S --world DIR --warm-start DIR
-                                 [--regime dense|sparse] [--unseen-world-seed S2]
-        the synthetic world (``search_demo.world``; with ``--unseen-world-seed``, the micro study's
-        paper-shaped ``search_demo.study_world``) and the SFT warm start of the regime
-        (``search_demo.warm_start.REGIMES``), each rebuilt only when missing or stale;
-        launch/run.sh calls it for recipes with ``launch.build_demo_assets``.
-    python -m search_demo run [--run-dir runs/demo_cpu] [--port 18450] [--limit 100]
-                                      [--also-world-seed S2] [hydra overrides...]
-        1. ``bash launch/run.sh recipes/demo_cpu.yaml`` (GRPO; builds the assets on first use);
-        2. ``bash launch/eval.sh`` of step 0 (the warm start) and the last step on the training
-           world's held-out test questions (``--limit`` per question type, greedy);
-        3. with ``--also-world-seed``, the same on the test questions of a world of another seed
-           (new names, new corpus: the search skill alone);
-        4. prints the reward of every step and the before/after table, and writes both to
-           ``RUN/demo_report.md`` and ``RUN/demo_report.json``.
-    python -m search_demo evaluate --run-dir RUN [--limit N] [--also-world-seed S2]
-        steps 2-4 on a trained run.
-    python -m search_demo report --run-dir RUN
-        step 4 again from the files.
+Subcommands of ``python -m search_demo``: ``assets`` builds the world (or the micro study's
+``search_demo.study_world``) and the regime's warm start when missing or stale (the launcher calls
+it for ``launch.build_demo_assets`` recipes); ``run`` trains with ``launch/run.sh
+recipes/demo_cpu.yaml``, evaluates step 0 and the last step with ``launch/eval.sh`` on held-out
+questions (optionally also on another world's) and writes ``RUN/demo_report.{md,json}``;
+``evaluate`` does the evaluation and report of a trained run; ``report`` rewrites the report from the
+files. What each step does: docs/training.md, "The CPU demo".
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """The micro study's world with a suite shaped like the paper's: train on one question type, test on
 five benchmarks, four of them never trained on.
 
-The paper trains on MuSiQue alone (multi-hop bridge questions) and averages EM over seven
-benchmarks, six of them held out: single-hop ones (NQ, TriviaQA, PopQA), other multi-hop ones
-(HotpotQA, 2Wiki with its comparison questions, Bamboogle). :func:`build_study_world` makes the
-same shape from a demo world (``search_demo.world``) of seed ``seed`` and a second world of seed
-``unseen_seed`` whose names avoid the first's:
-
-==================  ===================================================  ========================
-benchmark           questions                                            paper analogue
-==================  ===================================================  ========================
-``syn_two_hop``     two-hop bridge questions (the only type trained on)  MuSiQue (in training)
-``syn_single_hop``  one relation                                         NQ / TriviaQA / PopQA
-``syn_three_hop``   founder -> birthplace -> country                     deeper multi-hop
-``syn_comparison``  "Who was born in C, A or B?" (one of two named)      2Wiki's comparisons
-``syn_unseen_world`` the test questions (both types) of the second world  another corpus's entities
-==================  ===================================================  ========================
-
-Test benchmarks come from each world's test region, validation ones from the first world's
-validation region (the same types but the unseen world's), training rows from its training
-region: no entity of a test or validation question is in a training question. The corpus is both
-worlds' passages (the second world's names avoid the first's, so no passage contradicts another).
-
-Files (the layout of a demo world, so ``launch/micro_study.sh`` and the recipes read it the same
-way): ``corpus.jsonl``, ``train.jsonl`` + ``train.parquet`` (two-hop training rows),
-``val.parquet`` (``data_source`` = benchmark), ``test/<benchmark>.jsonl``, ``world.json``.
-
-CLI::
-
-    python -m search_demo.study_world --seed 0 --unseen-seed 1 --out DIR
+The paper trains on MuSiQue alone and averages EM over seven benchmarks, six held out.
+:func:`build_study_world` makes the same shape from a demo world (``search_demo.world``) and a second
+world of another seed whose names avoid the first's: training sees two-hop questions only; the test
+suite adds single-hop, three-hop, comparison and the second world's questions. The benchmarks and
+their paper analogues: docs/micro_study/regimes.md; splits and files: docs/training.md, "The CPU
+demo" (item 1). CLI: ``python -m search_demo.study_world --seed 0 --unseen-seed 1 --out DIR``.
 """
 
 from __future__ import annotations
@@ -148,7 +126,7 @@ def build_study_world(
     test_size: world.RegionSize | None = None,
     unseen_test_size: world.RegionSize | None = None,
 ) -> dict[str, Any]:
-    """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (see module doc).
+    """``{"passages", "train", "val": {benchmark: rows}, "test": {benchmark: rows}}`` (docs/training.md).
 
     ``test_size`` / ``unseen_test_size`` change the two test regions (default: the demo's), e.g. for
     a larger suite of the same shape (bench/eval_plan.py --measure)."""
@@ -193,7 +171,7 @@ def write_study_world(
     test_size: world.RegionSize | None = None,
     unseen_test_size: world.RegionSize | None = None,
 ) -> Path:
-    """Build and write the study world (files: module doc; sizes: :func:`build_study_world`); returns ``out``."""
+    """Build and write the study world (files: docs/training.md; sizes: :func:`build_study_world`); returns ``out``."""
     from search_env.data import QARow, write_parquet  # heavy: search_env.data imports pandas
 
     built = build_study_world(seed, unseen_seed, test_size, unseen_test_size)

@@ -1,27 +1,12 @@
 """A tiny, local, random-weight Qwen3.5 model for CPU tests and the CPU demo.
 
 ``build_tiny(out_dir, seed=0)`` writes a Hugging Face model folder that looks like
-``Qwen/Qwen3.5-0.8B`` to every consumer (verl, transformers, the agent loop), only tiny:
-
-- config: root ``model_type: qwen3_5`` (``Qwen3_5Config``, architecture
-  ``Qwen3_5ForConditionalGeneration``) with a 4-layer hybrid text model (3 Gated-DeltaNet
-  linear-attention layers + 1 full-attention layer, hidden 64, tied embeddings) and a 1-block
-  vision tower. The root ``qwen3_5`` type is what makes verl pick its Qwen Continuous-Token
-  builder (``_MODEL_TYPE_TO_FAMILY``); ``qwen3_5_text`` would fall back to the generic one.
-  ``AutoModelForCausalLM`` loads the text part (``Qwen3_5ForCausalLM``) and verl's FSDP actor
-  loads the whole model through ``AutoModelForImageTextToText``, exactly as for the real model.
-- tokenizer: a byte-level BPE (4,096 ids) trained locally on the bundled Wikipedia sample and
-  the protocol strings, with Qwen3.5's special tokens: ``<|endoftext|>`` (pad), ``<|im_start|>``,
-  ``<|im_end|>`` (EOS) special; ``<tool_call>``, ``</tool_call>``, ``<tool_response>``,
-  ``</tool_response>``, ``<think>``, ``</think>`` added as single non-special tokens (they
-  survive ``skip_special_tokens=True``, as in Qwen3.5).
-- chat template: Qwen3.5's own (``# Tools`` block, XML function calls, tool messages merged
-  into a user turn as ``<tool_response>`` blocks), with the small models' default of
-  non-thinking generation prompts (``<think>\\n\\n</think>\\n\\n`` unless
-  ``enable_thinking=True``).
-
-Deterministic for a seed (same files, same weights), no network, ~2-4 s on one CPU core.
-CLI: ``python -m search_demo.tiny --out DIR [--seed N]``.
+``Qwen/Qwen3.5-0.8B`` to every consumer (verl, transformers, the agent loop), only tiny: a root
+``qwen3_5`` config with a 4-layer hybrid text model and a 1-block vision tower, a byte-level BPE
+trained locally with Qwen3.5's special tokens, and Qwen3.5's chat template. It also holds the demo
+model's config and tokenizer (``DEMO_TEXT_CONFIG``, :func:`build_demo_tokenizer`). Deterministic
+for a seed, no network, a few seconds; what each part holds and why: docs/environment.md, "Tiny
+model". CLI: ``python -m search_demo.tiny --out DIR [--seed N]``.
 """
 
 from __future__ import annotations

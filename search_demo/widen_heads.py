@@ -1,25 +1,11 @@
 """Widen a Qwen3.5 model's Gated-DeltaNet heads without changing what it computes or learns.
 
-vLLM's CPU Gated-DeltaNet kernel (``chunk_gated_delta_rule_cpu``) takes a linear-attention head
-dimension of 64 or 128 only; the demo model was trained with 32. :func:`widen_linear_heads` maps
-a model with key/value head dim ``d`` to one with ``f * d`` (``f`` an integer) by ZERO-PADDING
-every head: each head's ``d`` q, k, v and gate (``z``) channels are followed by ``(f - 1) * d``
-channels whose weights are 0 (rows of ``in_proj_qkv`` and ``in_proj_z``, channels of the depthwise
-``conv1d``; SiLU(0) = 0), and ``out_proj`` reads them with zero columns. Then per head:
-
-- the L2-normalised q and k are the narrow ones plus zeros, so every ``k·q``, the delta-rule
-  state (zero outside the narrow block) and its updates are the narrow head's;
-- the kernel scales queries by ``(f·d)^-½`` instead of ``d^-½`` and the gated RMSNorm averages
-  over ``f·d`` entries of which ``d`` are non-zero: the narrow output comes out ``√f`` times the
-  narrow norm's, so the norm weight is divided by ``√f`` and ``rms_norm_eps`` by ``f²`` (the RMS
-  of the real entries is ``f`` times the padded one's). The other RMSNorms see ``eps / f²``
-  instead of ``eps`` (1e-6): their inputs' mean squares are far larger, so logits move well below
-  bf16 resolution (tests/test_widen_heads.py).
-
-It is also a fixed point of training: every padded weight gets an exact-zero gradient (its
-channel is zero, or what it multiplies is), so Adam leaves it at zero and the real weights learn
-as in the narrow model (only the norm weight is rescaled, by ``1/√f``). Duplicating channels
-instead would double the effective learning rate of ``out_proj`` under Adam.
+vLLM's CPU Gated-DeltaNet kernel takes a linear-attention head dim of 64 or 128 only, and the demo
+model was trained with 32. :func:`widen_linear_heads` zero-pads every head from ``d`` to ``f * d``
+channels and rescales the gated norm (weight by ``1/√f``, ``rms_norm_eps`` by ``1/f²``): the
+outputs stay the narrow model's, and every padded weight gets an exact-zero gradient, so training
+leaves it at zero. Why zero-padding and not duplicated channels: docs/training.md, "Measured with
+the head-dim-64 base model".
 
     python -m search_demo.widen_heads --src DIR --out DIR --head-dim 64
 """
