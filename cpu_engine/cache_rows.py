@@ -1,29 +1,10 @@
 """Batch rows of a Qwen3.5 hybrid cache: join, leave, snapshot — the state of continuous batching.
 
-A Qwen3.5 text model mixes two layer kinds (``config.layer_types``), and transformers 5.10's
-``DynamicCache`` holds one cache layer per model layer:
-
-- ``linear_attention`` (Gated DeltaNet, ``LinearAttentionLayer``): a fixed-size state per
-  sequence — ``conv_states`` [B, conv_dim, kernel] and ``recurrent_states`` [B, heads, k, v].
-  It has no time axis, so rows of different lengths stack without padding.
-- ``full_attention`` (``DynamicLayer``): keys / values [B, kv_heads, T, head_dim], growing by one
-  column per decoded token.
-
-``CacheRows`` keeps those tensors for B sequences plus ``mask`` [B, T] (1 = a real token). Rows of
-different lengths are **left-padded on the attention axis only**: pad columns hold zeros and are
-masked out of attention, and every row's newest token sits in column T - 1, so one decode step
-appends one column for all rows. The decoding batch's buffers have ``SPARE_COLUMNS`` more
-columns than T and ``SPARE_ROWS`` more rows than B, so a step writes its column in place, a join
-writes its rows into free ones (``extend``; a join wider than T, or beyond the free rows,
-copies the batch into new buffers: ``merge``), and a leave copies only the rows it moves into
-its holes (``drop``). Linear-attention layers never see a pad: each row's state is exactly the
-state after its own real tokens.
-
-A batched prefill (``PrefillCache``) appends every row's new tokens right-padded to the longest:
-its mask has pad columns on both sides of a row's real run (the prefixes left-padded by
-``merge``, the new tokens right-padded), and ``row`` cuts each row's real run out unpadded. Its
-Gated-DeltaNet layers leave a row's state untouched by its padded positions
-(``cpu_engine.delta_rule.padded_prefill``).
+``CacheRows`` holds, for B sequences, each Gated-DeltaNet layer's fixed-size state (no time axis:
+rows stack unpadded) and each full-attention layer's keys/values, left-padded so every row's newest
+token is in the last column, with spare rows and columns so that decode steps and joins write in
+place. ``PrefillCache`` is the cache of one batched prefill of right-padded new tokens. Layout and
+costs: docs/environment.md, "CPU generation" (hybrid cache rows, batched prefill).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Qwen3.5's Gated-DeltaNet layers on CPU: a faster chunked delta rule and a batched prefill.
 
-``chunk_gated_delta_rule``: same algorithm and signature as transformers' torch fallback
-(``transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule``, Apache-2.0),
-used when the ``fla`` kernels are absent, with one change: within a chunk the fallback inverts
-the unit lower-triangular matrix ``I - A`` by a Python loop over the chunk's 63 rows (~4 ms per
-call on the demo model, whatever the number of tokens); here one batched triangular solve does
-it. Every prefill forward pass of the CPU generator calls this once per DeltaNet layer, so the
-loop was a fixed cost per pass. Chunks are shorter by default (``CHUNK_SIZE``). Results agree
-with the fallback to float rounding (tested).
-
-``padded_prefill``: the layer's forward for a prefill batch of right-padded sequences that each
-continue their own state (``cache_rows.PrefillCache``). A padded position must leave the state
-exactly as it is, which the stock forward does not do (a zero input still decays the state by
-``g = -exp(A_log) * softplus(dt_bias)`` and writes with ``beta = sigmoid(0)``); here every padded
-position gets what the chunked rule pads a sequence with itself: q = k = v = 0, beta = 0, g = 0,
-so the recurrent state after it is the state after the row's last real token, and each row's conv
-state is cut at its own last real tokens. ``install`` puts both into a model.
+``chunk_gated_delta_rule`` is transformers' torch fallback (``torch_chunk_gated_delta_rule``,
+Apache-2.0, used when the ``fla`` kernels are absent) with its per-row Python loop replaced by one
+batched triangular solve and shorter chunks (``CHUNK_SIZE``); results agree to float rounding.
+``padded_prefill`` is the layer's forward for a prefill batch of right-padded rows that each
+continue their own state: a padded position leaves the state exactly as it was. ``install`` puts
+both into a model. Why and how: docs/environment.md, "CPU generation" (batched prefill).
 """
 
 from __future__ import annotations

@@ -2,28 +2,11 @@
 
 The one HF generation path of the project: the CPU ``hf`` rollout backend serves it from a Ray
 actor during training (``cpu_engine.hf_server``), and the evaluation harness and the
-in-process agent-loop tests call it directly (``cpu_engine.local_rollout``).
-
-``HFGenerator`` runs an engine thread. Concurrent ``generate`` / ``agenerate`` / ``submit`` calls
-queue requests; between two decoding steps the engine admits queued requests and drops finished
-ones, and every step decodes one token for all running requests in a single forward pass. The
-requests admitted together are prefilled together: each continues from the longest cached
-prefix state, and their new tokens (first prompts and tool-turn continuations alike) go through
-the model right-padded in one forward pass per group of similar lengths, exactly as if each ran
-alone (``cpu_engine.cache_rows`` keeps the hybrid cache rows; ``cpu_engine.delta_rule``
-makes padded Gated-DeltaNet positions leave the state untouched; ``cpu_engine.decode_attention``
-attends over the decoding batch's padded keys). Each request has its own sampling parameters,
-stop rules, token budget, cache row and random stream.
-
-Determinism: a request's random stream is seeded from the generator's ``seed``, its prompt
-tokens and how many earlier requests sent the same prompt since the last weight load (or from
-the request's own ``seed`` parameter), so what it samples does not depend on arrival order or
-batch mates. Batched and one-at-a-time forward passes agree to float rounding (~1e-6 in
-log-prob) and sampling is an exponential race (``cpu_engine.sampling``), so a token can
-differ only when its two best perturbed scores tie to that rounding (rare: none in the runs of
-``bench/hf_generate.py``); nothing else differs.
-The k-th of several identical concurrent prompts (a GRPO group) gets the k-th stream in
-submission order, so a group's set of outputs is fixed but not which rollout gets which.
+in-process agent-loop tests call it directly (``cpu_engine.local_rollout``). ``HFGenerator``'s
+engine thread admits queued requests between decoding steps, prefills them together, and decodes
+one token for every running request per forward pass; each request keeps its own sampling
+parameters, stop rules, budget, cache row and random stream, so its output does not depend on its
+batch mates. Mechanism and guarantees: docs/environment.md, "CPU generation".
 """
 
 from __future__ import annotations

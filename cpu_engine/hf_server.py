@@ -4,15 +4,10 @@ Adapts ``vLLMHttpServer`` (``verl/workers/rollout/vllm_rollout/vllm_async_server
 Hugging Face model on CPU: it holds a ``cpu_engine.hf_generate.HFGenerator`` (fp32) and
 answers verl's token-in/token-out ``generate``, always with ``extra_fields["global_steps"]``
 (the v1 trainer builds an ``int`` array from it, ``verl/trainer/ppo/v1/trainer_base.py:1897``).
-The actor is async: the agent loops' concurrent requests all reach the generator's queue and
-share its decoding steps (continuous batching). Sleep / wake-up / KV-cache calls are no-ops.
-
-Per-turn ``max_tokens`` follows ``vLLMHttpServer.generate`` (``:602``): ``min(response_length,
-prompt_length + response_length - len(prompt))``, capped by ``max_model_len``. Options under
-``rollout.engine_kwargs.hf``: ``max_turn_tokens`` (caps every sampled turn, in tokens; a speed
-knob for tiny models on CPU, 0 = no cap) and the generator's ``max_batch_size`` (requests decoding
-together, default 64) and ``prefix_cache_mb`` (states kept for reuse across turns and GRPO
-siblings, default 256; 0 = off). Any other key is an error.
+The actor is async, so the agent loops' concurrent requests share the generator's decoding steps;
+sleep / wake-up / KV-cache calls are no-ops. Per-turn ``max_tokens`` follows
+``vLLMHttpServer.generate`` (``:602``); the budget rule and the options under
+``rollout.engine_kwargs.hf``: patches/README.md, "The ``hf`` backend".
 """
 
 from __future__ import annotations
