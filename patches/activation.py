@@ -1,14 +1,12 @@
 """When the CPU patches switch on.
 
-The CPU platform, the gloo backend fix, the CPU engine registration and the ref-model
-``pin_memory`` fix change verl's behaviour, so they apply only on a machine meant to train on
-CPU. On a GPU node they stay off and verl runs exactly as shipped.
-
-Active when ``VERL_PLATFORM=cpu``, or when ``VERL_PLATFORM`` is unset and torch is a CPU-only
-build (``torch.version.cuda`` and ``torch.version.hip`` both ``None``, no ``torch.npu``). A CUDA
-build of torch on a machine without a GPU therefore needs ``VERL_PLATFORM=cpu`` (``launch/run.sh``
-sets it for CPU recipes). Any other ``VERL_PLATFORM`` value (``nvidia``, ``huawei``, …) keeps
-them off.
+The CPU-mode patches (``CPU_MODE_ONLY`` in ``patches/__init__.py``: gloo backend, CPU engines and
+unpinned reference, vLLM's CPU environment and weight reload) and the choice of the ``cpu`` platform
+change verl's behaviour, so they apply only on a machine meant to train on CPU. On a GPU node they
+stay off. Active when ``VERL_PLATFORM=cpu``, or when ``VERL_PLATFORM`` is unset and torch is a
+CPU-only build (no CUDA, ROCm or ``torch.npu``); a CUDA build of torch on a machine without a GPU
+therefore needs ``VERL_PLATFORM=cpu`` (the launcher sets it for CPU recipes). Any other
+``VERL_PLATFORM`` value (``nvidia``, ``huawei``, …) keeps them off.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Register verl's FSDP engines for the ``cpu`` device, and run the ref model without pinned memory.
 
-1. ``verl/workers/engine/fsdp/transformer_impl.py:1143`` and ``:1594`` register
-   ``FSDPEngineWithLMHead`` / ``FSDPEngineWithValueHead`` for ``device=["cuda", "npu"]`` only, so
-   ``EngineRegistry.get_engine_cls`` (``verl/workers/engine/base.py``) finds no engine on the
-   ``cpu`` platform. The same classes are registered for ``"cpu"`` (FSDP2 + gloo works on CPU;
-   FSDP1 does not: it needs ``sync_module_states`` on a GPU, hence ``strategy=fsdp2`` in the CPU
-   recipe).
-2. ``transformer_impl.py:462`` gives every forward-only FSDP2 module (the reference model of the
-   KL loss) ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator and
-   fails with ``RuntimeError: Cannot access accelerator device when none is available``. The
-   module's ``CPUOffloadPolicy`` name is rebound to a subclass that forces ``pin_memory=False``.
-
-Installed only in CPU mode (``patches.activation``; see ``patches.__init__``); both run right
-after ``transformer_impl`` is first imported (``patches.post_import``): importing it eagerly
-would double the import time of verl.
+1. ``verl/workers/engine/fsdp/transformer_impl.py:1143`` and ``:1594`` register the LM and value
+   engines for ``device=["cuda", "npu"]`` only: they are registered for ``"cpu"`` too (FSDP2 + gloo;
+   FSDP1 needs a GPU, hence ``strategy=fsdp2`` in the CPU recipe).
+2. ``transformer_impl.py:462`` gives forward-only FSDP2 modules (the KL reference)
+   ``CPUOffloadPolicy(pin_memory=True)``, which fails without an accelerator: the name is rebound to
+   a subclass that forces ``pin_memory=False``.
+CPU mode only, run right after ``transformer_impl`` is first imported (``patches.post_import``;
+importing it eagerly would double verl's import time). See patches/README.md.
 """
 
 from __future__ import annotations

@@ -3,20 +3,10 @@
 Adapts ``verl/plugin/platform/platform_cuda.py`` (``PlatformCUDA``) to the CPU and registers it
 through ``PlatformRegistry.register`` (``verl/plugin/platform/platform_manager.py``). Without it,
 ``_detect_platform_name`` falls back to ``"nvidia"`` on a CPU box and every worker calls CUDA.
-
-- ``device_name`` is ``"cpu"`` and ``current_device()`` is ``"cpu"``, because verl moves tensors
-  with ``.to(get_device_id())``;
-- ``ray_resource_name()`` stays ``"GPU"``: verl's resource pools always request accelerator
-  bundles, so the CPU recipe starts Ray with a logical GPU (``+ray_kwargs.ray_init.num_gpus=1``);
-- ``communication_backend_name()`` is ``"gloo"`` (see ``patches.gloo_backend`` for the backend
-  string verl builds from it);
-- ``device_module`` is ``torch.cpu`` plus the memory/RNG functions verl calls on
-  ``get_torch_device()`` that ``torch.cpu`` lacks (``memory_reserved``, ``mem_get_info``,
-  ``get_device_name``, ``get_rng_state``, …): host-memory numbers or no-ops.
-
-``install()`` registers the class on every machine (a name in a registry changes nothing), but
-it is only picked when ``patches.activation.cpu_mode_active()`` is true: ``VERL_PLATFORM=cpu``, or
-auto-detection on a CPU-only torch build. On a GPU node ``PlatformCUDA`` is probed first and wins.
+Device ``"cpu"``, backend gloo, Ray resource still ``"GPU"`` (verl's pools always request
+accelerator bundles, so the CPU recipe starts Ray with a logical GPU), and ``torch.cpu`` plus the
+memory/RNG calls verl makes on a device module. Registered on every machine, picked only in CPU
+mode; on a GPU node ``PlatformCUDA`` is probed first and wins. See patches/README.md.
 """
 
 from __future__ import annotations

@@ -3,17 +3,11 @@
 verl 0.9.1 only wires ``vllm``, ``sglang`` and ``trtllm`` into the server-mode rollout the v1
 trainer uses (``RolloutReplicaRegistry`` in ``verl/workers/rollout/replica.py:388-390`` and
 ``_ROLLOUT_REGISTRY`` in ``verl/workers/rollout/base.py``), and none of them runs on CPU. This
-module adds a fourth backend, selected with ``actor_rollout_ref.rollout.name=hf``, modelled on
-``vLLMReplica`` / ``ServerAdapter`` (``verl/workers/rollout/vllm_rollout/``):
-
-- ``cpu_engine.hf_server.HFServer``: a named Ray actor (``hf_server_<replica>_0``, no CPU reserved)
-  serving ``cpu_engine.hf_generate.HFGenerator``;
-- ``HFReplica``: launches one ``HFServer`` per replica next to the first trainer worker.
-- ``HFServerAdapter``: lives in each FSDP worker; ``update_weights`` gathers the full tensors
-  the engine yields and sends them to the server (``HFGenerator.load_weights``).
-
-Registration is lazy (``install()``, ``patches.post_import``) and inert unless a config names
-``hf``; the backend is meant for tiny models on CPU (tests and the demo), not for real training.
+module adds ``actor_rollout_ref.rollout.name=hf``, modelled on ``vLLMReplica`` / ``ServerAdapter``:
+``HFReplica`` launches one ``cpu_engine.hf_server.HFServer`` Ray actor per replica, and
+``HFServerAdapter``, in each FSDP worker, sends it the full weights after every update.
+Registration is lazy (``patches.post_import``) and inert unless a config names ``hf``; it is for
+tiny models on CPU (tests, the demo). See patches/README.md, "The ``hf`` backend".
 """
 
 from __future__ import annotations

