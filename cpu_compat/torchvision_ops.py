@@ -1,22 +1,12 @@
 """Let the package registry's torchvision wheel import on a CPU build of torch.
 
-vLLM's Qwen3.5 model file imports ``transformers.models.qwen2_vl.image_processing_qwen2_vl``,
-which imports ``torchvision.transforms.v2`` unconditionally, so vLLM cannot load Qwen3.5 without a
-torchvision that imports. The registry has only CUDA builds of torchvision for Linux: their C++
-extension (``torchvision/_C.so``) links ``libtorch_cuda.so`` and cannot load next to
-``torch==2.13.0+cpu``. torchvision then runs without its C++ operators (``extension._has_ops()``
-is False; every operator raises a clear error when called), except that
-``torchvision/_meta_registrations.py`` registers fake kernels for ``torchvision::nms`` and
-``torchvision::qnms`` unguarded, and that raises ``operator torchvision::nms does not exist`` on
-import.
-
-:func:`install` defines those two operator schemas (no kernel) when torch is a CPU build and the
-installed torchvision's extension links CUDA, so ``import torchvision`` succeeds: transforms and
-the image processors work (pure torch); ``nms``/``roi_align``/video decoding stay unavailable,
-as with any torchvision whose extension failed to load. It is registered as a ``torch.backends``
-entry point (``pyproject.toml``), which torch calls at the end of ``import torch`` in every
-process (set ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` to turn all such hooks off). With a CUDA torch,
-or a torchvision whose extension loads, it does nothing.
+vLLM's Qwen3.5 model file needs a torchvision that imports, and the registry has only CUDA builds
+of torchvision for Linux, whose C++ extension cannot load next to ``torch==2.13.0+cpu``. torchvision
+then runs without its operators, except that ``torchvision/_meta_registrations.py`` registers fake
+kernels for ``torchvision::nms`` and ``qnms`` unguarded, which fails the import. :func:`install`
+defines those two schemas (no kernel) when torch is a CPU build and torchvision links CUDA; it runs
+as a ``torch.backends`` entry point at the end of ``import torch``. docs/gpu.md, "The GPU path on a
+CPU".
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Generation backends of the evaluation runner, both driving verl's own ``AgentLoopWorker``.
 
-Both run the training code path — verl's ``AgentLoopWorker`` -> ``SearchAgentLoop`` ->
-``SearchTool`` — and differ only in the ``LLMServerClient`` that answers ``generate``:
-
-- ``hf`` (CPU, tiny models): ``cpu_engine.local_rollout.HFLLMClient`` over
-  ``cpu_engine.hf_generate.HFGenerator`` (fp32; concurrent requests share its decoding steps).
-- ``vllm`` (GPU, or CPU with vLLM's CPU build): :class:`VLLMEngineClient` over vLLM's in-process
-  ``AsyncLLM`` engine, built
-  text-only (``language_model_only``), without prefix caching unless asked (see
-  :class:`EngineSettings`), never asked for log-probs.
-
-A backend rolls out ONE row per call (:meth:`AgentLoopBackend.rollout_one`, a coroutine on the
-backend's own event loop, :meth:`AgentLoopBackend.run`); the runner keeps a steady pool of such
-calls in flight (``eval.pool.rollout_pool``), so a slow 10-turn rollout never holds up the
-others, and their searches reach the micro-batching retrieval server together.
-
-A record is the response decoded as verl's reward manager decodes it
-(``skip_special_tokens=True``) plus the agent loop's record (``search_env.verl_glue.rollout_records``).
+Both run the training code path (``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool``) and
+differ only in the ``LLMServerClient`` that answers ``generate``: ``hf`` (CPU, tiny models:
+``cpu_engine.local_rollout.HFLLMClient`` over ``HFGenerator``) and ``vllm`` (GPU, or vLLM's CPU
+build: :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLM``, text-only, settings in
+:class:`EngineSettings`). A backend rolls out one row per call (:meth:`AgentLoopBackend.rollout_one`);
+the runner keeps a steady pool of such calls in flight (``eval.pool``). docs/evaluation.md,
+"Backends" and "A steady pool of rollouts".
 """
 
 from __future__ import annotations
@@ -94,7 +84,9 @@ class AgentLoopBackend:
         return await self._worker.generate_sequences(batch)
 
     async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """One greedy (``validate``) rollout of one verl row; its record."""
+        """One greedy (``validate``) rollout of one verl row; its record: the response decoded as
+        verl's reward manager decodes it (``skip_special_tokens=True``) plus the agent loop's record
+        (``search_env.verl_glue.rollout_records``)."""
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
         out = await self.generate_sequences(batch)

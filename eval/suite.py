@@ -1,21 +1,10 @@
 """Evaluation suites: the questions of each benchmark, as written by ``python -m search_env.data``.
 
-A suite (``--suite``) is one of:
-
-- a folder of ``<benchmark>.jsonl`` files (``search_env.data suite`` writes ``OUT/suite/``);
-  rows are FlashRAG ``{"id", "question", "golden_answers"}`` or R1-Searcher ``{"idx",
-  "question", "answer"}`` (parsed by ``search_env.data.parse_row``); the benchmark is the stem;
-- one such jsonl file (a one-benchmark suite);
-- a verl parquet file (or a folder of them, when it holds no jsonl): rows are grouped into
-  benchmarks by ``data_source`` (``search_env.data val`` writes ``OUT/val.parquet``);
-- a built-in name: ``test`` = ``$RLVR_DATA_DIR/suite`` and ``val`` = ``$RLVR_DATA_DIR/val.parquet``
-  (``RLVR_DATA_DIR`` defaults to ``data/parquet``, where recipes/base.yaml reads training data),
-  and ``fixtures`` = the real rows under tests/fixtures (NQ, HotpotQA, 2Wiki, MuSiQue, Bamboogle).
-
-Ids must be unique within a benchmark: (benchmark, id) keys resumable results.
-``--limit N`` keeps, per benchmark, the N rows with the smallest
-``sha256("<seed>:<benchmark>:<id>")``: the pick depends only on the ids, so it is the same for
-the same file and unchanged when the file is reordered (rows are then used in file order).
+A suite (``--suite``) is a folder of ``<benchmark>.jsonl`` files, one such file, a verl parquet
+file (or a folder of them) grouped by ``data_source``, or a built-in name (``test``, ``val``,
+``fixtures``): :func:`read_suite`. Ids must be unique within a benchmark, because (benchmark, id)
+keys the resumable results; ``--limit N`` picks rows by a hash of their ids, so the pick does not
+depend on the file's order. The formats and built-in names: docs/evaluation.md, "SUITE".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Answer extraction and the format gate, on the text a reward function is given.
 
-The text is what verl hands a reward function: the response after the prompt, decoded with
-special tokens skipped, so it interleaves the model's turns with the environment's tool turns
-(``<tool_response>`` blocks). The study scores the same text up to its role markers
-(``solution_str = "".join(content of every assistant and tool message)``,
-``training_m5_*/src/environments/search_r1_env.py``); both rules below are invariant to those
-markers, and, like the study's, they read the tool responses too.
-
-Every function here runs in time linear in ``len(text)`` and returns exactly what the study's
-regexes return. The study's patterns alone are not linear: ``<answer>(.*?)</answer>`` rescans the
-rest of the text from every ``<answer>`` that no ``</answer>`` follows (quadratic: a response
-flooded with ``<answer>`` takes seconds), and the function-block pattern of its format gate
-backtracks over every way to split a run of ``<parameter=…>…</parameter>`` blocks (exponential in
-their number when ``</function>`` is missing). Here the block patterns search only up to the end of
-the last closing tag (:func:`last_close_end`), and the function-block test is two patterns
-without lazy or nested repeats (each attempt reads at most two adjacent tags).
+The text is what verl hands a reward function: the response decoded with special tokens skipped,
+the model's turns interleaved with the environment's ``<tool_response>`` turns; the study scores the
+same text with role markers, which neither rule reads (docs/protocol.md, "Rewards"). Every function
+returns exactly what the study's regexes return, in time linear in ``len(text)``: the study's
+patterns alone are quadratic or exponential on adversarial responses (docs/benchmarks.md, "Scoring").
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Answer metrics: SQuAD normalisation, exact match, the two token F1s of the study, cover match.
 
 The study scores training rewards and evaluation metrics with different F1 functions, and this
-module keeps both (docs/protocol.md):
-
-- :func:`train_f1` = ``f1_check`` of ``training_m5_{1,5}/src/rewards/search_r1.py`` (the reward):
-  no yes/no rule; a prediction and a gold that both normalise to nothing score 1.0.
-- :func:`token_f1` = FlashRAG's ``F1_Score`` (``evaluation_qwen35/flashrag/evaluator/metrics.py``,
-  the evaluation metric): a normalised yes/no/noanswer on either side that differs from the other
-  scores 0; empty strings score 0.
-
-:func:`exact_match` is both ``em_check`` (training) and FlashRAG's ``ExactMatch`` (they agree), and
-:func:`cover_match` is FlashRAG's ``Sub_ExactMatch`` (ACC). Every function takes one prediction and
-one gold string or several, returns a float in [0, 1] (the maximum over golds; 0 for no golds)
-and, like the study's, does not skip golds that normalise to the empty string.
+module keeps both (docs/protocol.md): :func:`train_f1` is the reward's ``f1_check`` (no yes/no
+rule; two empty strings score 1.0), :func:`token_f1` is FlashRAG's ``F1_Score`` (the yes/no/noanswer
+rule; empty strings score 0). :func:`exact_match` is both ``em_check`` and FlashRAG's
+``ExactMatch``, :func:`cover_match` is ``Sub_ExactMatch`` (ACC). Each takes one prediction and one
+gold or several and returns the maximum over golds in [0, 1] (0 for no golds), like the study
+without skipping golds that normalise to the empty string.
 """
 
 from __future__ import annotations

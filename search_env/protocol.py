@@ -1,21 +1,11 @@
 """The rollout protocol (docs/design.md §4): the one module training and evaluation both import.
 
-It reproduces the study's own code (GitHub ``sandheepp/reason_over_search`` @16ed974:
-``training_m5_{1,5,6}/``, ``evaluation_qwen35/``; docs/protocol.md tracks every item): the prompt
-text, the ``search`` tool schema, the stop rules, the tool-call query parser, the passage
-formatter and the text of the environment's tool turn, and the two rollout presets (training,
-and the study's evaluation loop); ``extract_answer`` is re-exported from :mod:`reward_fns`.
-
-One rollout, token for token (thinking on; ``E`` = environment tokens, loss mask 0)::
-
-    <|im_start|>system\\n# Tools ... search schema ... <|im_end|>\\n          (prompt: chat template)
-    <|im_start|>user\\nUse the `search` tool ... Question: {q}\\n<|im_end|>\\n
-    <|im_start|>assistant\\n<think>\\n                                        (end of the prompt)
-    {reasoning}</think>\\n\\n<tool_call>\\n<function=search>\\n<parameter=query>\\n{query}\\n
-    </parameter>\\n</function>\\n</tool_call>                                 (sampled; stops here)
-    E: <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n"Title"\\ntext\\n</tool_response>\\n
-    E: <tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n   (no <think>)
-    {reasoning}</think>\\n\\n<answer> ... </answer>                           (sampled; stops here)
+It reproduces the study's own code (GitHub ``sandheepp/reason_over_search`` @16ed974; docs/protocol.md
+tracks every item): the prompt text, the ``search`` tool schema, the stop rules, the tool-call query
+parser, the passage formatter and the text of the environment's tool turn, the turn classifier, and
+the two rollout presets (training, and the study's evaluation loop); ``extract_answer`` is
+re-exported from :mod:`reward_fns`. One rollout, token for token: docs/environment.md, "Rollout
+format — a real transcript".
 """
 
 from __future__ import annotations
