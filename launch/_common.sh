@@ -1,6 +1,6 @@
 # Shared helpers of the launch scripts (sourced, not run). Bash 4+. The scripts choose the
-# interpreter here and hand over to `python -m launch` (launch/*.py); micro_study.sh and sweep.sh
-# also use log, die and stop_group. Every process is stopped by its PID / process group, never by name.
+# interpreter here (PYTHON) and hand over to Python: `python -m launch` (launch/*.py) or, for
+# micro_study.sh and sweep.sh, `python -m study`. Stopping processes is launch/procs.py's job.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -49,21 +49,4 @@ resolve_python
 # launch_py ARGS...: replace this shell by `python -m launch ARGS` (the repository on its path).
 launch_py() {
   PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m launch "$@"
-}
-
-# group_alive PGID -> 0 while a process of the group is running (zombies do not count).
-group_alive() {
-  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
-}
-
-# stop_group PGID [GRACE_S]: SIGTERM the process group, SIGKILL whatever is left after GRACE_S.
-stop_group() {
-  local pgid="$1" grace="${2:-20}" i
-  group_alive "$pgid" || return 0
-  kill -TERM -- "-$pgid" 2>/dev/null || true
-  for ((i = 0; i < grace * 5; i++)); do
-    group_alive "$pgid" || return 0
-    sleep 0.2
-  done
-  kill -KILL -- "-$pgid" 2>/dev/null || true
 }
