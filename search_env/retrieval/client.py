@@ -1,17 +1,10 @@
 """Async client of the retrieval server's `POST /retrieve` (Search-R1 shape).
 
-One `RetrievalClient` is shared by all rollouts of a worker: it holds one pooled `httpx.AsyncClient`
-and walks a list of server URLs (replicas) round-robin, one step per attempt, so a retry goes to
-the next replica. A replica that fails at the transport level (refused, reset, timed out) or
-answers 500/502/503/504 is marked down and skipped; it is taken back once its `GET /health`
-answers 200 (probed at most every `health_interval_s` seconds) or once a request to it succeeds.
-When every replica is down the client still tries them in turn: a single server that restarts is
-found again without waiting for a probe.
-
-Failed attempts (transport errors, timeouts, HTTP 408/429/5xx, malformed answers) are retried with
-jittered exponential backoff for at most `retry_budget_s` seconds from the start of the call (and
-at most `max_retries` extra tries when that is set); then `RetrievalError` names the last errors.
-A 4xx answer raises at once: a bad request does not get better by repeating it.
+One `RetrievalClient` is shared by all rollouts of a worker: one pooled `httpx.AsyncClient` over a
+list of server URLs (replicas) used round-robin, a failed replica skipped until its `GET /health`
+answers. Transport errors, timeouts, HTTP 408/429/5xx and malformed answers are retried with
+jittered backoff for at most `retry_budget_s` seconds, then `RetrievalError` names the last errors;
+other 4xx answers raise at once. Failover and retry rules: docs/retrieval.md, "Python API".
 """
 
 from __future__ import annotations
