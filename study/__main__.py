@@ -11,8 +11,9 @@ from eval.results import ResultsError
 from study.cost import cost_table
 from study.hypotheses import parse_tests
 from study.report import write_study_report
-from study.runner import layout, run_study, visible_gpus
+from study.runner import run_study, visible_gpus
 from study.spec import Study, StudyError, compose_recipe, dotted, load_study
+from study.store import layout
 
 
 def _positive(text: str) -> int:

@@ -19,9 +19,8 @@ from eval.results import SETTINGS_FIX, ResultsError, load_results, load_training
 from eval.settings import differences, mismatch_message
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
 from study.hypotheses import METRICS, Gap, LastPlace, gap_lines, last_place_lines, parse_tests
-from study.runner import Layout
 from study.spec import Cell, Study, axis_value, repo_path
-from study.store import raw_complete, reuse_root, tree_root
+from study.store import Layout, raw_complete, reuse_root, tree_root
 
 EVICTED = "training/filter_groups/evicted_samples"
 SURPLUS = "training/filter_groups/discarded_surplus_samples"

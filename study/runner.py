@@ -20,10 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from search_env.paths import repo_relative
 from study.spec import Cell, Study, StudyError, axis_value, compose_recipe, dotted, repo_path
 from study.store import (
     SPLITS,
+    Layout,
     cell_complete,
     export_cell,
     latest_checkpoint,
@@ -34,26 +37,6 @@ from study.store import (
 
 STOP_GRACE_S = 90
 """Seconds a stage's process group gets to stop after SIGTERM before SIGKILL."""
-
-
-@dataclass
-class Layout:
-    """Where a study's runs, results and export live."""
-
-    runs: Path
-    results: Path
-    export: Path | None
-
-    def results_of(self, cell: Cell) -> Path:
-        return self.results / cell.tree if cell.tree else self.results
-
-
-def layout(
-    study: Study, runs: Path | None = None, results: Path | None = None, export: Path | None = None
-) -> Layout:
-    """The study's folders: ``runs/<name>``, ``results/<name>`` and its ``export`` unless given."""
-    exp = export or (repo_path(study.spec.export) if study.spec.export else None)
-    return Layout(runs or Path("runs") / study.name, results or Path("results") / study.name, exp)
 
 
 class Stages:
@@ -170,7 +153,7 @@ def visible_gpus() -> list[str]:
     if env is not None:
         return [g for g in env.split(",") if g.strip()]
     try:
-        import torch
+        import torch  # heavy: only when CUDA_VISIBLE_DEVICES does not say
 
         return [str(i) for i in range(torch.cuda.device_count())]
     except ImportError:
@@ -218,8 +201,6 @@ def _resolve_world(value: object, cfg: dict) -> str | None:
     """``${launch.assets.*}`` interpolations of the recipe resolved (the few the recipes use)."""
     if not isinstance(value, str):
         return None
-    from omegaconf import OmegaConf
-
     return str(OmegaConf.create({**cfg, "_v": value})["_v"])
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reward_fns.shapes import SHAPES
@@ -186,9 +188,6 @@ def repo_path(path: str | Path) -> Path:
 @cache
 def compose_recipe(recipe: Path) -> dict[str, Any]:
     """The recipe's composed hydra config as a plain dict (unresolved interpolations left as text)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     with initialize_config_dir(config_dir=str(recipe.parent), version_base=None):
         cfg = compose(config_name=recipe.stem)
     return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]

@@ -10,17 +10,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from search_env.paths import repo_relative
-
-if TYPE_CHECKING:
-    from study.runner import Layout
-    from study.spec import Cell
+from study.spec import Cell, Study, repo_path
 
 SPLITS = ("test", "val")
 TRAINED = ".study_trained"
+
+
+@dataclass
+class Layout:
+    """Where a study's runs, results and export live."""
+
+    runs: Path
+    results: Path
+    export: Path | None
+
+    def results_of(self, cell: Cell) -> Path:
+        return self.results / cell.tree if cell.tree else self.results
+
+
+def layout(
+    study: Study, runs: Path | None = None, results: Path | None = None, export: Path | None = None
+) -> Layout:
+    """The study's folders: ``runs/<name>``, ``results/<name>`` and its ``export`` unless given."""
+    exp = export or (repo_path(study.spec.export) if study.spec.export else None)
+    return Layout(runs or Path("runs") / study.name, results or Path("results") / study.name, exp)
 
 
 def write_marker(path: Path, text: str) -> None:

@@ -24,6 +24,7 @@ PACKAGES = (
     "patches",
     "cpu_compat",
     "launch",
+    "study",
 )
 ALLOWED = {
     "reward_fns": set(),
@@ -34,6 +35,7 @@ ALLOWED = {
     "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
     "patches": {"search_env", "cpu_engine"},
     "launch": {"search_env", "search_demo", "reward_fns"},
+    "study": {"eval", "search_env", "reward_fns"},
 }
 """Per package, the other project packages it may import (docs/design.md §2, its last column)."""
 
