@@ -78,9 +78,16 @@ def print_list(study: Study, cells: list, gpu_hours: bool, args: argparse.Namesp
         save = dotted(compose_recipe(c.recipe), "trainer.save_freq")[1]
         print(f"{c.name}  cap={c.cap}  tree={c.tree or 'main'}  save_freq={save}  recipe={c.recipe.name}")
         print(f"    {shlex.join(c.overrides)}")
+    table = cost_table(study, cells, args.step_seconds, args.rollout_seconds)
     if gpu_hours:
         print()
-        print(cost_table(study, cells, args.step_seconds, args.rollout_seconds))
+        print(table)
+    else:
+        total = table.splitlines()[-1].split("|")
+        print(
+            f"estimated: {total[2].strip()} training steps, {total[3].strip()} checkpoint evaluations, "
+            f"{total[7].strip()} GPU-h at the file's stated costs (--gpu-hours: per cell)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
