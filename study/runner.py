@@ -20,10 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from search_env.paths import repo_relative
-from study.spec import Cell, Study, StudyError, axis_value, compose_recipe, dotted, repo_path
+from study.spec import Cell, Study, StudyError, axis_value, repo_path, resolved
 from study.store import (
     SPLITS,
     Layout,
@@ -163,9 +161,7 @@ def visible_gpus() -> list[str]:
 def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict[str, str]:
     """``launch/eval.sh``'s environment for one split of a cell: suite, limit, retriever as in training."""
     spec = study.spec.eval
-    cfg = compose_recipe(cell.recipe)
-    world = dotted(cfg, "launch.assets.world")[1]
-    world = _resolve_world(world, cfg)
+    world = resolved(cell, "launch.assets.world")
     suite = spec.test_suite if split == "test" else spec.val_suite
     if suite is None:
         if world is None:
@@ -182,26 +178,18 @@ def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict
     }
     env["BACKEND"] = spec.backend
     env["RETRIEVER_PORT"] = str(port + 1)
-    backend = cell.axes.get("retriever", dotted(cfg, "retriever.backend")[1])
-    corpus = _resolve_world(dotted(cfg, "retriever.corpus")[1], cfg)
+    corpus = resolved(cell, "retriever.corpus")
     if corpus:
         env["CORPUS"] = str(corpus)
-    if backend == "dense":
+    if resolved(cell, "retriever.backend") == "dense":
         for key, var in (("retriever.index", "INDEX"), ("retriever.encoder", "ENCODER")):
-            value = dotted(cfg, key)[1]
+            value = resolved(cell, key)
             if not value:
                 raise StudyError(
                     f"axes.retriever: dense needs {key} in {cell.recipe.name}. Fix: set it there"
                 )
             env[var] = str(value)
     return env
-
-
-def _resolve_world(value: object, cfg: dict) -> str | None:
-    """``${launch.assets.*}`` interpolations of the recipe resolved (the few the recipes use)."""
-    if not isinstance(value, str):
-        return None
-    return str(OmegaConf.create({**cfg, "_v": value})["_v"])
 
 
 class Runner:

@@ -188,9 +188,19 @@ def repo_path(path: str | Path) -> Path:
 @cache
 def compose_recipe(recipe: Path) -> dict[str, Any]:
     """The recipe's composed hydra config as a plain dict (unresolved interpolations left as text)."""
+    return OmegaConf.to_container(cell_config(recipe), resolve=False)  # type: ignore[return-value]
+
+
+@cache
+def cell_config(recipe: Path, overrides: tuple[str, ...] = ()) -> Any:
+    """The recipe composed with ``overrides`` (a cell's), as an OmegaConf tree."""
     with initialize_config_dir(config_dir=str(recipe.parent), version_base=None):
-        cfg = compose(config_name=recipe.stem)
-    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+        return compose(config_name=recipe.stem, overrides=list(overrides))
+
+
+def resolved(cell: Cell, key: str) -> Any:
+    """``key`` of the cell's composed config with its interpolations resolved (None when absent)."""
+    return OmegaConf.select(cell_config(cell.recipe, cell.overrides), key, default=None)
 
 
 def dotted(cfg: dict[str, Any], key: str) -> tuple[bool, Any]:

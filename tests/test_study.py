@@ -22,9 +22,9 @@ from search_env.paths import REPO_ROOT
 from study.__main__ import main as study_main
 from study.cost import checkpoints
 from study.hypotheses import Gap, gap_pairs, parse_tests
-from study.runner import Layout, Stages, slots, study_lock
+from study.runner import Stages, eval_env, slots, study_lock
 from study.spec import StudyError, load_study
-from study.store import export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
+from study.store import Layout, export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
 
 STUDIES = REPO_ROOT / "recipes" / "studies"
 GPU_CAPS = {42: 180, 43: 230, 44: 312}
@@ -311,3 +311,21 @@ def test_a_user_reward_study_trains_evaluates_and_reports_on_cpu(tmp_path):
     assert info["shape"] == "half_credit"
     assert "half_credit" in (tmp_path / "res" / "report" / "study.md").read_text()
     shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+def test_evaluation_uses_the_cells_own_world_retriever_and_limits(tmp_path):
+    sparse = load_study(STUDIES / "micro_sparse.yaml")
+    env = eval_env(sparse, sparse.cell("em_only_g10_s43"), "val", tmp_path / "out", 18500)
+    assert env["SUITE"] == ".demo/study_s0_u1/val.parquet" and env["LIMIT"] == "30"
+    assert env["CORPUS"] == ".demo/study_s0_u1/corpus.jsonl" and env["RETRIEVER_PORT"] == "18501"
+    assert "INDEX" not in env
+    paper = load_study(STUDIES / "paper.yaml")
+    env = eval_env(paper, paper.cell("f1_only_s44"), "test", tmp_path / "out", 18500)
+    assert (
+        env["SUITE"] == "test" and env["LIMIT"] == "" and env["INDEX"].endswith(".index") and env["ENCODER"]
+    )
+    dense = load_study(
+        _write(tmp_path, BASE + "axes: {shape: [em_only], seed: [42], retriever: [dense]}\nsteps: 2\n")
+    )
+    with pytest.raises(StudyError, match="retriever.index"):
+        eval_env(dense, dense.cells[0], "test", tmp_path / "out", 18500)
