@@ -74,18 +74,20 @@ def _log_steps(logs: pd.DataFrame, run: str, metric: str, matched: int) -> pd.Se
 
 def sampling_columns(logs: pd.DataFrame, run: str, group: int, matched: int) -> tuple[float, float]:
     """(tied-group fraction of the generated groups, rollouts generated per step), means over steps
-    1..``matched``. With dynamic sampling the evicted groups are the tied ones (refilled, never trained on)."""
+    1..``matched``. With dynamic sampling, verl's ``evicted_samples`` and ``discarded_surplus_samples``
+    count groups (uids), not rollouts: the evicted groups are the tied ones (refilled, never trained on),
+    the surplus ones finished untied after the batch was full (docs/studies.md)."""
     if logs.empty:
         return math.nan, math.nan
     groups = _log_steps(logs, run, GROUPS, matched)
     if groups.empty:
         return math.nan, math.nan
     zero = _log_steps(logs, run, regimes.ZERO_VAR, matched).reindex(groups.index).fillna(0.0)
-    evicted = _log_steps(logs, run, EVICTED, matched).reindex(groups.index).fillna(0.0) / group
+    evicted = _log_steps(logs, run, EVICTED, matched).reindex(groups.index).fillna(0.0)
     surplus = _log_steps(logs, run, SURPLUS, matched).reindex(groups.index).fillna(0.0)
-    ties = (evicted + zero * groups) / (evicted + groups)
-    rollouts = groups * group + evicted * group + surplus
-    return float(ties.mean()), float(rollouts.mean())
+    generated = groups + evicted + surplus
+    ties = (evicted + zero * groups) / generated
+    return float(ties.mean()), float((generated * group).mean())
 
 
 def cells_frame(study: Study, where: Layout, matched: int) -> pd.DataFrame:
