@@ -28,7 +28,7 @@ from search_env.paths import REPO_ROOT
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
@@ -51,11 +51,11 @@ def build_run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, type=Path, help="results root; this run goes to OUT/<run>")
     p.add_argument("--steps", type=int, nargs="+", help="only these steps (0 = the untrained model)")
-    p.add_argument("--limit", type=_positive_int, help="rows per benchmark (seeded subsample by id)")
+    p.add_argument("--limit", type=positive_int, help="rows per benchmark (seeded subsample by id)")
     p.add_argument("--subsample-seed", type=int, default=0, help="seed of the --limit subsample (default 0)")
     p.add_argument(
         "--top-k",
-        type=_positive_int,
+        type=positive_int,
         default=protocol.TOPK,
         help="passages per search (training's retriever.top_k)",
     )
@@ -84,7 +84,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int, help="step cap of the run (default: config, else last checkpoint)")
     p.add_argument(
         "--max-in-flight",
-        type=_positive_int,
+        type=positive_int,
         help="rollouts kept running at once, a steady pool (default: hf 32, vllm 512)",
     )
     p.add_argument(
@@ -99,15 +99,15 @@ def build_run_parser() -> argparse.ArgumentParser:
         help="vllm: enable prefix caching (off by default, as in training; recorded in run.json)",
     )
     p.add_argument(
-        "--max-turns", type=_positive_int, help="assistant turns per rollout (default: run config/10)"
+        "--max-turns", type=positive_int, help="assistant turns per rollout (default: run config/10)"
     )
     p.add_argument(
-        "--max-turn-tokens", type=_positive_int, help="new tokens per turn (default: run config/1024)"
+        "--max-turn-tokens", type=positive_int, help="new tokens per turn (default: run config/1024)"
     )
     p.add_argument(
-        "--max-total-tokens", type=_positive_int, help="whole sequence cap (default: run config/8192)"
+        "--max-total-tokens", type=positive_int, help="whole sequence cap (default: run config/8192)"
     )
-    p.add_argument("--response-length", type=_positive_int, help="response budget (default: run config/8192)")
+    p.add_argument("--response-length", type=positive_int, help="response budget (default: run config/8192)")
     p.add_argument(
         "--limits-preset",
         choices=sorted(PRESETS),
@@ -125,7 +125,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--screen-rows",
-        type=_positive_int,
+        type=positive_int,
         default=seq.SCREEN_ROWS,
         help=f"sequential: rows per benchmark every checkpoint is screened on (default {seq.SCREEN_ROWS})",
     )
@@ -150,7 +150,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--matched-horizon",
-        type=_positive_int,
+        type=positive_int,
         default=180,
         help="sequential: the matched-horizon rule's step cap, whose best is also kept (default 180)",
     )

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from eval.__main__ import positive_int
 from eval.results import ResultsError
 from study.cost import cost_table
 from study.hypotheses import parse_tests
@@ -14,13 +15,6 @@ from study.report import write_study_report
 from study.runner import run_study, visible_gpus
 from study.spec import Study, StudyError, compose_recipe, dotted, load_study
 from study.store import layout
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout-seconds", type=float, help="GPU-seconds per evaluation rollout (default: the file's)"
     )
     run = sub.choices["run"]
-    run.add_argument("--jobs", type=_positive, help="cells side by side (default: 2 on CPU, 1 on a GPU node)")
-    run.add_argument("--gpus-per-cell", type=_positive, help="GPU node: split the visible GPUs K per cell")
+    run.add_argument("--jobs", type=positive_int, help="cells side by side (default: 2 on CPU, 1 on a GPU node)")
+    run.add_argument("--gpus-per-cell", type=positive_int, help="GPU node: split the visible GPUs K per cell")
     run.add_argument(
         "--port", type=int, default=18500, help="retriever port of lane 0 (lane j: +10 j; eval +1)"
     )
