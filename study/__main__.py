@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout-seconds", type=float, help="GPU-seconds per evaluation rollout (default: the file's)"
     )
     run = sub.choices["run"]
-    run.add_argument("--jobs", type=positive_int, help="cells side by side (default: 2 on CPU, 1 on a GPU node)")
+    run.add_argument(
+        "--jobs", type=positive_int, help="cells side by side (default: 2 on CPU, 1 on a GPU node)"
+    )
     run.add_argument("--gpus-per-cell", type=positive_int, help="GPU node: split the visible GPUs K per cell")
     run.add_argument(
         "--port", type=int, default=18500, help="retriever port of lane 0 (lane j: +10 j; eval +1)"
@@ -97,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             gpus = visible_gpus()
             jobs = args.jobs or (1 if gpus else 2)
+            for override in args.set:
+                if "=" not in override:
+                    raise StudyError(
+                        f"--set {override}: not KEY=VALUE. Fix: e.g. --set data.train_batch_size=4"
+                    )
+            echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
             run_study(
                 study,
                 where,
@@ -104,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                 jobs,
                 args.port,
                 args.gpus_per_cell,
-                lambda line: print(line, file=sys.stderr),
+                echo,
+                tuple(args.set),
+                args.train_only,
             )
-            if args.no_report:
+            if args.no_report or args.train_only:
                 return 0
         for path in write_study_report(study, where, getattr(args, "out", None)):
             print(path)
