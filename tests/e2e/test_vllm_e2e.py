@@ -254,6 +254,7 @@ def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_pa
     done = subprocess.run(
         [sys.executable, "-c", f"import test_vllm_e2e as t; t.check_masked_and_scored({str(tmp_path)!r})"],
         cwd=Path(__file__).parent,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])},
         capture_output=True,
         text=True,
         timeout=900,

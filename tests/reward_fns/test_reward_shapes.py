@@ -24,8 +24,9 @@ from reward_fns import (
     train_f1,
 )
 from reward_fns.compute_score import compute_score, em_only, f1_format, f1_only, gold_answers
+from search_env.paths import REPO_ROOT
 
-CASES = Path(__file__).parent / "fixtures" / "search-r1-example" / "case.txt"
+CASES = REPO_ROOT / "tests" / "fixtures" / "search-r1-example" / "case.txt"
 CALL = "<tool_call>\n<function=search>\n<parameter=query>\n{q}\n</parameter>\n</function>\n</tool_call>"
 
 

@@ -12,8 +12,9 @@ from transformers import AutoTokenizer
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from search_env import data, protocol
+from search_env.paths import REPO_ROOT
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
 R1 = FIXTURES / "r1-searcher-evalset"
 
 
