@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.encoder import Encoder, build_tiny_encoder, is_e5_model, mean_pool
-from search_env.paths import REPO_ROOT
 
 REFERENCE = REPO_ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "e5_passage_vectors_first16.json"
 

@@ -6,7 +6,6 @@ import re
 import string
 from collections import Counter
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pytest
