@@ -283,6 +283,7 @@ def test_eval_runner_refuses_a_retriever_that_cannot_search(broken_retriever: st
 # ---- multi-GPU evaluation, one command ------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, tiny_model_dir: Path):
     """GPUS=a,b: two `python -m eval run` processes share OUT (here on CPU with the hf backend, on
     the untrained model as its own step 0); the table is printed once, each row written once."""
@@ -313,6 +314,7 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
     assert len(rows.read_text().splitlines()) == 2, "one row per benchmark, written by one process"
 
 
+@pytest.mark.e2e
 def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_path: Path):
     """With INDEX and ENCODER, eval.sh serves that dense index instead of BM25, with --gpu on where
     torch sees a GPU (the index on the GPU(s) where it fits) and auto elsewhere; RETRIEVER_GPU

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from search_env.paths import REPO_ROOT
 
 KEYS = (
@@ -16,6 +18,7 @@ KEYS = (
 )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_retriever_scale_prints_its_line_at_small_n(tmp_path) -> None:
     command = [
         sys.executable, str(REPO_ROOT / "bench" / "retriever_scale.py"), "--passages", "12000",

@@ -272,6 +272,7 @@ def _study(timeout: int, *args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 def test_a_study_skips_finished_cells_and_writes_the_report(small_report, tmp_path):
     """Every cell marked done: the study neither trains nor evaluates, only reports (resume path)."""
     base, _ = small_report
@@ -302,6 +303,7 @@ def test_a_study_skips_finished_cells_and_writes_the_report(small_report, tmp_pa
     assert (runs / "progress.log").read_text().count("done before") == 27
 
 
+@pytest.mark.e2e
 def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path):
     """JOBS=2: two cells start together; both fail in preflight (an unknown
     reward shape), so the third never starts and the study exits non-zero, naming the failure."""
@@ -343,6 +345,7 @@ def _study_with_set(timeout: int, env: dict[str, str], override: str) -> subproc
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.e2e
 @needs_committed_run
 def test_a_cell_finished_in_the_committed_export_is_restored_not_rerun(tmp_path):
     """A study continued on a machine without its runs folder: the cell the export already holds
