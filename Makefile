@@ -9,7 +9,7 @@ export WANDB_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
 # `make lint` fixes what ruff can; `make test` only checks.
-.PHONY: venv test demo lint
+.PHONY: venv check test test-fast demo lint
 venv: $(STAMP)
 
 # Re-runs only when the package metadata or the pinned set changed (idempotent).
@@ -24,13 +24,21 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	touch $(STAMP)
 
 # The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.
-# Two pytest-xdist workers, a test file per worker at a time: a heavy e2e run (tests/heavy_slot.py
-# allows two at once) leaves most of a core idle between its stages, which the other worker uses.
+# Two pytest-xdist workers, a test file per worker at a time, handed out in the order tests/conftest.py
+# gives them (the longest e2e files first, so that no long file starts last); a heavy e2e run
+# (tests/heavy_slot.py allows two at once) leaves most of a core idle between its stages, which the
+# other worker uses. `make test` runs everything; `make test-fast` all but the e2e tests (< 3 min).
 TEST_WORKERS ?= 2
-test: venv
+PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+
+test: check
+	$(PYTEST)
+
+test-fast: check
+	$(PYTEST) -m "not e2e"
 
 # World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
 # launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.

@@ -41,6 +41,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PYTHON", sys.executable)  # launch/*.sh run by tests use this interpreter
 
 SERVER_START_TIMEOUT_S = 60.0
+TESTS = Path(__file__).resolve().parent
 
 settings.register_profile("deterministic", derandomize=True, deadline=None)
 settings.load_profile("deterministic")
@@ -214,10 +215,43 @@ def ensure_ci_assets() -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """With e2e tests selected, build the CI assets before any test starts: outside every
-    per-test timeout (pytest-timeout), not only outside each run's."""
-    if any(item.get_closest_marker("e2e") for item in session.items):
+    """With e2e tests of the CPU demo selected, build the CI assets before any test starts: outside
+    every per-test timeout (pytest-timeout), not only outside each run's."""
+    if any(item.get_closest_marker("e2e") and _runs_the_demo(item) for item in session.items):
         ensure_ci_assets()
+
+
+def _runs_the_demo(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return any(hasattr(module, name) for name in ("demo_cmd", "start_demo", "demo_eval"))
+
+
+LONG_FILES_FIRST = (
+    "e2e/test_vllm_e2e.py",
+    "launch/test_launch_gpu.py",
+    "study/test_micro_study.py",
+    "eval/test_eval_run.py",
+    "patches/test_vllm_cpu_install.py",
+    "e2e/test_run_killed.py",
+    "e2e/test_retriever_faults_e2e.py",
+    "e2e/test_demo_e2e.py",
+    "study/test_study.py",
+)
+"""The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``),
+then every other file in collection order. The longest first, so that no long file starts last:
+the vLLM file (~17 min; its two training runs hold every heavy-run slot) beside files of minutes
+that take no slot, then the files of CPU demo runs (one slot each), side by side."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        path = Path(str(item.path)).resolve()
+        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
+        return rank.get(name, len(rank))
+
+    items.sort(key=key)  # stable: the rest keep their order
 
 
 HEAVY_SLOT = (sys.executable, str(Path(__file__).with_name("heavy_slot.py")))

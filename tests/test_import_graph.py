@@ -1,6 +1,6 @@
 """The imports between the project's modules form no cycle, and each package imports only the
 packages docs/design.md allows it; the launcher (``launch``, not installed) is one package that
-nothing installed imports, and its shell wrappers embed no Python.
+nothing installed imports, and its shell wrappers embed no Python. tests/ mirrors the packages.
 
 Read from the source (``ast``), so function-local imports count as much as module-level ones.
 """
@@ -186,3 +186,33 @@ def test_launch_scripts_embed_no_python():
         if EMBEDDED_PYTHON.search(line) and 'find_spec("verl")' not in line
     ]
     assert not found, found
+
+
+TEST_FOLDERS = {pkg for pkg in PACKAGES if pkg != "cpu_compat"} | {"retrieval", "study", "e2e"}
+"""tests/ mirrors the packages (``search_env.retrieval``: tests/retrieval/, ``study``: tests/study/);
+tests/e2e/ holds the whole runs (the CPU demo, vLLM, faults, a killed run)."""
+REPOSITORY_WIDE = {"test_import_graph.py", "test_committed_results.py", "test_heavy_slot.py"}
+"""The test files at tests/ top level, beside the shared helpers (conftest, study_reference,
+heavy_slot) and fixtures/: checks of the whole repository."""
+STARTS_A_DEMO_RUN = re.compile(r"\b(demo_cmd|start_demo|demo_eval)\(")
+
+
+def test_tests_mirror_the_packages_and_heavy_runs_carry_e2e():
+    tests = REPO_ROOT / "tests"
+    files = sorted(p for p in tests.rglob("test_*.py") if "fixtures" not in p.relative_to(tests).parts)
+    folders = {p.parent.relative_to(tests).as_posix() for p in files} - {"."}
+    assert folders <= TEST_FOLDERS, f"a test folder that mirrors no package: {sorted(folders - TEST_FOLDERS)}"
+    for folder in TEST_FOLDERS - {"e2e"}:
+        package = REPO_ROOT / ("search_env/retrieval" if folder == "retrieval" else folder)
+        assert (package / "__init__.py").is_file(), f"tests/{folder}/ mirrors no package"
+    assert {p.name for p in files if p.parent == tests} <= REPOSITORY_WIDE
+    names = [p.name for p in files]
+    # pytest imports a test module by its file name (no __init__.py under tests/): one file per name
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+    assert not list(tests.rglob("__init__.py")), "tests/ is no package: helpers are found via pythonpath"
+    unmarked = [
+        p.relative_to(tests).as_posix()
+        for p in files
+        if STARTS_A_DEMO_RUN.search(p.read_text(encoding="utf-8")) and "pytest.mark.e2e" not in p.read_text()
+    ]
+    assert not unmarked, f"these start the CPU demo without the e2e marker: {unmarked}"
