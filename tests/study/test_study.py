@@ -163,7 +163,11 @@ def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
 
 @pytest.mark.parametrize(
     ("name", "export"),
-    [("micro_dense", "micro_study"), ("micro_sparse", "micro_study_sparse"), ("mechanism", "micro_study_mechanism")],
+    [
+        ("micro_dense", "micro_study"),
+        ("micro_sparse", "micro_study_sparse"),
+        ("mechanism", "micro_study_mechanism"),
+    ],
 )
 def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_path, name, export):
     """Every table of the committed report (each tree's, the regimes', the study's) from the raw results."""
