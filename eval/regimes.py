@@ -18,7 +18,7 @@ writes one folder:
 - ``index.md`` — all of the above and the conclusion, each claim of the paper with its numbers.
 
 Every number comes from the raw files, so the folder regenerates byte for byte (figures aside)
-from the same input (``tests/test_regimes.py``). CIs are percentile intervals of ``--bootstrap``
+from the same input (``tests/eval/test_regimes.py``). CIs are percentile intervals of ``--bootstrap``
 resamples of the seeds (a cell is the unit: seeds are the independent replicates; with 3-5 seeds
 the interval is coarse and says so by its width), each drawn from a generator seeded by what it
 describes, so they regenerate too. Horizon: the matched one (the smallest step

@@ -243,7 +243,7 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
     - ``use_remove_padding`` packs sequences; Qwen3.5's Gated-DeltaNet layers keep them apart only
       through flash-linear-attention (``fla``): without it verl 0.9.1 hands ``cu_seqlens`` to
       transformers' torch fallback, which accepts and ignores it (``**kwargs``), so every packed
-      sequence would see the ones before it (measured: tests/test_launch_gpu.py).
+      sequence would see the ones before it (measured: tests/launch/test_launch_gpu.py).
     - ``attn_implementation`` ``flash_attention_2`` (verl's default) needs flash-attn.
     """
     has = has_module or (lambda name: importlib.util.find_spec(name) is not None)

@@ -1,7 +1,7 @@
 """The verl release these patches were written against, and a loud warning on any other.
 
 Every patch module adapts private verl internals (file/line named in its docstring), so a
-different verl may break them silently; ``tests/test_patches.py`` pins each behaviour.
+different verl may break them silently; ``tests/patches/test_patches.py`` pins each behaviour.
 """
 
 from __future__ import annotations

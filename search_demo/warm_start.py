@@ -448,7 +448,7 @@ def build_warm_start(
 
 SHIPPED = {name: REPO_ROOT / "assets" / f"warm_start_{name}" for name in ("dense", "sparse")}
 """The built warm start of each regime of :data:`REGIMES` (default steps, the shipped base model),
-committed: see the module docstring. ``tests/test_warm_start.py`` fails when one is stale."""
+committed: see the module docstring. ``tests/search_demo/test_warm_start.py`` fails when one is stale."""
 
 
 def _key_of(folder: Path) -> str | None:

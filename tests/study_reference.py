@@ -6,7 +6,7 @@ The regexes below are the study's answer / format / query / tool-response parser
 ``evaluation_qwen35/flashrag/search_r1/parser.py``: ``extract_tool_call_query``). Their lazy
 patterns are quadratic on a response flooded with one tag and exponential on parameter blocks
 without ``</function>``: the project's linear-time scanners are tested against them
-(``tests/test_linear_scoring.py``) and timed next to them (``bench/scoring.py``), never replaced.
+(``tests/reward_fns/test_linear_scoring.py``) and timed next to them (``bench/scoring.py``), never replaced.
 """
 
 from __future__ import annotations

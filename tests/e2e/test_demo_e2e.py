@@ -2,7 +2,7 @@
 (GRPO, Ray, FSDP2, the search agent loop against a live BM25 retriever), logs the study's
 metrics every step, checkpoints every step under the checkpoint policy, and its checkpoints go
 through `launch/eval.sh`, the demo's report and `python -m eval report`. Killing and resuming a run
-is tested in tests/test_run_killed.py. Heavy: one trainer start-up (~1.5 min on 2 cores) and three
+is tested in tests/e2e/test_run_killed.py. Heavy: one trainer start-up (~1.5 min on 2 cores) and three
 steps, in one of the heavy-run slots (tests/heavy_slot.py)."""
 
 from __future__ import annotations

@@ -444,7 +444,7 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, tokenizer, seen: dict) -> None:
 def test_vllm_backend_end_to_end_with_a_stand_in_engine(tmp_path: Path, tiny_model_dir: Path, monkeypatch):
     """VLLMBackend wired as on a GPU: engine arguments, verl's agent loop over VLLMEngineClient, the
     steady pool, scoring, rows in order; only the engine is a stand-in, so this runs in seconds
-    (tests/test_vllm_e2e.py runs the real engine: vLLM's CPU build)."""
+    (tests/e2e/test_vllm_e2e.py runs the real engine: vLLM's CPU build)."""
     from transformers import AutoTokenizer
 
     from eval.backends import make_backend

@@ -221,7 +221,7 @@ def _vllm_skip_reason() -> str | None:
     if not torch.cuda.is_available():
         return (
             "vllm on this tiny model needs a CUDA GPU (vLLM's CPU kernels take linear-attention head dim "
-            "64/128, this model has 16); tests/test_vllm_e2e.py runs the vllm backend on CPU"
+            "64/128, this model has 16); tests/e2e/test_vllm_e2e.py runs the vllm backend on CPU"
         )
     if importlib.util.find_spec("vllm") is None:
         return "vllm backend needs vLLM (pip install -e .[gpu])"

@@ -1,6 +1,6 @@
 """search_env.checkpoint_policy: older checkpoints are pruned to their weights, the latest is kept
 whole, through verl 0.9.1's own ``trainer.checkpoint_callback_class`` loader. (The CPU demo shows
-the same on real verl checkpoints: tests/test_demo_e2e.py.)"""
+the same on real verl checkpoints: tests/e2e/test_demo_e2e.py.)"""
 
 from __future__ import annotations
 
