@@ -8,7 +8,7 @@ retrieval server.
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
 - ``retrieval_server_url``: ``python -m search_env serve --backend bm25`` over the bundled
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
-- The CPU demo as the e2e tests run it (``tests/test_demo_e2e.py``, ``tests/test_run_killed.py``):
+- The CPU demo as the e2e tests run it (``tests/e2e/test_demo_e2e.py``, ``tests/e2e/test_run_killed.py``):
   ``demo_cmd`` / ``demo_env`` (``launch/run.sh recipes/demo_cpu.yaml``, smaller: ``CI_OVERRIDES``),
   ``logged_steps`` (its ``metrics.jsonl``), ``free_port``, ``port_free``.
 """
@@ -236,11 +236,18 @@ LONG_FILES_FIRST = (
     "e2e/test_retriever_faults_e2e.py",
     "e2e/test_demo_e2e.py",
     "study/test_study.py",
+    "retrieval/test_index.py",
+    "launch/test_recipes.py",
+    "test_heavy_slot.py",
+    "retrieval/test_client.py",
+    "patches/test_patches.py",
+    "retrieval/test_server.py",
 )
 """The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``),
 then every other file in collection order. The longest first, so that no long file starts last:
 the vLLM file (~17 min; its two training runs hold every heavy-run slot) beside files of minutes
-that take no slot, then the files of CPU demo runs (one slot each), side by side."""
+that take no slot, then the files of CPU demo runs (one slot each), side by side, then the
+longest of ``make test-fast`` (10-50 s each)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,15 +13,17 @@ import pytest
 from heavy_slot import slot_count
 
 SLOT = Path(__file__).with_name("heavy_slot.py")
+HOLD_S = 2.0
+"""How long each test command holds its slot."""
 
 
 def _start(tmp_path: Path, name: str, slots: int, *flags: str) -> subprocess.Popen:
-    """A command that records when it starts, holds its slot 3 s (in a child), and exits; its file
+    """A command that records when it starts, holds its slot HOLD_S (in a child), and exits; its file
     holds the start, and after a space the end, in ``time.monotonic()`` seconds."""
     path = str(tmp_path / name)
     script = (
         f"import time; f = open({path!r}, 'w'); f.write(str(time.monotonic())); f.flush(); "
-        "time.sleep(3); f.write(' ' + str(time.monotonic()))"
+        f"time.sleep({HOLD_S}); f.write(' ' + str(time.monotonic()))"
     )
     env = {**os.environ, "RLVR_HEAVY_SLOTS": str(slots), "RLVR_HEAVY_LOCK_DIR": str(tmp_path)}
     cmd = [sys.executable, str(SLOT), *flags, "bash", "-c", f'{sys.executable} -c "{script}"']
@@ -38,15 +40,15 @@ def test_a_third_command_waits_for_one_of_two_slots(tmp_path):
     for proc in procs:
         assert proc.wait(timeout=30) == 0
     starts = sorted(start for start, _ in _spans(tmp_path, [f"started{i}" for i in range(3)]).values())
-    assert starts[1] - starts[0] < 2.0  # two ran together
-    assert starts[2] - starts[0] >= 2.9  # the third waited until one had exited (its child too)
+    assert starts[1] - starts[0] < HOLD_S * 2 / 3  # two ran together
+    assert starts[2] - starts[0] >= HOLD_S - 0.1  # the third waited until one had exited (its child too)
 
 
 def test_an_exclusive_command_runs_alone(tmp_path):
     first = _start(tmp_path, "first", 2)
-    time.sleep(1)  # the first holds one slot; the exclusive one must wait for it
+    time.sleep(HOLD_S / 3)  # the first holds one slot; the exclusive one must wait for it
     exclusive = _start(tmp_path, "exclusive", 2, "--all")
-    time.sleep(1)
+    time.sleep(HOLD_S / 3)
     others = [_start(tmp_path, f"other{i}", 2) for i in range(2)]  # started while it waits or runs
     for proc in (first, exclusive, *others):
         assert proc.wait(timeout=30) == 0
