@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import LONG_FILES_FIRST
 
 from search_env.paths import REPO_ROOT
 
@@ -216,3 +217,5 @@ def test_tests_mirror_the_packages_and_heavy_runs_carry_e2e():
         if STARTS_A_DEMO_RUN.search(p.read_text(encoding="utf-8")) and "pytest.mark.e2e" not in p.read_text()
     ]
     assert not unmarked, f"these start the CPU demo without the e2e marker: {unmarked}"
+    gone = [name for name in LONG_FILES_FIRST if not (tests / name).is_file()]
+    assert not gone, f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {gone}"
