@@ -190,27 +190,32 @@ took 460-520 s on a 2-core AVX2 machine, more than half of a run's :data:`DEMO_R
 _CI_ASSETS_READY = False
 
 
-def ensure_ci_assets() -> None:
+def ensure_ci_assets(run_id: str | None = None) -> None:
     """Build the demo world and the CI warm start (``python -m search_demo assets``, cached in
     .demo/; the warm start is the shipped ``assets/warm_start_dense``, copied, unless the code no
     longer builds that model) once per test session, before the first run, so that no run's
     timeout pays for it. One build at a time on the machine (an exclusive lock on
-    /tmp/rlvr_ci_assets.lock: xdist workers and other sessions wait for it)."""
+    /tmp/rlvr_ci_assets.lock: xdist workers and other sessions wait for it). ``run_id``: the
+    xdist test run's id; the workers of one run build once (the second finds the first's stamp)."""
     global _CI_ASSETS_READY
     if _CI_ASSETS_READY:
         return
     cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
     cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
+    stamp = REPO_ROOT / ".demo" / "ci_assets_run"
     with open("/tmp/rlvr_ci_assets.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        subprocess.run(
-            cmd,
-            cwd=REPO_ROOT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            check=True,
-            capture_output=True,
-            timeout=CI_ASSETS_TIMEOUT_S,
-        )
+        if not (run_id and stamp.is_file() and stamp.read_text() == run_id):
+            subprocess.run(
+                cmd,
+                cwd=REPO_ROOT,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                check=True,
+                capture_output=True,
+                timeout=CI_ASSETS_TIMEOUT_S,
+            )
+            if run_id:
+                stamp.write_text(run_id)
     _CI_ASSETS_READY = True
 
 
@@ -218,7 +223,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """With e2e tests of the CPU demo selected, build the CI assets before any test starts: outside
     every per-test timeout (pytest-timeout), not only outside each run's."""
     if any(item.get_closest_marker("e2e") and _runs_the_demo(item) for item in session.items):
-        ensure_ci_assets()
+        ensure_ci_assets(getattr(session.config, "workerinput", {}).get("testrunuid"))
 
 
 def _runs_the_demo(item: pytest.Item) -> bool:
