@@ -28,6 +28,8 @@ METRICS = {
     "rollouts_per_step": "rollouts generated per training step (refills included), steps 1..matched",
 }
 """Per-cell metrics a gap test may compare (columns of the report's cells.csv)."""
+MIN_SEEDS = 3
+"""Paired seeds a gap's verdict needs: with two, the resampled means only span the two values."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ def gap_lines(frame: pd.DataFrame, test: Gap, n_boot: int) -> list[str]:
         mean = float(np.mean(gaps))
         if math.isnan(low):
             verdict = "no CI"
+        elif len(gaps) < MIN_SEEDS:
+            verdict = f"not tested: {len(gaps)} seed(s), a seed-bootstrap CI needs {MIN_SEEDS}"
         elif low > 0:
             verdict = "holds: the CI excludes 0"
         elif high < 0:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from search_env.paths import REPO_ROOT
 from study.__main__ import main as study_main
 from study.cost import checkpoints
-from study.hypotheses import Gap, gap_pairs, parse_tests
+from study.hypotheses import Gap, gap_lines, gap_pairs, parse_tests
 from study.runner import Stages, eval_env, slots, study_lock
 from study.spec import StudyError, load_study
 from study.store import Layout, export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
@@ -334,3 +334,10 @@ def test_evaluation_uses_the_cells_own_world_retriever_and_limits(tmp_path):
     )
     with pytest.raises(StudyError, match="retriever.index"):
         eval_env(dense, dense.cells[0], "test", tmp_path / "out", 18500)
+
+
+def test_a_gap_on_two_seeds_gets_no_verdict():
+    lines = gap_lines(_frame({42: 0.1, 43: 0.2}), Gap("group_size", 10, 5, "first_em", "G"), 200)
+    assert "not tested: 2 seed(s)" in lines[1] and "holds" not in lines[1]
+    lines = gap_lines(_frame({42: 0.1, 43: 0.2, 44: 0.15}), Gap("group_size", 10, 5, "first_em", "G"), 200)
+    assert "holds: the CI excludes 0" in lines[1]
