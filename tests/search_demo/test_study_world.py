@@ -195,15 +195,18 @@ def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
         check=True,
     ).stdout.split("\n")
     cells = {}
-    for line in filter(None, out):
-        name, *fields = line.split()
-        cells[name] = dict(f.split("=") for f in fields)
+    for line, overrides in zip(out, out[1:], strict=False):  # a cell line, then its overrides
+        if "  cap=" in line and not line.startswith(" "):
+            name, *fields = line.split()
+            cells[name] = dict(f.split("=", 1) for f in fields)
+            cells[name]["G"] = "10" if "actor_rollout_ref.rollout.n=10" in overrides else "5"
     caps = {int(n.rsplit("_s", 1)[1]): int(c["cap"]) for n, c in cells.items() if c["tree"] == "main"}
     assert caps == {42: 18, 43: 23, 44: 31, 45: 18, 46: 23}  # 180 : 230 : 312 x 1/10, then cycling
     assert Counter(c["tree"] for c in cells.values()) == {"main": 15, "g10": 6}
     g10 = {n: c for n, c in cells.items() if c["tree"] == "g10"}
     assert {n.split("_g10")[0] for n in g10} == {"em_only", "f1_only"}
     assert all(c["G"] == "10" and c["cap"] == "18" for c in g10.values())
+    assert all(c["G"] == "5" for n, c in cells.items() if n not in g10)
     bad = subprocess.run(
         ["bash", "launch/micro_study.sh", "--regime", "sparce"],
         cwd=REPO_ROOT,
@@ -211,7 +214,7 @@ def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2 and "--regime must be dense or sparse" in bad.stderr
+    assert bad.returncode == 2 and "micro_sparce.yaml: no such study file" in bad.stderr
 
 
 def test_rng_of_the_study_world_is_its_own():
