@@ -255,7 +255,12 @@ that take no slot, then the files of CPU demo runs (one slot each), side by side
 longest of ``make test-fast`` (10-50 s each)."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ carries ``e2e``; long files are handed out first (``LONG_FILES_FIRST``)."""
+    for item in items:
+        if Path(str(item.path)).resolve().is_relative_to(TESTS / "e2e"):
+            item.add_marker(pytest.mark.e2e)
     rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
 
     def key(item: pytest.Item) -> int:
