@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,8 +324,7 @@ class Runner:
                     return
 
         with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-            futures = [pool.submit(lane, s) for s in lanes]
-            wait(futures, return_when=FIRST_EXCEPTION)
+            pool.map(lane, lanes)  # lanes catch their own failure; leaving the block waits for every lane
         if failure:
             raise failure[0]
 

@@ -36,7 +36,7 @@ SHORTHANDS: dict[str, str] = {
     "model": "actor_rollout_ref.model.path",
 }
 """Axis shorthands and the recipe key each sets (``shape`` and ``steps`` are handled apart)."""
-TAGS: dict[str, str] = {"group_size": "g", "top_k": "k", "seed": "s"}
+TAGS: dict[str, str] = {"group_size": "g", "top_k": "k"}
 """Name prefixes of numeric axis values in a cell's name (``g10``, ``k3``)."""
 RETRIEVERS = ("bm25", "dense")
 
