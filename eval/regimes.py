@@ -177,7 +177,8 @@ def ranking(frame: pd.DataFrame) -> RankingTest:
     return ranking_test(table, order_shapes(frame["shape"].unique()))
 
 
-def _f(x: float, digits: int = 3) -> str:
+def num_text(x: float | None, digits: int = 3) -> str:
+    """A table number to ``digits`` decimals; '-' for None or NaN."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
@@ -222,7 +223,8 @@ def gain_ci(frame: pd.DataFrame, shape: str, n_boot: int) -> tuple[float, float]
     return seed_ci(list(frame[frame["shape"] == shape]["gain"]), n_boot, f"gain/{regime}/{shape}")
 
 
-def _ci(interval: tuple[float, float]) -> str:
+def ci_text(interval: tuple[float, float]) -> str:
+    """A CI as ``[+low, +high]``; '-' when undefined (NaN)."""
     return "-" if math.isnan(interval[0]) else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
 
 
@@ -244,13 +246,13 @@ def regime_table_markdown(frame: pd.DataFrame, n_boot: int) -> str:
             [
                 shape,
                 str(len(sub)),
-                _f(sub["floor_em"].mean()),
-                _f(sub["best_em"].mean()),
-                _f(sub["gain"].mean()),
-                _ci(gain_ci(frame, shape, n_boot)),
-                _f(sub["best_heldout_em"].mean()),
-                _f(sub["gain_heldout"].mean()),
-                _f(sub["first_em"].mean()),
+                num_text(sub["floor_em"].mean()),
+                num_text(sub["best_em"].mean()),
+                num_text(sub["gain"].mean()),
+                ci_text(gain_ci(frame, shape, n_boot)),
+                num_text(sub["best_heldout_em"].mean()),
+                num_text(sub["gain_heldout"].mean()),
+                num_text(sub["first_em"].mean()),
                 ", ".join(f"{int(r.seed)}: {r.best_em:.3f}" for r in sub.itertuples()),
             ]
         )
@@ -304,11 +306,11 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int, 
                 shape,
                 str(int(group)),
                 str(len(sub)),
-                _f(sub["best_em"].mean()),
-                _f(sub["gain"].mean()),
-                _f(sub["first_em"].mean()),
-                _f(sub["zero_var"].mean()),
-                _f(sub["em_zero_var"].mean()),
+                num_text(sub["best_em"].mean()),
+                num_text(sub["gain"].mean()),
+                num_text(sub["first_em"].mean()),
+                num_text(sub["zero_var"].mean()),
+                num_text(sub["em_zero_var"].mean()),
             ]
         )
     header = [
@@ -322,7 +324,7 @@ def group_size_markdown(frame: pd.DataFrame, seeds: Sequence[int], n_boot: int, 
         "zero-var (under EM)",
     ]
     gaps = group_gaps(frame, seeds, n_boot, claims)
-    gap_rows = [[str(g), _f(m), _ci(ci)] for g, (m, ci) in gaps.items()]
+    gap_rows = [[str(g), num_text(m), ci_text(ci)] for g, (m, ci) in gaps.items()]
     return (
         markdown_table(header, rows)
         + f"\n\nGain gap {claims.better} - {claims.worse}, paired by seed (positive: {claims.meaning}):\n\n"
@@ -365,13 +367,13 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
             for s in sorted(means, key=lambda s: -sub[sub["shape"] == s]["best_em"].mean())
         )
         held = hits == len(test.seeds) and len(test.seeds) > 0
-        gains = ", ".join(f"{s} {means[s]:+.3f} {_ci(gain_ci(sub, s, n_boot))}" for s in means)
+        gains = ", ".join(f"{s} {means[s]:+.3f} {ci_text(gain_ci(sub, s, n_boot))}" for s in means)
         gap = paired_gap(sub, claims.better, claims.last)
         lines.append(
             f"- **C2 (EM-only last), {regime}:** {'holds' if held else 'does not hold'} — mean best EM {order}; "
             f"{claims.last} last at {hits} of {len(test.seeds)} seeds (exact P {_p(test.p_given_shape)}); "
             f"mean gain (95% seed CI) {gains}; {claims.better} - {claims.last} paired by seed "
-            f"{_f(float(np.mean(gap)) if gap else math.nan)} {_ci(seed_ci(gap, n_boot, f'gap/{regime}'))}; "
+            f"{num_text(float(np.mean(gap)) if gap else math.nan)} {ci_text(seed_ci(gap, n_boot, f'gap/{regime}'))}; "
             "EM at the first checkpoint (how fast a shape starts) "
             + ", ".join(f"{s} {_column_mean(sub, 'first_em', shape=s):.3f}" for s in means)
             + "."
@@ -386,21 +388,21 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
             f"{'holds' if mech else 'does not hold'} — zero-variance fraction "
             + ", ".join(f"{s} {zv[s]:.3f}" for s in zv)
             + f"; most tied: {most_tied}, least gain: {least_gain}; Spearman(zero-var, gain) over "
-            f"{len(sub)} cells = {_f(r, 2)}; partial credit at step 1 (wrong rollouts with 0 < F1 < 1): "
-            f"{_f(sub['partial_credit_step1'].mean())}."
+            f"{len(sub)} cells = {num_text(r, 2)}; partial credit at step 1 (wrong rollouts with 0 < F1 < 1): "
+            f"{num_text(sub['partial_credit_step1'].mean())}."
         )
         early, late = sub["length_early"].mean(), sub["length_late"].mean()
         lines.append(
             f"- **§6.4 (responses compress; the length-clip ratio stays low), {regime}:** "
-            f"{'holds' if late < early else 'does not hold'} — policy tokens per rollout {_f(early, 1)} "
-            f"(steps 1-3) -> {_f(late, 1)} (last 3 matched steps); length-clip ratio "
+            f"{'holds' if late < early else 'does not hold'} — policy tokens per rollout {num_text(early, 1)} "
+            f"(steps 1-3) -> {num_text(late, 1)} (last 3 matched steps); length-clip ratio "
             + ", ".join(f"{s} {_column_mean(sub, 'clip_ratio', shape=s):.3f}" for s in means)
             + "."
         )
         rs = sub["reward_em_r"]
         lines.append(
             f"- **§6.5 (training reward tracks held-out EM), {regime}:** mean Pearson r over checkpoints "
-            f"{_f(rs.mean(), 2)} (cells with r > 0: {int((rs > 0).sum())} of {int(rs.notna().sum())}); "
+            f"{num_text(rs.mean(), 2)} (cells with r > 0: {int((rs > 0).sum())} of {int(rs.notna().sum())}); "
             + ", ".join(f"{s} {_column_mean(sub, 'reward_em_r', shape=s):.2f}" for s in means)
             + "."
         )
@@ -412,8 +414,8 @@ def conclusion(frame: pd.DataFrame, tests: dict[str, RankingTest], n_boot: int, 
         zv = {g: _column_mean(sp[sp["group"] == g], "zero_var", shape=claims.worse) for g in (small, large)}
         lines.append(
             f"- **Group size (§7), {g10['regime'].iloc[0]}, seeds {', '.join(map(str, seeds))}:** gain gap "
-            f"{claims.better} - {claims.worse} (paired by seed, 95% CI) {gaps[small][0]:+.3f} {_ci(gaps[small][1])} "
-            f"at G = {small} and {gaps[large][0]:+.3f} {_ci(gaps[large][1])} at G = {large} "
+            f"{claims.better} - {claims.worse} (paired by seed, 95% CI) {gaps[small][0]:+.3f} {ci_text(gaps[small][1])} "
+            f"at G = {small} and {gaps[large][0]:+.3f} {ci_text(gaps[large][1])} at G = {large} "
             f"({gap_verdict(gaps, small, large)}); {claims.worse}'s zero-variance "
             f"fraction {zv[small]:.3f} -> {zv[large]:.3f}; EM at the first checkpoint, G = {small} -> {large}: "
             + ", ".join(

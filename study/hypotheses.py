@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from eval.regimes import binomial_tail, seed_ci
+from eval.regimes import binomial_tail, ci_text, seed_ci
 from eval.stats import RankingTest, ranking_test
 from eval.tables import order_shapes
 from study.spec import StudyError
@@ -119,10 +119,6 @@ def gap_pairs(frame: pd.DataFrame, test: Gap) -> dict[str, list[tuple[int, float
     return out
 
 
-def _ci(interval: tuple[float, float]) -> str:
-    return "-" if math.isnan(interval[0]) else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"
-
-
 def gap_lines(frame: pd.DataFrame, test: Gap, n_boot: int) -> list[str]:
     """One line per setting: mean gap, its seed CI, the per-seed gaps and the verdict."""
     pairs = gap_pairs(frame, test)
@@ -144,7 +140,7 @@ def gap_lines(frame: pd.DataFrame, test: Gap, n_boot: int) -> list[str]:
         else:
             verdict = "not shown: the CI covers 0"
         seeds = ", ".join(f"{s}: {v:+.3f}" for s, v in sorted(values))
-        lines.append(f"  - {name}: {mean:+.3f} {_ci((low, high))} ({seeds}); {verdict}.")
+        lines.append(f"  - {name}: {mean:+.3f} {ci_text((low, high))} ({seeds}); {verdict}.")
     return lines
 
 

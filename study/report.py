@@ -143,10 +143,6 @@ def check_comparable(by_root: dict[Path, list[Cell]], varied: set[str]) -> None:
             raise ResultsError(mismatch_message(reference[0], rel(where), diffs, SETTINGS_FIX))
 
 
-def _f(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
 def _order(column: str, value: object, rank: dict[str, int]) -> tuple[float, str]:
     """Sort key of a level: shapes in the report's order, numbers by value, other text by name."""
     if column == "shape":
@@ -175,7 +171,7 @@ def levels_markdown(frame: pd.DataFrame, n_boot: int, compare: str) -> str:
             low, high = regimes.seed_ci(values, n_boot, f"level/{name}/{metric}")
             mean = float(np.nanmean(values)) if not all(math.isnan(v) for v in values) else math.nan
             ci = "" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]"
-            row.append(_f(mean) + ci)
+            row.append(regimes.num_text(mean) + ci)
         rows.append((tuple(_order(c, k, rank) for c, k in zip(keys, key, strict=True)), row))
     header = [c.removeprefix("axis:") for c in keys] + ["seeds", *METRICS]
     return markdown_table(header, [r for _, r in sorted(rows, key=lambda x: x[0])])
