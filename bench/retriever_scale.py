@@ -51,7 +51,8 @@ import retriever as rb  # noqa: E402  bench/retriever.py: load generator, in-pro
 
 from search_env.retrieval.corpus import OFFSETS_SUFFIX  # noqa: E402
 from search_env.retrieval.encoder import build_tiny_encoder  # noqa: E402
-from search_env.retrieval.server import ServerProcess, free_port, wait_healthy  # noqa: E402
+from search_env.retrieval.probe import wait_healthy  # noqa: E402
+from search_env.retrieval.process import ServerProcess, free_port  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324
 POOL_ROWS = (65521, 65519)

@@ -34,6 +34,7 @@ import numpy as np
 
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.process import spawn_server
 
 sys.path.insert(0, str(REPO_ROOT / "launch"))
 
@@ -163,7 +164,6 @@ def cmd_dense(args: argparse.Namespace) -> int:
     and served from CPU faiss (`--gpu auto`, the training placement): build-index, serve, /health,
     a 512-query /retrieve."""
     from search_env.retrieval.encoder import build_tiny_encoder  # heavy: torch, only this stage
-    from search_env.retrieval.server import spawn_server  # heavy: fastapi/uvicorn, only this stage
 
     work = Path(args.work)
     encoder = build_tiny_encoder(work / "encoder", hidden_size=128)

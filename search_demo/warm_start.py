@@ -34,7 +34,7 @@ from search_demo import base_model, world
 from search_demo.trajectories import REFERENCE_WORLD_SEED, assistant_message, render_trajectory, turn_text
 from search_env import protocol
 from search_env.paths import REPO_ROOT, repo_relative
-from search_env.retrieval.server import spawn_server
+from search_env.retrieval.process import spawn_server
 
 WARM_START_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""

@@ -33,7 +33,7 @@ from hypothesis import settings
 
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.server import spawn_server
+from search_env.retrieval.process import free_port, spawn_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -175,13 +175,6 @@ from the shipped base model, ~3 min), cached in its own folder (with 60 steps th
 called the tool, with 150 it answered in 40 % of the sampled rollouts). Reward ``f1_format``, not
 the demo's ``em_only``: its partial credit and format floor tie fewer groups (0.27 against 0.57
 in the micro study), so "rewards varied within groups" holds at every one of 4-prompt steps."""
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at the moment (127.0.0.1)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 CI_ASSETS_TIMEOUT_S = 1800

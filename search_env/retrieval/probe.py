@@ -2,7 +2,7 @@
 
 ``/health`` never searches, so a backend that fails on queries (an untrained index, a broken
 encoder) passes it; :func:`probe` also sends one ``POST /retrieve`` and checks its answer.
-Used by the training launcher, the evaluation runner, the server's :func:`spawn_server` and
+Used by the training launcher, the evaluation runner, :func:`search_env.retrieval.process.spawn_server` and
 ``python -m search_env probe URL``.
 """
 

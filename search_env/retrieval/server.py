@@ -13,17 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -34,7 +29,6 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_v
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.cache import Hit, QueryCache
 from search_env.retrieval.prewarm import Prewarm
-from search_env.retrieval.probe import wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -544,64 +538,3 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("retrieval server binds %s: it is reachable from other machines and has no auth", host)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class ServerProcess:
-    """A `python -m search_env serve` child process; `stop()` ends exactly this PID."""
-
-    process: subprocess.Popen
-    url: str
-    log_path: Path | None = None
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout_s`; a no-op when already stopped."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=timeout_s)
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def spawn_server(
-    serve_args: list[str],
-    host: str = "127.0.0.1",
-    port: int | None = None,
-    startup_timeout_s: float = 120.0,
-    log_path: str | Path | None = None,
-) -> ServerProcess:
-    """Start `python -m search_env serve <serve_args> --host H --port P` and wait until healthy.
-
-    Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).
-    The child is stopped if it does not become healthy within `startup_timeout_s` seconds.
-    """
-    port = free_port(host) if port is None else port
-    command = [sys.executable, "-m", "search_env", "serve", *serve_args, "--host", host, "--port", str(port)]
-    sink = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
-    try:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
-    finally:
-        if log_path is not None:
-            sink.close()
-    server = ServerProcess(process, f"http://{host}:{port}", Path(log_path) if log_path else None)
-    try:
-        wait_healthy(server.url, startup_timeout_s, process)
-    except BaseException:
-        server.stop()
-        raise
-    return server

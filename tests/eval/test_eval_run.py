@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from eval.__main__ import main
 from eval.store import RowStore
 from eval.summary import summarize
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.process import free_port
 from search_env.rollout_record import TERMINATIONS
 
 BENCHMARKS = ["nq", "musique", "bamboogle"]
@@ -49,12 +49,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     """RUN/global_step_5/actor with verl FSDP shards of a differently seeded tiny model, + config.yaml."""
@@ -63,7 +57,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> P
     root = tmp_path_factory.mktemp("runs")
     trained = build_tiny(root / "seed1_model", seed=1)
     run = root / "f1_only_s3"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     subprocess.run(
         [sys.executable, "-c", SAVE_FSDP, str(trained), str(run / "global_step_5" / "actor")],
         check=True,

@@ -13,7 +13,7 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.client import RetrievalClient, RetrievalError, parse_retrieve_response
 from search_env.retrieval.corpus import Corpus, Passage
-from search_env.retrieval.server import free_port, spawn_server
+from search_env.retrieval.process import free_port, spawn_server
 
 SERVE_ARGS = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS)]
 

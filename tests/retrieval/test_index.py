@@ -417,7 +417,7 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
 
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder
     from search_env.retrieval.index import build_index
-    from search_env.retrieval.server import spawn_server
+    from search_env.retrieval.process import spawn_server
 
     encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
     encoder = Encoder(encoder_dir, use_gpu=False)
@@ -480,7 +480,7 @@ def test_server_accepts_the_studys_kind_of_index(tmp_path) -> None:
     import httpx
 
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder
-    from search_env.retrieval.server import spawn_server
+    from search_env.retrieval.process import spawn_server
 
     encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=DIM)
     corpus = Corpus(SAMPLE_CORPUS)

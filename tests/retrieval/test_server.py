@@ -13,7 +13,8 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
-from search_env.retrieval.server import MAX_QUERIES, MicroBatcher, create_app, spawn_server
+from search_env.retrieval.process import spawn_server
+from search_env.retrieval.server import MAX_QUERIES, MicroBatcher, create_app
 
 NQ_QUESTIONS = "tests/fixtures/flashrag-quickstart/nq_test.jsonl"
 

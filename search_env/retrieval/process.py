@@ -1,0 +1,75 @@
+"""A retrieval server as a child process: a free loopback port, ``spawn_server`` (start
+``python -m search_env serve``, wait until healthy) and ``ServerProcess`` (stops exactly its PID).
+Light to import: no FastAPI or uvicorn in this process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from search_env.retrieval.probe import wait_healthy
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (bind to port 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A `python -m search_env serve` child process; `stop()` ends exactly this PID."""
+
+    process: subprocess.Popen
+    url: str
+    log_path: Path | None = None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`; a no-op when already stopped."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn_server(
+    serve_args: list[str],
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    startup_timeout_s: float = 120.0,
+    log_path: str | Path | None = None,
+) -> ServerProcess:
+    """Start `python -m search_env serve <serve_args> --host H --port P` and wait until healthy.
+
+    Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).
+    The child is stopped if it does not become healthy within `startup_timeout_s` seconds.
+    """
+    port = free_port(host) if port is None else port
+    command = [sys.executable, "-m", "search_env", "serve", *serve_args, "--host", host, "--port", str(port)]
+    sink = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})
+    finally:
+        if log_path is not None:
+            sink.close()
+    server = ServerProcess(process, f"http://{host}:{port}", Path(log_path) if log_path else None)
+    try:
+        wait_healthy(server.url, startup_timeout_s, process)
+    except BaseException:
+        server.stop()
+        raise
+    return server
