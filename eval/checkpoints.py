@@ -1,16 +1,9 @@
 """Find a training run's checkpoints, turn each into a loadable HF model folder, read its config.
 
-verl layout (``trainer.default_local_dir``)::
-
-    RUN/global_step_N/actor/model_world_size_W_rank_R.pt   FSDP shards (+ fsdp_config.json)
-    RUN/global_step_N/actor/huggingface/                   config + tokenizer (+ weights if
-                                                           save_contents has hf_model)
-
-A step whose ``actor/huggingface`` holds weights is used as is; otherwise its FSDP shards are
-merged with verl's model merger (``verl.model_merger``, backend fsdp, bf16 weights) into a
-cache folder, written under a temporary name and renamed when complete, so an interrupted
-merge is redone rather than half used. Step 0 is the untrained model (``--base-model``, or the
-run config's ``actor_rollout_ref.model.path`` when that is a local folder).
+Step N is verl's ``RUN/global_step_N/actor/``: its ``huggingface/`` folder as is when that holds
+weights, else its FSDP shards merged by verl's model merger (bf16) into a cache folder, renamed into
+place only when complete; step 0 is the untrained model. Layout, merge cache and step 0's source:
+docs/evaluation.md ("`python -m eval run`": RUN, Step 0).
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Two reward regimes side by side: ``python -m eval regimes`` (the micro study's regime report).
 
-Reads the exported raw results of the dense micro study (``--dense``: ``test/``, ``val/``,
-``logs/``) and of the sparse one (``--sparse``: the same, plus each tree in a subfolder, e.g. ``g10/``) and
-writes one folder:
+Reads the raw exports of the dense micro study (``--dense``) and the sparse one (``--sparse``, with
+its group-size tree, e.g. ``g10/``) and writes ``cells.csv`` (one row per cell), ``table1.md``,
+``group_size.md``, ``fig_zero_variance_gain.png`` and ``index.md`` (each claim with its numbers).
+Every number comes from the raw files and every CI's generator is seeded by what it describes, so
+the folder regenerates byte for byte, figures aside (``tests/eval/test_regimes.py``).
 
-- ``cells.csv`` — one row per trained cell (regime, G, shape, seed): step-0 and best EM at the
-  matched horizon (both averages), the gain, the EM of its first checkpoint (how fast it starts),
-  the zero-variance group fraction under the cell's own reward and under EM, the partial-credit
-  fraction at step 1, the length-clip ratio, response length early and late, and the
-  correlation of training reward with test EM over checkpoints;
-- ``table1.md`` — Table 1 per regime (mean over seeds with a 95 % CI, per-seed values), the
-  ranking test with the direction stated in advance (EM-only last) and its conservative
-  alternatives;
-- ``group_size.md`` — the gap pair's shapes (``--gap BETTER WORSE``) at both group sizes on the same
-  seeds and prompts, and the gain gap BETTER - WORSE (paired by seed) at each G with its 95 % CI;
-- ``fig_zero_variance_gain.png`` — zero-variance fraction against gain, one point per cell;
-- ``index.md`` — all of the above and the conclusion, each claim of the paper with its numbers.
-
-Every number comes from the raw files, so the folder regenerates byte for byte (figures aside)
-from the same input (``tests/eval/test_regimes.py``). CIs are percentile intervals of ``--bootstrap``
-resamples of the seeds (a cell is the unit: seeds are the independent replicates; with 3-5 seeds
-the interval is coarse and says so by its width), each drawn from a generator seeded by what it
-describes, so they regenerate too. Horizon: the matched one (the smallest step
-cap of the regime's cells, as ``eval report --matched-horizon auto``); training-log means are over
-steps 1..matched.
+Mechanism: docs/micro_study/regimes.md ("The regimes report").
 """
 
 from __future__ import annotations
@@ -118,7 +101,8 @@ def _first_checkpoint(scores: pd.DataFrame, run: str) -> tuple[int, float]:
 
 
 def cells(tree: Tree, matched: int) -> pd.DataFrame:
-    """One row per trained run of ``tree`` (columns: module doc) at the ``matched`` horizon."""
+    """One row per trained run of ``tree`` at the ``matched`` horizon (columns: docs/micro_study/regimes.md,
+    "The regimes report")."""
     sc = tree.results.scores
     sel, _ = select_checkpoints(sc, matched, AVG_ALL)
     sel = sel[sel["rule"] == "matched"]
@@ -457,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_regimes(args: argparse.Namespace) -> list[Path]:
-    """Write the report (module doc) to ``args.out``; returns the files written."""
+    """Write the report (docs/micro_study/regimes.md) to ``args.out``; returns the files written."""
     trees = []
     if args.dense is not None:
         trees.append(load_tree("dense", args.dense))

@@ -1,16 +1,10 @@
 """Load evaluation result trees and verl training logs into tidy pandas tables.
 
-Inputs (layout written by ``python -m eval run``):
-
-* ``OUT/<run>/run.json`` — ``{"run", "shape", "seed", "horizon", "config"}``;
-* ``OUT/<run>/global_step_<N>/summary.json`` — ``{"benchmarks": {name: {n, em, f1, acc,
-  abort_rate, searches_mean}}, "macro": {em, f1, acc}, "step": N, "complete": true}``;
-* ``OUT/<run>/global_step_<N>/rows.jsonl`` — one JSON object per question;
-* verl file-logger JSONL (``verl/utils/tracking.py`` ``FileLogger``): one line per logged step,
-  ``{"step": N, "data": {metric: value}}``.
-
-All metric values are fractions in [0, 1] (EM, F1, ACC, abort rate); ``searches_mean`` is a count.
-Step 0 is the untrained model. Bad input raises :class:`ResultsError` naming the file and the fix.
+Reads what ``python -m eval run`` writes (``OUT/<run>/run.json``, ``global_step_<N>/summary.json``
+and ``rows.jsonl``; step 0 is the untrained model) and verl's file-logger JSONL (one
+``{"step": N, "data": {metric: value}}`` line per step), so ``select``, ``report`` and ``regimes``
+share one validated view. Bad input raises :class:`ResultsError` naming the file and the fix.
+Formats and checks: docs/report.md ("Inputs").
 """
 
 from __future__ import annotations

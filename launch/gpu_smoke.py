@@ -1,21 +1,12 @@
 """The stages of launch/gpu_smoke.sh that are Python (one subcommand each; run on a CUDA node).
 
-    python launch/gpu_smoke.py cuda                    exit 0 when torch sees a CUDA device, else 2
-    python launch/gpu_smoke.py versions                driver, torch, CUDA, vllm, flash-attn, fla, ...
-    python launch/gpu_smoke.py tiny OUT [--data DIR]   a tiny random Qwen3.5 with the real 248,320 vocab
-    python launch/gpu_smoke.py dense WORK              E5-path encoder on the GPU + IVF-SQ8 built with
-                                                       GPU faiss, served from CPU faiss as in training
-    python launch/gpu_smoke.py gpu-index WORK          a real IVF-SQ8 index moved to the GPU as evaluation
-                                                       serves it, searched there and on CPU: same results?
-    python launch/gpu_smoke.py packed MODEL            packed (use_remove_padding) vs one-by-one log-probs
-    python launch/gpu_smoke.py rollout-logprobs METRICS  vLLM rollout vs FSDP recompute (verl's metrics)
-    python launch/gpu_smoke.py checkpoints CKPT_DIR    the checkpoint policy on the smoke run's saves
-    python launch/gpu_smoke.py memory [MODEL_DIR]      peak memory of a 16K- and a 32K-token
-                                                       forward+backward at the real 0.8B shape
+    python launch/gpu_smoke.py cuda | versions | dense WORK | gpu-index WORK | tiny OUT [--data DIR]
+        | checkpoints CKPT_DIR | rollout-logprobs METRICS | packed MODEL [--cpu] | memory [MODEL_DIR]
 
-Each prints Markdown lines for the report (``| item | value |`` rows, then ``RESULT: ...``) and
-exits 0 when its check passes, 1 when it fails; ``cuda`` and ``gpu-index`` exit 2 without a CUDA
-device (nothing to check there).
+``cuda`` is the gate (0: torch sees a device); each other prints Markdown lines for the report
+(``| item | value |`` rows, then ``RESULT: ...``) and exits 0 when its check passes, 1 when it fails.
+``cuda`` and ``gpu-index`` exit 2 without a CUDA device. What each checks: docs/gpu.md
+("`launch/gpu_smoke.sh` — the one script a lent GPU runs").
 """
 
 from __future__ import annotations

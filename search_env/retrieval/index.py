@@ -1,16 +1,10 @@
 """Faiss indexes for the dense backend: build from a corpus, convert a Flat index, measure recall,
 load for serving (nprobe always set explicitly), and the `DenseRetriever`.
 
-All indexes use inner product (the encoder's vectors are unit length, so IP = cosine). Row i of an
-index is row i of the corpus it was built from. IVF training (k-means) runs on a random sample of
-`train_size` vectors (default min(N, 256 x nlist): faiss's k-means uses at most 256 points per
-centroid anyway); when the sample is too small for nlist (faiss wants >= 39 points per centroid), nlist
-is lowered with a warning. A `<index>.meta.json` file records the factory string, dimension and source.
-
-GPU faiss (the GPU set's `faiss-gpu`) builds indexes when `use_gpu` allows it. A served index goes
-to the GPU(s) only when asked (`load_index(use_gpu=True)`: `serve --gpu on`, evaluation) and only
-where it fits in free GPU memory (`choose_gpus`); otherwise, or with a faiss that has no GPU support
-(the CPU set's `faiss-cpu`), it stays on CPU and a warning says why. Training keeps it on CPU.
+All indexes use inner product (the encoder's vectors are unit length, so IP = cosine); row i of an
+index is row i of its corpus. A served index goes to the GPU(s) only when asked and where it fits,
+else stays on CPU with a warning saying why; training keeps it on CPU. Training sample, nlist,
+`.meta.json`, GPU placement: docs/retrieval.md (*Commands*, *Where the index lives*).
 """
 
 from __future__ import annotations

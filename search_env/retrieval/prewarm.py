@@ -1,16 +1,10 @@
 """Pre-warm a memory-mapped index: read its file once, front to back, in a background thread.
 
-A memory-mapped faiss index is ready in milliseconds, but each inverted list comes in from disk the
-first time a query probes it, so the first queries after a cold start each wait for up to nprobe
-random reads (wiki-18 at nprobe 64: ~250 MB per query). Reading the file sequentially while the
-server already answers puts every page into the page cache at the disk's streaming rate; the search
-process's mapping of the same file then finds them there. Nothing is copied into the process's heap:
-the pages are the shared page cache, as with the mapping itself (docs/retrieval.md, *Pre-warm*).
-It starts once the server is ready (so it never slows the boot's own reads) and gives way to the
-queries: it reads 1 MiB at a time with the kernel's readahead off, so at most one such read stands
-between a query's page fault and the disk; it runs in the idle I/O class (Linux `ioprio_set`) where
-the I/O scheduler honours it; and while a search is in flight (`busy`) it reads at most
-`BUSY_BYTES_PER_S`, leaving the disk to the faults of the searches.
+The first queries after a cold start each wait for up to nprobe random reads as their inverted lists
+come in from disk; reading the file sequentially while the server already answers puts every page
+into the shared page cache at the disk's streaming rate, where the search process's mapping finds
+it. The reader gives way to the queries (1 MiB reads, no readahead, idle I/O class, at most
+`BUSY_BYTES_PER_S` while a search is in flight). Mechanism: docs/retrieval.md (*Pre-warm*).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Run a retriever's encode + index search in a child process, so it never competes for the server's GIL.
 
-The HTTP server's event loop (request parsing, validation, JSON, cache hits) is Python and holds the
-GIL while it works; an encoder running in a thread of the same process gives the GIL up around every
-torch op and must win it back each time, so a busy event loop slows the encoder down (measured in
-docs/retrieval.md). `ProcessRetriever` builds the real retriever in a spawned child process (the child
-loads the encoder and the memory-mapped index; the parent imports neither torch nor faiss) and sends
-it each batch's query strings; only row numbers and scores come back, and the parent reads the
-passages from its own memory-mapped corpus. One batch is in flight at a time (the server's batcher
-already serialises them).
-
-If the child dies (e.g. killed for memory), every later search raises `SearchProcessDied` and
-`/health` answers 503, so clients with several retriever URLs move on.
+`ProcessRetriever` builds the real retriever in a spawned child (it loads the encoder and maps the
+index; the parent imports neither torch nor faiss) and sends it each batch's query strings; only row
+numbers and scores come back, and the parent reads the passages from its own mapped corpus. If the
+child dies, every later search raises `SearchProcessDied` and `/health` answers 503, so clients with
+several retriever URLs move on. Mechanism: docs/retrieval.md (*Search process*).
 """
 
 from __future__ import annotations
