@@ -8,7 +8,8 @@ python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limi
 python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
-python -m eval regimes --sparse RAW [--dense RAW] --out DIR   (eval.regimes: two regimes side by side)
+python -m eval regimes --sparse RAW [--dense RAW] --out DIR --last-place SHAPE --gap BETTER WORSE
+                                     (eval.regimes: two regimes side by side)
 """
 
 from __future__ import annotations
