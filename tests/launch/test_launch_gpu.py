@@ -7,12 +7,10 @@ GPU-index stage's comparison)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -25,27 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from launch import gpu_smoke, preflight
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.process import free_port
 
 RECIPES = REPO_ROOT / "recipes"
-
-
-def _load(name: str, path: Path):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def _preflight():
-    return _load("launch_preflight", REPO_ROOT / "launch" / "preflight.py")
-
-
-def _smoke():
-    sys.path.insert(0, str(REPO_ROOT / "launch"))
-    return _load("launch_gpu_smoke", REPO_ROOT / "launch" / "gpu_smoke.py")
 
 
 # ---- interpreter choice (launch/_common.sh, the one thing the wrappers decide) --------------------
@@ -111,7 +93,7 @@ def test_the_repo_venv_is_only_a_fallback(tmp_path: Path):
 
 
 def test_cuda_diagnosis_names_the_cause_and_the_driver_floor():
-    diagnose = _preflight().cuda_diagnosis
+    diagnose = preflight.cuda_diagnosis
     cpu = diagnose("2.13.0+cpu", None, None, None, "/venv/bin/python")
     assert "CPU build" in cpu and "/venv/bin/python" in cpu and "PYTHON=" in cpu
     assert "no NVIDIA driver found" in cpu and ">= 580" in cpu
@@ -129,12 +111,11 @@ def test_driver_version_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pyt
     smi.write_text("#!/bin/sh\necho 575.51.03\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert _preflight().driver_version() == "575.51.03"
+    assert preflight.driver_version() == "575.51.03"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message; this machine has a GPU")
 def test_preflight_prints_torch_cuda_and_driver_when_no_device(tmp_path: Path, capsys):
-    preflight = _preflight()
     assert preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml")]) == 2
     err = capsys.readouterr().err
     assert "torch sees no CUDA device" in err and torch.__version__ in err
@@ -144,24 +125,18 @@ def test_preflight_prints_torch_cuda_and_driver_when_no_device(tmp_path: Path, c
 # ---- retriever.gpu and the real /retrieve self-test --------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("value", "flag"), [("auto", "auto"), ("off", "off"), ("true", "on"), ("false", "off")]
 )
 def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, flag: str):
-    plan = _preflight().make_plan(
-        RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={_free_port()}"], tmp_path
+    plan = preflight.make_plan(
+        RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={free_port()}"], tmp_path
     )
     args = plan.retriever.serve_args
     assert args[args.index("--gpu") + 1] == flag
     assert not any("retriever.gpu" in p for p in plan.problems)
     assert plan.retriever.backend == "bm25" and plan.retriever.index is None
-    bad = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
+    bad = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
     assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
 
 
@@ -171,8 +146,6 @@ def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
     import yaml
 
     from search_env.retrieval.factory import index_on_gpu, use_gpu
-
-    preflight = _preflight()
 
     def retriever_keys(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
@@ -293,7 +266,7 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
         "BACKEND": "hf",
         "LIMIT": "1",
         "OUT": str(tmp_path / "out"),
-        "RETRIEVER_PORT": str(_free_port()),
+        "RETRIEVER_PORT": str(free_port()),
         "TIMEOUT_S": "600",
     }
     args = ["--shape", "f1_only", "--seed", "0", "--max-turns", "1", "--max-turn-tokens", "8"]
@@ -335,7 +308,7 @@ def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_pat
             cwd=REPO_ROOT,
             env={
                 **os.environ,
-                "RETRIEVER_PORT": str(_free_port()),
+                "RETRIEVER_PORT": str(free_port()),
                 "OUT": str(tmp_path / "out"),
                 "RETRIEVER_GPU": "",
                 **env,
@@ -383,6 +356,9 @@ def _run_gpu_smoke(smoke_dir: Path, timeout_s: int) -> subprocess.CompletedProce
 def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
     done = _run_gpu_smoke(tmp_path / "smoke", 120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+    assert "no CUDA device: " in done.stderr, (
+        "the cuda stage's own diagnosis (python -m launch.gpu_smoke cuda)"
+    )
     assert not (tmp_path / "smoke").exists(), "nothing may run without a GPU"
 
 
@@ -396,14 +372,14 @@ def test_gpu_smoke_passes(tmp_path: Path):
 def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_validates(
     tmp_path: Path, capsys
 ):
-    assert _smoke().main(["tiny", str(tmp_path / "m"), "--data", str(tmp_path / "data")]) == 0
+    assert gpu_smoke.main(["tiny", str(tmp_path / "m"), "--data", str(tmp_path / "data")]) == 0
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["text_config"]["vocab_size"] == 248_320 and config["model_type"] == "qwen3_5"
     assert "RESULT: PASS" in capsys.readouterr().out
-    overrides = [f"retriever.port={_free_port()}", f"actor_rollout_ref.model.path={tmp_path / 'm'}"]
+    overrides = [f"retriever.port={free_port()}", f"actor_rollout_ref.model.path={tmp_path / 'm'}"]
     overrides += [f"data.train_files={tmp_path / 'data' / 'train.parquet'}"]
     overrides += [f"data.val_files={tmp_path / 'data' / 'val.parquet'}"]
-    plan = _preflight().make_plan(RECIPES / "gpu_smoke.yaml", overrides, tmp_path)
+    plan = preflight.make_plan(RECIPES / "gpu_smoke.yaml", overrides, tmp_path)
     cfg = plan.config
     assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.use_remove_padding
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz
@@ -418,7 +394,7 @@ def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_va
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
 def test_smoke_gpu_index_stage_exits_2_without_cuda(tmp_path: Path, capsys):
-    assert _smoke().main(["gpu-index", str(tmp_path)]) == 2
+    assert gpu_smoke.main(["gpu-index", str(tmp_path)]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [], "nothing is built without a GPU"
 
@@ -428,10 +404,10 @@ def test_smoke_compares_gpu_and_cpu_searches():
 
     cpu = (np.array([[0.9, 0.5], [0.8, 0.7], [0.6, 0.1]]), np.array([[1, 2], [3, 4], [5, 6]]))
     gpu = (np.array([[0.9004, 0.5], [0.7, 0.6], [0.6, 0.2]]), np.array([[1, 2], [4, 3], [5, 9]]))
-    match = _smoke().compare_searches(cpu, gpu)
+    match = gpu_smoke.compare_searches(cpu, gpu)
     assert match["overlap"] == pytest.approx((1 + 1 + 0.5) / 3)
     assert match["top1"] == pytest.approx(2 / 3) and match["score_diff"] == pytest.approx(4e-4)
-    none_agree = _smoke().compare_searches(cpu, (gpu[0], gpu[1] + 100))
+    none_agree = gpu_smoke.compare_searches(cpu, (gpu[0], gpu[1] + 100))
     assert none_agree["top1"] == 0.0 and none_agree["score_diff"] == 0.0
 
 
@@ -446,7 +422,7 @@ def _faiss_gpu_missing() -> str | None:
     _faiss_gpu_missing() is not None, reason=f"needs a GPU and faiss-gpu: {_faiss_gpu_missing()}"
 )
 def test_smoke_gpu_index_stage_passes(tmp_path: Path, capsys):
-    assert _smoke().main(["gpu-index", str(tmp_path)]) == 0
+    assert gpu_smoke.main(["gpu-index", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| placement | gpu " in out and "RESULT: PASS" in out
 
@@ -456,11 +432,11 @@ def test_smoke_reads_verls_rollout_logprob_metrics(tmp_path: Path, capsys):
     good = {"training/rollout_probs_diff_valid": 1, "training/rollout_probs_diff_max": 0.2,
             "training/rollout_probs_diff_mean": 0.004, "training/rollout_actor_probs_pearson_corr": 0.99}  # fmt: skip
     metrics.write_text("\n".join(json.dumps({"step": s, "data": good}) for s in (1, 2)) + "\n")
-    assert _smoke().main(["rollout-logprobs", str(metrics)]) == 0
+    assert gpu_smoke.main(["rollout-logprobs", str(metrics)]) == 0
     metrics.write_text(
         json.dumps({"step": 1, "data": {**good, "training/rollout_probs_diff_mean": 0.3}}) + "\n"
     )
-    assert _smoke().main(["rollout-logprobs", str(metrics)]) == 1
+    assert gpu_smoke.main(["rollout-logprobs", str(metrics)]) == 1
     assert "| step 1 rollout_probs_diff_mean | 0.3 |" in capsys.readouterr().out
 
 
@@ -474,16 +450,15 @@ def test_smoke_checks_the_checkpoint_policy_on_disk(tmp_path: Path):
             for kind in ("model", "optim", "extra_state"):
                 (actor / f"{kind}_world_size_1_rank_0.pt").write_bytes(b"x")
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
-    assert _smoke().main(["checkpoints", str(tmp_path)]) == 0
+    assert gpu_smoke.main(["checkpoints", str(tmp_path)]) == 0
     (tmp_path / "global_step_1" / "actor" / "optim_world_size_1_rank_0.pt").write_bytes(b"x")
-    assert _smoke().main(["checkpoints", str(tmp_path)]) == 1
+    assert gpu_smoke.main(["checkpoints", str(tmp_path)]) == 1
 
 
 # ---- kernels the GPU settings need -----------------------------------------------------------------
 
 
 def test_preflight_names_missing_kernels(tmp_path: Path):
-    preflight = _preflight()
     cfg = preflight.compose_recipe(RECIPES / "f1_only_s44.yaml", [])
     for present, expected in (
         (set(), {"flash-linear-attention (fla)", "needs flash-attn"}),
@@ -558,7 +533,7 @@ def _check_packed_sequences(tmp_path: Path, capsys) -> None:
     model.eval()
     model.config.use_cache = model.config.text_config.use_cache = False
     apply_monkey_patch(model, use_remove_padding=True)
-    smoke = _smoke()
+    smoke = gpu_smoke
     seqs, packed, positions, cu = smoke._packed_inputs([7, 30, 19], model.config.text_config.vocab_size)
 
     def worst_gap() -> float:

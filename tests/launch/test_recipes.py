@@ -3,10 +3,8 @@ the protocol of docs/design.md §3; the launcher's preflight names each missing 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
-import sys
 
 import pytest
 import yaml
@@ -16,6 +14,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+from launch import preflight
 from search_env import protocol
 from search_env.paths import REPO_ROOT
 
@@ -233,19 +232,7 @@ def test_unknown_key_is_rejected():
 # ---- launch/preflight.py ------------------------------------------------------------------
 
 
-def _preflight():
-    if "launch_preflight" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "launch_preflight", REPO_ROOT / "launch" / "preflight.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["launch_preflight"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["launch_preflight"]
-
-
 def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, capsys):
-    preflight = _preflight()
     overrides = [
         "actor_rollout_ref.model.path=/nonexistent/model",
         "data.train_files=/nonexistent/train.parquet",
@@ -274,7 +261,6 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
 
 
 def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
-    preflight = _preflight()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
@@ -298,7 +284,7 @@ def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path)
 
 
 def test_preflight_checks_the_retriever_fault_settings(tmp_path):
-    plan = _preflight().make_plan(
+    plan = preflight.make_plan(
         RECIPES / "demo_cpu.yaml",
         ["retriever.retry_budget_s=-1", "retriever.max_failed_steps=1.5", "retriever.max_restarts=-2"],
         tmp_path,
@@ -306,22 +292,22 @@ def test_preflight_checks_the_retriever_fault_settings(tmp_path):
     text = "\n".join(plan.problems)
     for key in ("retry_budget_s", "max_failed_steps", "max_restarts"):
         assert f"retriever.{key} must be" in text, key
-    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["retriever.retry_budget_s=5"], tmp_path)
+    plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["retriever.retry_budget_s=5"], tmp_path)
     assert yaml.safe_load((tmp_path / "tools.yaml").read_text())["tools"][0]["config"]["retry_budget_s"] == 5
 
 
 def test_preflight_names_an_unknown_reward_shape(tmp_path):
-    plan = _preflight().make_plan(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
+    plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
     assert (
         "reward shape 'f1_onyl' is unknown: set shape= to one of em_only, f1_format, f1_only" in plan.problems
     )
     assert not any(
-        "reward shape" in p for p in _preflight().make_plan(RECIPES / "demo_cpu.yaml", [], tmp_path).problems
+        "reward shape" in p for p in preflight.make_plan(RECIPES / "demo_cpu.yaml", [], tmp_path).problems
     )
 
 
 def test_preflight_takes_external_retrievers(tmp_path):
-    plan = _preflight().make_plan(
+    plan = preflight.make_plan(
         RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path
     )
     assert plan.retriever.urls == ["http://h1:8000", "http://h2:8000"] and plan.retriever.external

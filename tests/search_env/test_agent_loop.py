@@ -8,7 +8,6 @@ rules (``tests/study_reference.py`` holds the study's literals).
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import httpx
@@ -22,6 +21,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from search_env import protocol
 from search_env.agent_loop import StudyQueryParser
+from search_env.retrieval.process import free_port
 from search_env.verl_glue import (
     compose_rollout_config,
     rollout_records,
@@ -232,9 +232,7 @@ def test_study_eval_question_mark_reaches_the_prompt(scripted):
 
 def test_retrieval_failure_becomes_the_study_error_text(scripted, tmp_path_factory, tiny_model_dir):
     tok, _ = scripted
-    with socket.socket() as sock:  # a loopback port with nothing listening
-        sock.bind(("127.0.0.1", 0))
-        dead_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead_url = f"http://127.0.0.1:{free_port()}"  # a loopback port with nothing listening
     folder = tmp_path_factory.mktemp("dead")
     tools = write_tool_config(folder / "tools.yaml", [dead_url], timeout=2.0, max_retries=0)
     config = compose_rollout_config(tiny_model_dir, tools, response_length=2048)

@@ -11,8 +11,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 
+from launch import preflight
 from search_env import checkpoint_policy as policy
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.process import free_port
 
 FQN = "search_env.checkpoint_policy.PruneOlderToWeights"
 
@@ -144,7 +146,6 @@ def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
     the policy after each: step 1 keeps only HF weights (evaluation loads them directly), step 2
     stays complete and resumes."""
     import os
-    import socket
     import subprocess
     import sys
 
@@ -153,10 +154,7 @@ def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
 
     from eval import checkpoints
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     done = subprocess.run(
         [sys.executable, "-c", SAVE_TWO_STEPS, str(tiny_model_dir), str(tmp_path)],
         env=env,
@@ -179,17 +177,7 @@ def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
 
 
 def test_preflight_refuses_to_resume_from_a_pruned_checkpoint(tmp_path: Path):
-    import importlib.util
-    import sys
 
-    if "launch_preflight" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "launch_preflight", REPO_ROOT / "launch" / "preflight.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["launch_preflight"] = module
-        spec.loader.exec_module(module)
-    preflight = sys.modules["launch_preflight"]
     _step(tmp_path, 1, hf_weights=True, world=1)
     _step(tmp_path, 2, hf_weights=True, world=1)
     policy.prune(tmp_path, 2)

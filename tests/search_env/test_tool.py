@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from verl.tools.tool_registry import initialize_tools_from_config
 
 from search_env import protocol
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.process import free_port
 from search_env.tool import EMPTY_QUERY_TEXT, SearchTool
 
 
@@ -78,9 +78,7 @@ def test_search_returns_one_block_per_raw_passage(retrieval_server_url, tiny_mod
 
 
 def test_unreachable_server_gives_error_text_and_count():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     tool = SearchTool(
         {"type": "native", "retrieval_urls": dead, "max_retries": 1, "backoff": 0.01, "timeout": 2}
     )
@@ -92,9 +90,7 @@ def test_unreachable_server_gives_error_text_and_count():
 
 def test_retry_budget_bounds_a_failed_search(tmp_path):
     """Without max_retries the tool's retry_budget_s (seconds) ends the tries, then the error text."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
     tool = SearchTool(
         {"type": "native", "retrieval_urls": [dead], "retry_budget_s": 1.0, "backoff": 0.05, "timeout": 2}
     )
