@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_env.paths import repo_relative
+from search_env.paths import REPO_ROOT, repo_relative
 from study.spec import Cell, Study, StudyError, axis_value, repo_path, resolved
 from study.store import (
     SPLITS,
@@ -46,11 +47,13 @@ class Stages:
         self.stopping = False
 
     def run(self, cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None = None) -> int:
-        """Run ``cmd`` in its own session, output appended to ``log``; its exit status (124: timeout)."""
+        """Run ``cmd`` in its own session from the repository root, output appended to ``log``; its
+        exit status (124: timeout)."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
+                cwd=REPO_ROOT,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -159,7 +162,8 @@ def visible_gpus() -> list[str]:
 
 
 def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict[str, str]:
-    """``launch/eval.sh``'s environment for one split of a cell: suite, limit, retriever as in training."""
+    """The environment of ``python -m launch eval`` (launch/eval.sh's variables) for one split of a
+    cell: suite, limit, retriever as in training."""
     spec = study.spec.eval
     world = resolved(cell, "launch.assets.world")
     suite = spec.test_suite if split == "test" else spec.val_suite
@@ -223,15 +227,9 @@ class Runner:
             self.progress(f"{cell.name} train: done before (step {cell.cap})")
             return
         t0 = time.monotonic()
-        args = [
-            "bash",
-            "launch/run.sh",
-            str(cell.recipe),
-            *cell.overrides,
-            f"retriever.port={slot.port}",
-            *self.extra,
-        ]
-        env = {**self.env, "RLVR_RUN_DIR": str(run_dir)}
+        args = [sys.executable, "-m", "launch", "run", str(cell.recipe), *cell.overrides]
+        args += [f"retriever.port={slot.port}", *self.extra]
+        env = {**self.env, "RLVR_RUN_DIR": str(run_dir.absolute())}
         if slot.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot.gpus
             args.append(f"trainer.n_gpus_per_node={len(slot.gpus.split(','))}")
@@ -250,7 +248,7 @@ class Runner:
         if marker.is_file():
             self.progress(f"{cell.name} eval {split}: done before")
             return
-        out = self.where.results_of(cell) / split
+        out = (self.where.results_of(cell) / split).absolute()
         env = {**self.env, **eval_env(self.study, cell, split, out, slot.port)}
         if slot.gpus is not None:
             env["GPUS"] = slot.gpus
@@ -258,9 +256,11 @@ class Runner:
         top_k = axis_value(cell, "top_k")
         rc = self.stages.run(
             [
-                "bash",
-                "launch/eval.sh",
-                str(run_dir / "checkpoints"),
+                sys.executable,
+                "-m",
+                "launch",
+                "eval",
+                str((run_dir / "checkpoints").absolute()),
                 "--run-name",
                 cell.name,
                 "--top-k",
@@ -347,7 +347,8 @@ def run_study(
             earlier = where.export / "raw" / "progress.log"
             if earlier.is_file():
                 shutil.copy(earlier, where.runs / "progress.log")
-        env = dict(os.environ)
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
         runner = Runner(study, where, progress, env, extra, train_only)
         lanes = slots(jobs, port, gpus_per_cell, visible_gpus() if gpus_per_cell else [])
         progress(

@@ -328,6 +328,27 @@ def test_cells_run_side_by_side_and_a_failed_cell_stops_the_next_starts(tmp_path
     assert bad.returncode == 2 and "--jobs" in bad.stderr
 
 
+@pytest.mark.e2e
+def test_a_study_started_outside_the_repository_runs_its_stages_in_its_own_folders(tmp_path):
+    """``python -m study run`` from another folder with a relative ``--runs``: the training stage
+    (``python -m launch run``, from the repository root) writes into that relative folder, and its
+    preflight's error is the cell's failure (an unknown shape: stops before training)."""
+    cmd = [sys.executable, "-m", "study", "run", str(REPO_ROOT / "recipes" / "studies" / "micro_dense.yaml")]
+    cmd += ["--runs", "runs", "--results", "res", "--export", "export", "--port", "18760"]
+    cmd += ["--cells", "em_only_s42", "--set", "shape=no_such_shape"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    log = (tmp_path / "runs" / "em_only_s42" / "study_train.log").read_text()
+    assert "reward shape 'no_such_shape' is unknown" in log, log[-3000:]
+    assert "em_only_s42 train: exit 2" in done.stderr
+    preflight = tmp_path / "runs" / "em_only_s42" / "preflight.log"  # the launcher's run dir is the study's
+    assert "no_such_shape" in preflight.read_text()
+
+
 def _study_with_set(timeout: int, env: dict[str, str], override: str) -> subprocess.CompletedProcess:
     """``python -m study run`` of the dense micro study with one extra hydra override for every cell."""
     cmd = [sys.executable, "-m", "study", "run", "recipes/studies/micro_dense.yaml", "--jobs", env["JOBS"]]
