@@ -1,0 +1,111 @@
+"""File-system writes and deletes that survive a kill and stay inside what the caller owns.
+
+Every recursive delete of product code goes through :func:`remove_tree`, which refuses a path outside
+its declared root and never deletes `/`, the home folder or the repository. Replaces are preceded by
+an fsync (:func:`replace_durably`, :func:`write_atomic`); locks are opened without truncation and
+without following a symlink (:func:`open_lock`). Why and where: docs/security.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from search_env.paths import REPO_ROOT
+
+
+class UnsafeDeleteError(ValueError):
+    """A recursive delete was asked for a path its root does not hold, or for a protected folder."""
+
+
+def _protected() -> set[Path]:
+    return {Path("/"), Path.home().resolve(), REPO_ROOT.resolve()}
+
+
+def _lexical(path: str | os.PathLike[str]) -> Path:
+    """``path`` absolute, its parent resolved but its last part kept (a symlink is not followed)."""
+    p = Path(path).expanduser().absolute()
+    return p.parent.resolve() / p.name
+
+
+def check_inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
+    """``path`` as :func:`remove_tree` would delete it; UnsafeDeleteError when ``root`` does not hold
+    it strictly (``path == root`` is refused too) or when it is `/`, the home folder or the repo."""
+    target, owner = _lexical(path), Path(root).expanduser().resolve()
+    if target.name in ("", ".", "..") or not target.is_relative_to(owner) or target == owner:
+        raise UnsafeDeleteError(f"refusing to delete {target}: it is not inside its root {owner}")
+    if target in _protected() or owner == Path("/"):
+        raise UnsafeDeleteError(
+            f"refusing to delete {target} under root {owner}: `/`, the home folder and the repository "
+            "are never deleted; give a folder of your own"
+        )
+    return target
+
+
+def remove_tree(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """Delete ``path`` (a folder, a file or a symlink, which is removed, not followed) when ``root``
+    holds it (:func:`check_inside`); False when it did not exist. Raises UnsafeDeleteError before
+    deleting anything otherwise."""
+    target = check_inside(path, root)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+        return True
+    if not target.exists():
+        return False
+    shutil.rmtree(target)
+    return True
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a folder, so that a rename or create inside it survives a power loss."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace(src, dst)`` after fsyncing ``src`` (a file), then fsync ``dst``'s folder."""
+    if Path(src).is_file():
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(src, dst)
+    fsync_dir(Path(dst).absolute().parent)
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
+    """Write ``data`` to ``path`` by a temp file in its folder, fsync, rename, folder fsync: a reader
+    sees the old file or the new one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def open_lock(path: str | os.PathLike[str]) -> int:
+    """A file descriptor for ``path`` to ``flock``: created at mode 600 if missing, never truncated,
+    and refused (OSError ELOOP) when ``path`` is a symlink."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def user_runtime_dir() -> Path:
+    """The user's own runtime folder for locks: ``$XDG_RUNTIME_DIR`` when set, else
+    ``~/.cache/rlvr-search`` (created at mode 700)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(base) / "rlvr-search" if base else Path.home() / ".cache" / "rlvr-search"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
