@@ -58,6 +58,45 @@ def remove_tree(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> b
     return True
 
 
+def remove_owned(path: str | os.PathLike[str], root: str | os.PathLike[str], stamp: str) -> bool:
+    """:func:`remove_tree` of ``path`` only when it is what its builder wrote: absent (False), an
+    empty folder, or a folder holding the file ``stamp`` (the builder's own mark). UnsafeDeleteError
+    naming ``stamp`` otherwise, before anything is deleted."""
+    target = check_inside(path, root)
+    if not target.exists() and not target.is_symlink():
+        return False
+    if target.is_symlink() or not target.is_dir():
+        raise UnsafeDeleteError(f"refusing to delete {target}: it is not a folder")
+    if any(target.iterdir()) and not (target / stamp).is_file():
+        raise UnsafeDeleteError(
+            f"refusing to delete {target}: it is not empty and holds no {stamp}, so this program did "
+            "not write it"
+        )
+    return remove_tree(target, root)
+
+
+def fsync_tree(path: str | os.PathLike[str]) -> None:
+    """fsync ``path``: a file, or a folder with every file and folder under it (symlinks skipped)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        for sub, _dirs, files in os.walk(path):
+            for name in files:
+                if not os.path.islink(os.path.join(sub, name)):
+                    fsync_file(os.path.join(sub, name))
+            fsync_dir(sub)
+    elif path.is_file() and not path.is_symlink():
+        fsync_file(path)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """fsync one file's data and metadata."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync a folder, so that a rename or create inside it survives a power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -68,15 +107,13 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def replace_durably(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """``os.replace(src, dst)`` after fsyncing ``src`` (a file), then fsync ``dst``'s folder."""
-    if Path(src).is_file():
-        fd = os.open(src, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """``os.replace(src, dst)`` after fsyncing ``src`` (a file, or a folder and all it holds), then
+    fsync the folders of ``dst`` and ``src``. A folder ``dst`` must be absent or empty (os.replace)."""
+    fsync_tree(src)
     os.replace(src, dst)
     fsync_dir(Path(dst).absolute().parent)
+    if Path(src).absolute().parent != Path(dst).absolute().parent:
+        fsync_dir(Path(src).absolute().parent)
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:

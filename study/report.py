@@ -18,6 +18,7 @@ from eval.report import main as eval_report
 from eval.results import SETTINGS_FIX, ResultsError, load_results, load_training_logs, run_settings
 from eval.settings import differences, mismatch_message
 from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
+from search_env.safe_fs import write_atomic
 from study.hypotheses import METRICS, Gap, LastPlace, axis_column, gap_lines, last_place_lines, parse_tests
 from study.spec import Cell, Study, axis_value, repo_path
 from study.store import Layout, raw_complete, reuse_root, tree_root
@@ -246,8 +247,8 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None) -> 
         logs = [rel(root / "logs")] if exported else [rel(found[c.name].log) for c in own]
         args = _report_args(root, logs, spec.bootstrap, spec.matched_horizon)
         if record:
-            (where.export / f"report_args{'_' + tree if tree else ''}.txt").write_text(
-                shlex.join(args) + "\n"
+            write_atomic(
+                where.export / f"report_args{'_' + tree if tree else ''}.txt", shlex.join(args) + "\n"
             )
         target = out / tree if tree else out
         if eval_report([*args, "--out", rel(target)]) != 0:
@@ -270,7 +271,7 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None) -> 
         if gap.labelled:
             args += ["--gap-meaning", gap.label]
         if record:
-            (where.export / "report_args_regimes.txt").write_text(shlex.join(args) + "\n")
+            write_atomic(where.export / "report_args_regimes.txt", shlex.join(args) + "\n")
         if regimes.main([*args, "--out", rel(out / "regimes")]) != 0:
             raise ResultsError(f"`python -m eval regimes {' '.join(args)}` failed (above)")
         written.append(out / "regimes" / "index.md")

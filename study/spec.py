@@ -39,6 +39,19 @@ SHORTHANDS: dict[str, str] = {
 TAGS: dict[str, str] = {"group_size": "g", "top_k": "k"}
 """Name prefixes of numeric axis values in a cell's name (``g10``, ``k3``)."""
 RETRIEVERS = ("bm25", "dense")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""What a study's name, its cells' names, tags and trees match (each names a folder), with no ``..``."""
+
+
+def check_name(text: str, where: str) -> str:
+    """``text`` when it is a safe folder name (:data:`SAFE_NAME`, no ``..``); else a StudyError naming
+    ``where`` and the rule."""
+    if not SAFE_NAME.fullmatch(text) or ".." in text:
+        raise StudyError(
+            f"{where}: {text!r} is not a safe name (it names a folder). Fix: letters, digits, '.', '_' "
+            "and '-' only, starting with a letter or digit, no '..' (^[A-Za-z0-9][A-Za-z0-9._-]*$)"
+        )
+    return text
 
 
 def parse_steps(value: Any, where: str) -> int | dict[int, int] | None:
@@ -322,12 +335,12 @@ def _block_cells(spec: StudyFile, block: Block, index: str, path: Path) -> list[
                 )
             overrides.append(f"{'' if present else '+'}{key}={_value_text(value)}")
             if value != default:
-                tags.append(axis_tag(axis, value))
+                tags.append(check_name(axis_tag(axis, value), f"{index}axes.{axis}"))
         for key, value in {**spec.overrides, **block.overrides}.items():
             overrides.append(f"{key}={_value_text(value)}")
         cap = _cap(steps, seed, dotted(cfg, "trainer.total_training_steps")[1], f"{index}steps")
         tree = "_".join(tags)
-        name = f"{label}_{tree}_s{seed}" if tree else f"{label}_s{seed}"
+        name = check_name(f"{label}_{tree}_s{seed}" if tree else f"{label}_s{seed}", f"{index}axes")
         overrides += [f"trainer.total_training_steps={cap}", f"trainer.experiment_name={name}"]
         out.append(Cell(name, tree, label, seed, cap, recipe, point, tuple(overrides)))
     return sorted(out, key=lambda c: c.seed)  # seed-major: each seed complete before the next
@@ -350,6 +363,10 @@ def load_study(path: str | Path) -> Study:
         first = err.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
         raise StudyError(f"{path.name}: {key}: {first['msg']}. Fix: see docs/studies.md") from None
+    if spec.name is not None:
+        check_name(spec.name, "name")
+    else:
+        check_name(path.stem, f"name (unset, so the file name {path.name} without .yaml)")
     parse_steps(spec.steps, "steps")
     blocks = ([Block(axes=spec.axes, steps=spec.steps)] if spec.axes else []) + spec.blocks
     if not blocks:

@@ -2,19 +2,21 @@
 
 Export layout (what ``docs/micro_study*/raw`` hold): ``<tree>/{test,val}/<cell>/{run.json,
 global_step_<N>/{summary.json,rows.jsonl}}``, ``<tree>/logs/<cell>/metrics.jsonl`` and ``progress.log``;
-no checkpoints. Every refresh writes a temporary copy and renames it, so a killed export loses nothing.
+no checkpoints. Every refresh writes a temporary copy, moves the old copy aside (``.<cell>.old``),
+renames the new one in and only then deletes the old one, so a killed export loses nothing (the next
+export puts a stranded ``.old`` back or deletes it). A restore takes only cells absent here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from search_env.paths import repo_relative
-from study.spec import Cell, Study, repo_path
+from search_env.safe_fs import fsync_tree, remove_tree, replace_durably, write_atomic
+from study.spec import Cell, Study, StudyError, repo_path
 
 SPLITS = ("test", "val")
 TRAINED = ".study_trained"
@@ -41,10 +43,8 @@ def layout(
 
 
 def write_marker(path: Path, text: str) -> None:
-    """Write a completion marker atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a completion marker atomically and durably (temp file, fsync, rename)."""
+    write_atomic(path, text + "\n")
 
 
 def latest_checkpoint(run_dir: Path) -> int | None:
@@ -97,13 +97,37 @@ def _copy_results(src: Path, dst: Path) -> None:
                     shutil.copy(step / name, dst / step.name / name)
 
 
+def _recover(target: Path, root: Path) -> None:
+    """Finish a swap into ``target`` that a kill interrupted: a stranded ``.<name>.old`` goes back
+    when ``target`` is missing (killed between the two renames), else it is deleted."""
+    old = target.with_name(f".{target.name}.old")
+    if old.exists():
+        if target.exists():
+            remove_tree(old, root)
+        else:
+            replace_durably(old, target)
+
+
+def _swap_in(staged: Path, target: Path, root: Path) -> None:
+    """Put the folder ``staged`` at ``target``: the old ``target`` is renamed to ``.<name>.old``,
+    the new one renamed in, then the old one deleted (each rename fsynced). A kill at any point leaves
+    the old copy or the new one, never neither (:func:`_recover` tidies up)."""
+    _recover(target, root)
+    old = target.with_name(f".{target.name}.old")
+    if target.exists():
+        replace_durably(target, old)
+    replace_durably(staged, target)
+    remove_tree(old, root)
+
+
 def export_cell(where: Layout, cell: Cell) -> None:
-    """Copy ``cell``'s results and training log into the export, replacing an older copy of it."""
+    """Copy ``cell``'s results and training log into the export, replacing an older copy of it (kept
+    until the new one is in place)."""
     assert where.export is not None
     root = tree_root(where.export, cell.tree)
     results = where.results_of(cell)
     staged = where.export / "raw" / f".{cell.name}.tmp"
-    shutil.rmtree(staged, ignore_errors=True)
+    remove_tree(staged, where.export)  # a killed export's leftover
     for split in SPLITS:
         _copy_results(results / split / cell.name, staged / split)
     log = where.runs / cell.name / "metrics.jsonl"
@@ -112,31 +136,61 @@ def export_cell(where: Layout, cell: Cell) -> None:
     for split in SPLITS:
         target = root / split / cell.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(staged / split, target)
+        _swap_in(staged / split, target, where.export)
     (root / "logs" / cell.name).mkdir(parents=True, exist_ok=True)
-    os.replace(staged / "logs" / "metrics.jsonl", root / "logs" / cell.name / "metrics.jsonl")
-    shutil.rmtree(staged, ignore_errors=True)
+    replace_durably(staged / "logs" / "metrics.jsonl", root / "logs" / cell.name / "metrics.jsonl")
+    remove_tree(staged, where.export)
     progress = where.runs / "progress.log"
     if progress.is_file():
-        shutil.copy(progress, where.export / "raw" / "progress.log")
+        write_atomic(where.export / "raw" / "progress.log", progress.read_bytes())
+
+
+def local_copy(where: Layout, cell: Cell) -> list[str]:
+    """What this machine holds of ``cell`` (checkpoints, training log, results per split), one
+    description each; empty when the cell is absent here."""
+    run_dir = where.runs / cell.name
+    held = []
+    ckpt = run_dir / "checkpoints"
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        held.append(f"checkpoints {ckpt} (latest step {latest_checkpoint(run_dir)})")
+    if (run_dir / "metrics.jsonl").is_file():
+        held.append(f"training log {run_dir / 'metrics.jsonl'}")
+    for split in SPLITS:
+        dst = where.results_of(cell) / split / cell.name
+        if dst.exists():
+            steps = sorted(int(p.name.split("_")[-1]) for p in dst.glob("global_step_*") if p.is_dir())
+            held.append(f"{split} results {dst} (steps {steps or 'none'})")
+    return held
 
 
 def restore_cell(where: Layout, cell: Cell) -> bool:
-    """A cell complete in the export but not here (trained on another machine): copy its results back
-    and mark it trained and evaluated. False when there is nothing to restore."""
+    """A cell complete in the export and absent here (trained on another machine): copy its results
+    back and mark it trained and evaluated. False when there is nothing to restore (no export copy, or
+    the cell is trained to its cap here). A cell partly here (checkpoints, log or results) is never
+    touched: StudyError saying what is here, what the export holds and how to take either."""
     run_dir = where.runs / cell.name
     if where.export is None or latest_checkpoint(run_dir) == cell.cap:
         return False
     root = tree_root(where.export, cell.tree)
     if not raw_complete(root, cell):
         return False
+    held = local_copy(where, cell)
+    if held:
+        raise StudyError(
+            f"{cell.name}: the export {root} holds it complete (step {cell.cap}, cap {cell.cap}) but this "
+            f"machine holds part of it: {'; '.join(held)}. Nothing was changed. Fix: to take the export, "
+            f"move the local copy aside (mv {run_dir} {run_dir}.local, and each results folder named "
+            f"above likewise) and run again; to finish it here, run with --export OTHER_FOLDER so the "
+            "export is not restored from"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
         dst = where.results_of(cell) / split / cell.name
-        shutil.rmtree(dst, ignore_errors=True)
         _copy_results(root / split / cell.name, dst)
-        write_marker(run_dir / f".study_eval_{split}", f"restored from {repo_relative(root)}")
+        fsync_tree(dst)
     shutil.copy(root / "logs" / cell.name / "metrics.jsonl", run_dir / "metrics.jsonl")
+    fsync_tree(run_dir / "metrics.jsonl")
+    for split in SPLITS:
+        write_marker(run_dir / f".study_eval_{split}", f"restored from {repo_relative(root)}")
     write_marker(run_dir / TRAINED, f"{cell.cap} restored from {repo_relative(root)} (no checkpoints here)")
     return True

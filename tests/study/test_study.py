@@ -250,6 +250,155 @@ def test_export_then_restore_round_trips_a_cell_without_weights(tmp_path):
     assert not restore_cell(elsewhere, cell)  # done: nothing more to restore
 
 
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` and its bytes (None for a folder)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("name: ../../../tmp/x\n" + BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\n", "name"),
+        ("name: .hidden\n" + BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\n", "name"),
+        (
+            BASE + "axes: {shape: [em_only], seed: [42], group_size: ['5/../../../x']}\nsteps: 2\n",
+            "axes.group_size",
+        ),
+        (BASE + "axes: {shape: [em_only], seed: [42], top_k: ['3/..']}\nsteps: 2\n", "axes.top_k"),
+        (BASE + "axes: {shape: [em_only], seed: [42], model: [/models/..]}\nsteps: 2\n", "axes.model"),
+        (
+            BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\nblocks: [{axes: {shape: [em_only], "
+            "seed: [43], actor_rollout_ref.actor.optim.lr: ['..']}}]\n",
+            "blocks.0.axes.actor_rollout_ref.actor.optim.lr",
+        ),
+    ],
+)
+def test_a_name_or_tag_that_could_leave_its_folder_is_refused_at_load_naming_the_key(
+    tmp_path, capsys, text, key
+):
+    path = _write(tmp_path, text)
+    with pytest.raises(StudyError, match=r"not a safe name") as err:
+        load_study(path)
+    assert str(err.value).startswith(f"{key}: ") and "^[A-Za-z0-9][A-Za-z0-9._-]*$" in str(err.value)
+    assert study_main(["list", str(path)]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_study_list_refuses_an_escaping_file_and_creates_nothing(tmp_path):
+    """``python -m study list`` from its own folder: exit 2, the key named, not one file written."""
+    path = _write(
+        tmp_path, "name: ../../../tmp/x\n" + BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\n"
+    )
+    before = _tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "study", "list", str(path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2 and "error: name: '../../../tmp/x' is not a safe name" in done.stderr
+    assert _tree(tmp_path) == before
+
+
+def _two_step_cell(tmp_path: Path):
+    study = load_study(_write(tmp_path, BASE + "axes: {shape: [em_only], seed: [42]}\nsteps: 2\n"))
+    return study.cell("em_only_s42")
+
+
+def _exported(tmp_path: Path, cell) -> Layout:
+    """A layout whose export holds ``cell`` complete, trained and evaluated elsewhere."""
+    there = Layout(tmp_path / "there_runs", tmp_path / "there_results", tmp_path / "export")
+    for split in ("test", "val"):
+        _fake_results(there.results_of(cell) / split, cell.name, cell.cap)
+    (there.runs / cell.name).mkdir(parents=True)
+    (there.runs / cell.name / "metrics.jsonl").write_text('{"step": 2, "data": {}}\n')
+    export_cell(there, cell)
+    return there
+
+
+def test_restore_keeps_a_partly_trained_local_cell_and_says_how_to_take_the_export(tmp_path):
+    """security_review M6: latest checkpoint 1, cap 2, local rows and merged weights; the export holds
+    the cell complete. Nothing local is touched and the message names both copies and the way out."""
+    cell = _two_step_cell(tmp_path)
+    there = _exported(tmp_path, cell)
+    here = Layout(tmp_path / "runs", tmp_path / "results", there.export)
+    ckpt = here.runs / cell.name / "checkpoints"
+    (ckpt / "global_step_1").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
+    (here.runs / cell.name / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
+    for split in ("test", "val"):
+        step = here.results_of(cell) / split / cell.name / "global_step_1"
+        (step / "merged" / "global_step_1.abc").mkdir(parents=True)
+        (step / "rows.jsonl").write_text('{"id": "local"}\n')
+    before, export_before = _tree(tmp_path / "runs") | _tree(tmp_path / "results"), _tree(there.export)
+    with pytest.raises(StudyError) as err:
+        restore_cell(here, cell)
+    message = str(err.value)
+    assert "latest step 1" in message and "test results" in message and "steps [1]" in message
+    assert "mv " in message and ".local" in message and "--export OTHER_FOLDER" in message
+    assert _tree(tmp_path / "runs") | _tree(tmp_path / "results") == before
+    assert _tree(there.export) == export_before
+    assert latest_checkpoint(here.runs / cell.name) == 1
+
+
+def test_restore_refuses_a_cell_with_local_results_only(tmp_path):
+    cell = _two_step_cell(tmp_path)
+    there = _exported(tmp_path, cell)
+    here = Layout(tmp_path / "runs", tmp_path / "results", there.export)
+    rows = here.results_of(cell) / "val" / cell.name / "global_step_0" / "rows.jsonl"
+    rows.parent.mkdir(parents=True)
+    rows.write_text('{"id": "local"}\n')
+    with pytest.raises(StudyError, match="val results"):
+        restore_cell(here, cell)
+    assert rows.read_text() == '{"id": "local"}\n' and not (here.runs / cell.name).exists()
+
+
+def test_a_failed_export_swap_loses_nothing_and_the_next_export_recovers(tmp_path, monkeypatch):
+    """Kill between 'old copy aside' and 'new copy in': the old copy waits in .<cell>.old; the next
+    export finishes the job. Kill after 'new copy in': the next export deletes the stranded .old."""
+    import study.store as store
+
+    cell = _two_step_cell(tmp_path)
+    there = _exported(tmp_path, cell)
+    target = tree_root(there.export, "") / "test" / cell.name  # the first split swapped
+    old = _tree(target)
+    (there.results_of(cell) / "test" / cell.name / "global_step_2" / "rows.jsonl").write_text('{"new": 1}\n')
+    real = store.replace_durably
+    calls = []
+
+    def second_call_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("killed")
+        real(src, dst)
+
+    monkeypatch.setattr(store, "replace_durably", second_call_fails)
+    with pytest.raises(OSError, match="killed"):
+        export_cell(there, cell)
+    monkeypatch.setattr(store, "replace_durably", real)
+    aside = target.with_name(f".{cell.name}.old")
+    assert not target.exists() and _tree(aside) == old  # the old copy, whole
+    export_cell(there, cell)
+    assert not aside.exists() and (target / "global_step_2" / "rows.jsonl").read_text() == '{"new": 1}\n'
+
+    real_remove = store.remove_tree
+
+    def fail_on_old(path, root):
+        if Path(path).name.endswith(".old"):
+            raise OSError("killed")
+        return real_remove(path, root)
+
+    monkeypatch.setattr(store, "remove_tree", fail_on_old)
+    with pytest.raises(OSError, match="killed"):
+        export_cell(there, cell)
+    monkeypatch.setattr(store, "remove_tree", real_remove)
+    assert aside.exists() and raw_complete(tree_root(there.export, ""), cell)
+    export_cell(there, cell)
+    assert (
+        not aside.exists() and not list(there.export.rglob("*.old")) and not list(there.export.rglob("*.tmp"))
+    )
+    assert raw_complete(tree_root(there.export, ""), cell)
+
+
 def test_one_study_per_runs_folder(tmp_path):
     with study_lock(tmp_path):
         with pytest.raises(StudyError, match="another study"):
