@@ -1,8 +1,8 @@
 """Command line of the retrieval service.
 
     python -m search_env serve --backend bm25|dense [--corpus PATH] [--index PATH --encoder PATH] ...
-    python -m search_env build-index --corpus PATH --encoder PATH --out PATH [--factory IVF4096,SQ8]
-    python -m search_env convert-index --flat PATH --out PATH [--factory IVF4096,SQ8]
+    python -m search_env build-index --corpus PATH --encoder PATH --out PATH [--factory IVF4096,SQ8] [--force]
+    python -m search_env convert-index --flat PATH --out PATH [--factory IVF4096,SQ8] [--force]
     python -m search_env recall --index PATH --flat PATH [--k 10] [--nprobe 16,64,256]
     python -m search_env probe URL [--timeout S] [--require-hits]
 
@@ -68,6 +68,17 @@ def _ondisk_flag(parser: argparse.ArgumentParser) -> None:
         help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
         "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing --out (the old index stays whole until the new one is renamed in)",
+    )
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """An existing --out is refused unless --force (before any corpus, encoder or index is read)."""
+    if args.out.exists() and not args.force:
+        raise ValueError(f"--out {args.out} exists. Fix: --force to replace it, or another --out")
 
 
 def _gpu_flag(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -312,6 +323,7 @@ def cmd_build_index(args: argparse.Namespace) -> None:
     from search_env.retrieval.encoder import Encoder  # heavy: torch/transformers, only for build-index
     from search_env.retrieval.index import build_index  # heavy: faiss, only the index commands
 
+    _check_out(args)
     encoder = Encoder(
         args.encoder,
         use_gpu=use_gpu(args.gpu),
@@ -324,6 +336,7 @@ def cmd_build_index(args: argparse.Namespace) -> None:
 def cmd_convert_index(args: argparse.Namespace) -> None:
     from search_env.retrieval.index import convert_index  # heavy: faiss, only the index commands
 
+    _check_out(args)
     convert_index(args.flat, args.out, **_index_options(args))
 
 

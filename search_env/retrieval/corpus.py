@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from search_env.safe_fs import replace_durably
+
 log = logging.getLogger(__name__)
 
 OFFSETS_SUFFIX = ".offsets.npy"
@@ -124,7 +126,7 @@ class Corpus:
             try:
                 tmp = cached.with_name(cached.name + f".tmp{os.getpid()}.npy")
                 np.save(tmp, offsets)
-                os.replace(tmp, cached)
+                replace_durably(tmp, cached)
                 log.info("corpus: cached %d row offsets in %s", len(offsets) - 1, cached)
             except OSError as err:
                 log.warning(

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from tqdm import tqdm
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.prewarm import available_ram_bytes
+from search_env.safe_fs import remove_tree, replace_durably, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def _merge_shards(empty: faiss.Index, sizes: list[np.ndarray], shards: Path, out
                         if length:
                             f.write(os.pread(fds[k][part], length, offsets[k][part]))
                             offsets[k][part] += length
-        os.replace(tmp, out)
+        replace_durably(tmp, out)
     finally:
         for pair in fds:
             for fd in pair:
@@ -387,7 +387,7 @@ def fill_on_disk(
     lists are written to a shard file next to `out`; then the shards are merged list by list into
     `out` (`_merge_shards`) and removed. RAM: one chunk of vectors and its codes."""
     shards = out.with_name(out.name + ".shards")
-    shutil.rmtree(shards, ignore_errors=True)
+    remove_tree(shards, out.parent)  # a killed build's leftover
     shards.mkdir(parents=True)
     try:
         sizes = []
@@ -400,7 +400,7 @@ def fill_on_disk(
         empty = faiss.index_gpu_to_cpu(work) if gpu else work
         _merge_shards(empty, sizes, shards, out)
     finally:
-        shutil.rmtree(shards, ignore_errors=True)
+        remove_tree(shards, out.parent)
 
 
 def build_index_file(
@@ -433,8 +433,19 @@ def build_index_file(
     for rows in _chunks(n, chunk_size, desc):
         work.add(vectors(rows))
     index = faiss.index_gpu_to_cpu(work) if gpu else work
-    faiss.write_index(index, str(out))
+    write_faiss(index, out)
     return write_meta(index, out, {**meta, "built": "in RAM"})
+
+
+def write_faiss(index: faiss.Index, out: Path) -> None:
+    """``faiss.write_index`` to a temporary file beside ``out``, fsynced and renamed over it: a kill or
+    an error mid-write leaves the old ``out`` whole (a server may be memory-mapping it), never torn."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        faiss.write_index(index, str(tmp))
+        replace_durably(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_meta(index: faiss.Index, out: str | Path, meta: dict) -> dict:
@@ -447,7 +458,7 @@ def write_meta(index: faiss.Index, out: str | Path, meta: dict) -> dict:
         "nlist": ivf_nlist(index),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    Path(str(out) + META_SUFFIX).write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomic(Path(str(out) + META_SUFFIX), json.dumps(meta, indent=2) + "\n")
     log.info("wrote %s (%d vectors, %s)", out, index.ntotal, meta.get("factory"))
     return meta
 
@@ -455,7 +466,7 @@ def write_meta(index: faiss.Index, out: str | Path, meta: dict) -> dict:
 def write_index(index: faiss.Index, out: str | Path, meta: dict) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(index, str(out))
+    write_faiss(index, out)
     write_meta(index, out, meta)
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import faiss
@@ -373,7 +374,14 @@ def test_cli_convert_and_recall(flat_path, tmp_path) -> None:
     report = json.loads(shown.stdout)
     assert report["results"][0]["nprobe"] == 32 and report["results"][0]["recall@10"] >= 0.9
     bad = subprocess.run(
-        [*run, "convert-index", "--flat", str(tmp_path / "missing.index"), "--out", str(out)],
+        [
+            *run,
+            "convert-index",
+            "--flat",
+            str(tmp_path / "missing.index"),
+            "--out",
+            str(tmp_path / "new.index"),
+        ],
         timeout=300,
         capture_output=True,
         text=True,
@@ -459,6 +467,58 @@ def test_ondisk_build_writes_the_same_file_as_the_in_ram_build(tmp_path) -> None
     assert not (tmp_path / "disk.index.shards").exists()  # the shards are removed after the merge
     with pytest.raises(ValueError, match="--ondisk on: .* has no inverted lists"):
         build_index_file(tmp_path / "flat.index", "Flat", DIM, 100, lambda rows: x[rows], {}, ondisk=True)
+
+
+def test_an_index_out_is_replaced_whole_only_with_force(tmp_path, monkeypatch, capsys) -> None:
+    """convert-index refuses an existing --out without --force; with it, a write that dies half-way
+    leaves the old index whole and readable (it is written beside --out and renamed), and a good one
+    replaces it."""
+    from search_env.__main__ import main as cli
+    from search_env.retrieval.index import read_meta
+
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(clustered_vectors(2000, 20))
+    faiss.write_index(flat, str(tmp_path / "v_Flat.index"))
+    out = tmp_path / "v_IVF.index"
+    args = ["convert-index", "--flat", str(tmp_path / "v_Flat.index"), "--out", str(out), "--gpu", "off"]
+    cli([*args, "--factory", "IVF8,Flat"])
+    old, files = out.read_bytes(), sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as refused:
+        cli([*args, "--factory", "IVF4,Flat"])
+    assert refused.value.code == 2 and f"--out {out} exists. Fix: --force" in capsys.readouterr().err
+    assert out.read_bytes() == old
+
+    def killed_mid_write(index, path):
+        Path(path).write_bytes(old[: len(old) // 2])
+        raise RuntimeError("killed mid-write")
+
+    with monkeypatch.context() as m:
+        m.setattr(faiss, "write_index", killed_mid_write)
+        with pytest.raises(RuntimeError, match="killed mid-write"):
+            cli([*args, "--factory", "IVF4,Flat", "--force"])
+    assert out.read_bytes() == old and faiss.read_index(str(out)).ntotal == 2000
+    assert sorted(p.name for p in tmp_path.iterdir()) == files  # no partial file left behind
+    cli([*args, "--factory", "IVF4,Flat", "--force"])
+    assert (
+        read_meta(out)["factory"] == "IVF4,Flat"
+        and faiss.extract_index_ivf(faiss.read_index(str(out))).nlist == 4
+    )
+
+
+def test_a_failed_ondisk_merge_leaves_the_old_index_and_no_shards(tmp_path, monkeypatch) -> None:
+    from search_env.retrieval.index import build_index_file
+
+    x = clustered_vectors(3000, 20)
+    out = tmp_path / "disk.index"
+    build_index_file(out, "IVF8,SQ8", DIM, len(x), lambda rows: x[rows], {}, None, 1000, 0, False, True)
+    old = out.read_bytes()
+    monkeypatch.setattr(index_module.os, "pread", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError, match="disk gone"):
+        build_index_file(out, "IVF8,SQ8", DIM, len(x), lambda rows: x[rows], {}, None, 1000, 1, False, True)
+    assert out.read_bytes() == old and sorted(p.name for p in tmp_path.iterdir()) == [
+        "disk.index",
+        "disk.index.meta.json",
+    ]
 
 
 def test_ondisk_auto_follows_the_available_ram(monkeypatch) -> None:
