@@ -12,26 +12,35 @@ import argparse
 import fcntl
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from omegaconf import OmegaConf
+
 from launch import preflight, progress, resume
 from launch.procs import exit_status, stop_group, stop_on_sigterm
 from launch.retriever import LocalRetriever
+from search_env import safe_fs
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
 from search_env.retriever_guard import RETRIEVER_LOG_ENV
 
 RAY_TMP = re.compile(r"^/tmp/rlvr_ray\.[A-Za-z0-9_]{6,8}$")
 """The private Ray temp dirs this launcher makes (the only ones a later run removes)."""
+RAY_TMP_ROOT = Path("/tmp")
+ASSETS_LOCK = "demo_assets.lock"
+"""The demo assets' lock, in the user's runtime folder (:func:`search_env.safe_fs.user_runtime_dir`)."""
+RAY_INSECURE_KEY = "launch.ray_insecure_no_auth"
+MULTI_NODE_DOCS = 'docs/training.md "Multi-node"'
 ASSETS_TIMEOUT_S = 3600
 TRAINER_GRACE_S = 30
 EXTERNAL_HEALTH_S = 30
@@ -107,7 +116,15 @@ class Started:
 
 
 def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a private Ray temp dir (only a path :data:`RAY_TMP` matches, inside
+    :data:`RAY_TMP_ROOT`); a failure is logged, not raised (it runs during clean-up)."""
+    if not RAY_TMP.match(str(path)):
+        log(f"not removing {path}: not a Ray temp dir of this launcher (/tmp/rlvr_ray.*)")
+        return
+    try:
+        safe_fs.remove_tree(path, RAY_TMP_ROOT)
+    except OSError as err:
+        log(f"could not remove the Ray temp dir {path}: {err}")
 
 
 def check_strays(run: RunDir) -> None:
@@ -146,22 +163,79 @@ def plan_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.Plan:
     return plan
 
 
+def ray_join_problem(env: Mapping[str, str], insecure_ok: bool) -> str | None:
+    """Why this run must not join the Ray cluster ``env["RAY_ADDRESS"]`` names, or None (no
+    RAY_ADDRESS, or token auth on with a token only its owner can read). Ray's driver sends a token
+    only with ``RAY_AUTH_MODE=token`` in its own environment when the address is explicit
+    (ray/_private/worker.py, ``ray.init``); the token is ``RAY_AUTH_TOKEN``, else the file
+    ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``. ``insecure_ok``
+    (:data:`RAY_INSECURE_KEY`) allows a cluster without auth, never a token file others can read."""
+    address = env.get("RAY_ADDRESS")
+    if not address:
+        return None
+    mode = env.get("RAY_AUTH_MODE")
+    if (mode or "").lower() != "token":
+        if insecure_ok:
+            return None
+        return (
+            f"RAY_ADDRESS={address}: joining a Ray cluster without token authentication (RAY_AUTH_MODE "
+            f"is {mode or 'unset'}, not token): anyone who can reach its ports runs code on its nodes. "
+            "Start every node and this launcher with `export RAY_AUTH_MODE=token "
+            f"RAY_AUTH_TOKEN_PATH=<a token file at mode 600>` ({MULTI_NODE_DOCS}), or set "
+            f"{RAY_INSECURE_KEY}=true to join a cluster without auth anyway"
+        )
+    if env.get("RAY_AUTH_TOKEN"):
+        return None
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    path = env.get("RAY_AUTH_TOKEN_PATH") or str(home / ".ray" / "auth_token")
+    try:
+        load_tokens(path)
+    except AuthFileError as err:
+        return f"RAY_AUTH_MODE=token, but Ray's {err} ({MULTI_NODE_DOCS})"
+    return None
+
+
+def check_ray_join(plan: preflight.Plan) -> None:
+    """LaunchError when :func:`ray_join_problem` refuses this run's RAY_ADDRESS; a warning when
+    :data:`RAY_INSECURE_KEY` lets it join a cluster without auth."""
+    insecure_ok = bool(OmegaConf.select(plan.config, RAY_INSECURE_KEY, default=False))
+    problem = ray_join_problem(os.environ, insecure_ok)
+    if problem:
+        raise LaunchError(problem)
+    if insecure_ok and os.environ.get("RAY_ADDRESS") and ray_join_problem(os.environ, False):
+        log(f"WARNING: joining {os.environ['RAY_ADDRESS']} without Ray token auth ({RAY_INSECURE_KEY}=true)")
+
+
+def wait_lock(path: Path, timeout_s: float) -> int:
+    """A descriptor of ``path`` (:func:`search_env.safe_fs.open_lock`: mode 600, never truncated,
+    a symlink refused) holding an exclusive flock; LaunchError after ``timeout_s`` seconds or when
+    ``path`` cannot be opened. The caller closes it (which releases the lock)."""
+    try:
+        fd = safe_fs.open_lock(path)
+    except OSError as err:
+        why = "it is a symlink" if path.is_symlink() else err.strerror
+        raise LaunchError(f"cannot open the lock {path}: {why}; remove it if you did not make it") from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise LaunchError(f"{path} stayed locked for {timeout_s:g} s") from None
+            time.sleep(1)
+
+
 def build_demo_assets(args: list[str], run: RunDir) -> None:
     """``python -m search_demo assets`` (world + warm start, each rebuilt only when missing or
-    stale), one build at a time on the machine (a flock)."""
+    stale), one build at a time for this user (a flock on :data:`ASSETS_LOCK` in the user's
+    runtime folder)."""
     out = run.path / "assets.log"
     log(f"demo assets: world + warm start (first build ~3 min on 2 cores, then cached; log: {out})")
-    lock_path = Path(os.environ.get("TMPDIR") or "/tmp") / "rlvr_demo_assets.lock"
-    with open(lock_path, "w") as lock, open(out, "a") as sink:
-        deadline = time.monotonic() + ASSETS_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"{lock_path} stayed locked for {ASSETS_TIMEOUT_S} s") from None
-                time.sleep(1)
+    deadline = time.monotonic() + ASSETS_TIMEOUT_S
+    with open(out, "a") as sink:
+        lock = wait_lock(safe_fs.user_runtime_dir() / ASSETS_LOCK, ASSETS_TIMEOUT_S)
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "search_demo", "assets", *args],
@@ -172,6 +246,8 @@ def build_demo_assets(args: list[str], run: RunDir) -> None:
             )
         except subprocess.TimeoutExpired:
             raise LaunchError(f"building the demo assets took over {ASSETS_TIMEOUT_S} s; see {out}") from None
+        finally:
+            os.close(lock)
     if done.returncode != 0:
         raise LaunchError(f"building the demo assets failed; see {out}")
     last = [line for line in out.read_text(errors="replace").splitlines() if line.strip()]
@@ -328,6 +404,7 @@ def run(recipe: Path, overrides: list[str], run_dir: Path) -> int:
         check_strays(paths)
         os.environ[resume.MARKER] = str(paths.path)  # inherited by everything started below
         plan = plan_run(recipe, overrides, paths)
+        check_ray_join(plan)
         if plan.demo_assets is not None:
             build_demo_assets(plan.demo_assets, paths)
         start_retriever(plan, started)
@@ -354,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m launch run",
         description="Train one recipe end to end: preflight, resume, demo assets, retriever, verl, clean-up.",
         epilog="Environment: RLVR_RUN_DIR (run directory, default runs/<recipe name>; relative to the "
-        "repository), RAY_ADDRESS (join a running Ray cluster), TMPDIR (the demo assets' lock). "
+        "repository), RAY_ADDRESS (join a running Ray cluster; needs RAY_AUTH_MODE=token unless "
+        f"{RAY_INSECURE_KEY}=true), XDG_RUNTIME_DIR (the demo assets' lock). "
         "docs/training.md describes each step and the run directory.",
     )
     parser.add_argument("recipe", type=Path, help="recipe YAML, e.g. recipes/demo_cpu.yaml")
