@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import random
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from search_env import protocol
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
+from search_env.safe_fs import UnsafeDeleteError, check_owned, remove_owned, remove_tree, replace_durably
 
 BASE_VERSION = 4
 """Bumped when this module's output changes for the same inputs."""
@@ -253,17 +253,40 @@ def mixed_draw(
     )
 
 
+def own_folder(folder: Path, stamp: str, check_only: bool = False) -> None:
+    """Delete ``folder`` (unless ``check_only``) when it is absent, empty or carries ``stamp`` (a model
+    folder a demo builder wrote); otherwise UnsafeDeleteError naming --out, and nothing is deleted."""
+    try:
+        (check_owned if check_only else remove_owned)(folder, folder.absolute().parent, stamp)
+    except UnsafeDeleteError as err:
+        raise UnsafeDeleteError(
+            f"--out: {err}; a demo builder replaces only an empty folder or one it wrote (with {stamp}). "
+            f"Fix: give --out a new or empty folder, or move {folder} aside"
+        ) from None
+
+
+def new_stage(folder: Path, stamp: str) -> Path:
+    """An empty build folder ``folder`` carrying a placeholder ``stamp`` (so a killed build's leftover
+    is recognised as this builder's and replaced next time)."""
+    own_folder(folder, stamp)
+    folder.mkdir(parents=True)
+    (folder / stamp).write_text('{"partial": true}\n')
+    return folder
+
+
 def build_base_model(
     out: str | Path, cfg: BaseConfig = BaseConfig(), log: Callable[[str], None] = print
 ) -> Path:
-    """Train the base model into ``out`` (HF folder with tokenizer + ``base_model.json``)."""
+    """Train the base model into ``out`` (HF folder with tokenizer + ``base_model.json``). An existing
+    ``out`` is replaced only when empty or a base model folder (``own_folder``), checked first."""
     out = Path(out)
+    own_folder(out, STAMP, check_only=True)
     started = time.monotonic()
     torch.set_num_threads(1)  # faster than 2 threads on 2 cores for a model this small, and deterministic
     tokenizer = tiny.build_demo_tokenizer(trajectories.tokenizer_texts())
     pad = tokenizer.pad_token_id
-    stage = out.with_name(out.name + ".partial")
-    wide = out.with_name(out.name + ".wide")
+    stage = new_stage(out.with_name(out.name + ".partial"), STAMP)
+    wide = new_stage(out.with_name(out.name + ".wide"), STAMP)
     tiny.build_random_model(stage, tokenizer, tiny.DEMO_TEXT_CONFIG, seed=cfg.seed)
     model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
     pools = {k: curriculum_pool(tokenizer, cfg, k) for k in (READ_TOPK, protocol.TOPK)}
@@ -316,7 +339,7 @@ def build_base_model(
     held_out = {k: answer_accuracy(model, v, pad) for k, v in held.items()}
     model.save_pretrained(stage)
     widen_heads.widen_linear_heads(stage, wide, SHIPPED_LINEAR_HEAD_DIM)
-    shutil.rmtree(stage)
+    remove_tree(stage, out.absolute().parent)
     stamp = {
         "key": cache_key(cfg),
         "config": asdict(cfg),
@@ -325,9 +348,8 @@ def build_base_model(
         "seconds": round(time.monotonic() - started, 1),
     }
     (wide / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    wide.rename(out)
+    own_folder(out, STAMP)
+    replace_durably(wide, out)
     log(f"base model written to {out} in {stamp['seconds']} s: {stamp['held_out_accuracy']}")
     return out
 
@@ -347,7 +369,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = BaseConfig(
         seed=args.seed, read_steps=args.read_steps, search_steps=args.search_steps, wide_steps=args.wide_steps
     )
-    build_base_model(args.out, cfg)
+    try:
+        build_base_model(args.out, cfg)
+    except UnsafeDeleteError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

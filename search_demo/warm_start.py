@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -35,6 +34,7 @@ from search_demo.trajectories import REFERENCE_WORLD_SEED, assistant_message, re
 from search_env import protocol
 from search_env.paths import REPO_ROOT, repo_relative
 from search_env.retrieval.process import spawn_server
+from search_env.safe_fs import UnsafeDeleteError, replace_durably
 
 WARM_START_VERSION = 3
 """Bumped when this module's output changes for the same inputs."""
@@ -402,13 +402,12 @@ def build_warm_start(
     """
     base = Path(base or base_model.SHIPPED)
     out = Path(out)
+    base_model.own_folder(out, STAMP, check_only=True)
     started = time.monotonic()
     key = cache_key(cfg, base)
     _warn_if_base_stale(base, log)
-    stage = out.with_name(out.name + ".partial")
-    if stage.exists():
-        shutil.rmtree(stage)
-    shutil.copytree(base, stage)
+    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
+    shutil.copytree(base, stage, dirs_exist_ok=True)
     (stage / base_model.STAMP).unlink()
     tokenizer = AutoTokenizer.from_pretrained(stage)
     log(f"warm start {key}: from the base model {base} (key {base_stamp(base)['key']})")
@@ -439,9 +438,8 @@ def build_warm_start(
         "seconds": round(time.monotonic() - started, 1),
     }
     (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(stage, out)
+    base_model.own_folder(out, STAMP)
+    replace_durably(stage, out)
     log(f"warm start written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})")
     return out
 
@@ -468,11 +466,11 @@ def ensure_warm_start(
     shipped = next((f for f in SHIPPED.values() if _key_of(f) == key), None)
     if shipped is None or shipped.resolve() == out.resolve():
         return build_warm_start(out, cfg, base=base, log=log)
-    stage = out.with_name(out.name + ".partial")
-    shutil.rmtree(stage, ignore_errors=True)
-    shutil.copytree(shipped, stage)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(stage, out)
+    base_model.own_folder(out, STAMP, check_only=True)
+    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
+    shutil.copytree(shipped, stage, dirs_exist_ok=True)
+    base_model.own_folder(out, STAMP)
+    replace_durably(stage, out)
     log(f"warm start {key}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)")
     return out
 
@@ -491,10 +489,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild even if the cache matches")
     args = parser.parse_args(argv)
     cfg = replace(REGIMES[args.regime], seed=args.seed, steps=args.steps)
-    if args.force:
-        build_warm_start(args.out, cfg, base=args.base)
-    else:
-        ensure_warm_start(args.out, cfg, base=args.base)
+    try:
+        if args.force:
+            build_warm_start(args.out, cfg, base=args.base)
+        else:
+            ensure_warm_start(args.out, cfg, base=args.base)
+    except UnsafeDeleteError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

@@ -58,13 +58,12 @@ def remove_tree(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> b
     return True
 
 
-def remove_owned(path: str | os.PathLike[str], root: str | os.PathLike[str], stamp: str) -> bool:
-    """:func:`remove_tree` of ``path`` only when it is what its builder wrote: absent (False), an
-    empty folder, or a folder holding the file ``stamp`` (the builder's own mark). UnsafeDeleteError
-    naming ``stamp`` otherwise, before anything is deleted."""
+def check_owned(path: str | os.PathLike[str], root: str | os.PathLike[str], stamp: str) -> Path | None:
+    """``path`` as :func:`remove_owned` would delete it (None when absent): an empty folder, or a folder
+    holding the file ``stamp`` (its builder's own mark), inside ``root``; UnsafeDeleteError otherwise."""
     target = check_inside(path, root)
     if not target.exists() and not target.is_symlink():
-        return False
+        return None
     if target.is_symlink() or not target.is_dir():
         raise UnsafeDeleteError(f"refusing to delete {target}: it is not a folder")
     if any(target.iterdir()) and not (target / stamp).is_file():
@@ -72,7 +71,14 @@ def remove_owned(path: str | os.PathLike[str], root: str | os.PathLike[str], sta
             f"refusing to delete {target}: it is not empty and holds no {stamp}, so this program did "
             "not write it"
         )
-    return remove_tree(target, root)
+    return target
+
+
+def remove_owned(path: str | os.PathLike[str], root: str | os.PathLike[str], stamp: str) -> bool:
+    """:func:`remove_tree` of ``path`` only when it is what its builder wrote (:func:`check_owned`);
+    False when absent. Raises UnsafeDeleteError naming ``stamp`` before deleting anything otherwise."""
+    target = check_owned(path, root, stamp)
+    return target is not None and remove_tree(target, root)
 
 
 def fsync_tree(path: str | os.PathLike[str]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from search_demo import base_model, tiny, trajectories, warm_start, world
+from search_env.safe_fs import UnsafeDeleteError
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +115,14 @@ def test_the_shipped_base_model_reads_five_passages(tokenizer):
 def test_a_missing_base_model_names_the_fix(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="git checkout -- assets/demo_base"):
         warm_start.base_stamp(tmp_path)
+
+
+def test_an_out_folder_it_did_not_write_is_refused_before_training(tmp_path: Path):
+    foreign = tmp_path / "base"
+    foreign.mkdir()
+    (foreign / "data.bin").write_bytes(b"keep")
+    with pytest.raises(UnsafeDeleteError, match=r"^--out: .*holds no base_model.json"):
+        base_model.build_base_model(foreign)
+    with pytest.raises(SystemExit, match="--out"):
+        base_model.main(["--out", str(foreign)])
+    assert [p.name for p in tmp_path.iterdir()] == ["base"] and (foreign / "data.bin").read_bytes() == b"keep"

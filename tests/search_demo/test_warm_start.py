@@ -4,6 +4,7 @@ verl's agent loop against a real BM25 server, the cache key, the SFT loss mask."
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from search_demo import tiny, trajectories, warm_start, world
 from search_env import protocol
+from search_env.safe_fs import UnsafeDeleteError
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +123,34 @@ def test_a_matching_shipped_warm_start_is_copied_not_trained(tmp_path: Path):
     ]
     assert warm_start.ensure_warm_start(out, warm_start.REGIMES["sparse"], log=logged.append) == out
     assert len(logged) == 1  # cached now
+
+
+def test_a_folder_the_builder_did_not_write_is_never_deleted(tmp_path: Path):
+    """--out (or a leftover .partial) without this builder's stamp and not empty: refused, naming
+    --out, before anything is built or deleted; a stamped one (another key) is replaced."""
+    foreign = tmp_path / "ws"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    for build in (warm_start.ensure_warm_start, warm_start.build_warm_start):
+        with pytest.raises(UnsafeDeleteError, match=r"^--out: .*holds no warm_start.json.*Fix: give --out"):
+            build(foreign, warm_start.REGIMES["sparse"], log=print)
+    with pytest.raises(SystemExit, match="--out"):
+        warm_start.main(["--out", str(foreign), "--regime", "sparse"])
+    assert [p.name for p in tmp_path.iterdir()] == ["ws"] and (foreign / "thesis.tex").is_file()
+    stale = tmp_path / "stale"
+    shutil.copytree(warm_start.SHIPPED["dense"], stale)  # a warm start of another key: ours to replace
+    leftover = tmp_path / "stale.partial"
+    leftover.mkdir()
+    (leftover / warm_start.STAMP).write_text('{"partial": true}\n')  # a killed build's stage
+    warm_start.ensure_warm_start(stale, warm_start.REGIMES["sparse"], log=print)
+    shipped = warm_start.SHIPPED["sparse"]
+    assert (stale / warm_start.STAMP).read_bytes() == (shipped / warm_start.STAMP).read_bytes()
+    assert not leftover.exists()
+    (tmp_path / "other.partial").mkdir()
+    (tmp_path / "other.partial" / "notes.txt").write_text("mine")
+    with pytest.raises(UnsafeDeleteError, match="other.partial"):
+        warm_start.ensure_warm_start(tmp_path / "other", warm_start.REGIMES["sparse"], log=print)
+    assert (tmp_path / "other.partial" / "notes.txt").read_text() == "mine"
 
 
 def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_hop_questions():
