@@ -2,6 +2,7 @@
 
     python -m launch.gpu_smoke cuda | versions | dense WORK | gpu-index WORK | tiny OUT [--data DIR]
         | checkpoints CKPT_DIR | rollout-logprobs METRICS | packed MODEL [--cpu] | memory [MODEL_DIR]
+        | fresh-dir SMOKE_DIR
 
 ``cuda`` is the gate (0: torch sees a device); each other prints Markdown lines for the report
 (``| item | value |`` rows, then ``RESULT: ...``) and exits 0 when its check passes, 1 when it fails.
@@ -15,6 +16,7 @@ import argparse
 import importlib.metadata
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ import numpy as np
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import spawn_server
+from search_env.safe_fs import UnsafeDeleteError, remove_owned
 
 REAL_VOCAB = 248_320
 QWEN35_08B_TEXT = {
@@ -415,6 +418,30 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return result(ok, "a 16,384-token micro-batch (the recipe's actor budget) fits")
 
 
+MARKER = ".gpu_smoke"
+"""The file gpu_smoke.sh writes into its SMOKE_DIR: the next run may wipe only a folder holding it."""
+
+
+def cmd_fresh_dir(args: argparse.Namespace) -> int:
+    """Make SMOKE_DIR an empty folder holding :data:`MARKER` and print its real path. An existing one
+    is wiped only when it is empty or holds the marker (symlinks resolved first; `/`, the home folder
+    and the repository never); else exit 2 naming SMOKE_DIR, nothing deleted."""
+    folder = Path(os.path.realpath(args.folder))
+    try:
+        remove_owned(folder, folder.parent, MARKER)
+    except UnsafeDeleteError as err:
+        print(
+            f"gpu_smoke: SMOKE_DIR={args.folder}: {err}. Fix: SMOKE_DIR=<a new or empty folder>, or one "
+            f"an earlier gpu_smoke.sh wrote (it holds {MARKER})",
+            file=sys.stderr,
+        )
+        return 2
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("written by launch/gpu_smoke.sh; its next run wipes this folder\n")
+    print(folder)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -431,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("rollout-logprobs").add_argument("metrics")
     sub.add_parser("checkpoints").add_argument("ckpt_dir")
     sub.add_parser("memory").add_argument("model_dir", nargs="?")
+    sub.add_parser("fresh-dir").add_argument("folder")
     args = parser.parse_args(argv)
     handler = {
         "cuda": cmd_cuda,
@@ -442,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollout-logprobs": cmd_rollout_logprobs,
         "checkpoints": cmd_checkpoints,
         "memory": cmd_memory,
+        "fresh-dir": cmd_fresh_dir,
     }[args.command]
     return handler(args)
 

@@ -32,11 +32,9 @@ if ! "$PYTHON" -m launch.gpu_smoke cuda; then
   exit 2
 fi
 
-SMOKE_DIR="${SMOKE_DIR:-$ROOT/runs/gpu_smoke}"
 BUDGET_S="${BUDGET_S:-600}"
-[[ "$SMOKE_DIR" != / && "$SMOKE_DIR" != "$ROOT" ]] || die "SMOKE_DIR=$SMOKE_DIR would be wiped; use a dedicated folder"
-rm -rf "$SMOKE_DIR"
-mkdir -p "$SMOKE_DIR"
+# wiped only when absent, empty or marked .gpu_smoke by an earlier run (real path; never /, home, repo)
+SMOKE_DIR="$("$PYTHON" -m launch.gpu_smoke fresh-dir "${SMOKE_DIR:-$ROOT/runs/gpu_smoke}")" || exit 2
 REPORT="$SMOKE_DIR/report.md"
 START=$SECONDS
 FAILED=0
