@@ -12,6 +12,7 @@ import argparse
 import fcntl
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -315,6 +316,17 @@ def trainer_command(recipe: Path, overrides: list[str], plan: preflight.Plan, st
     return args
 
 
+def trainer_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The trainer's environment: ``env``, plus a fresh ``RAY_AUTH_TOKEN`` for a private Ray
+    instance (no RAY_ADDRESS, no token set). A new ``ray.init`` turns token auth on and would
+    otherwise write its token to ~/.ray/auth_token under the default umask (mode 644 under 022,
+    readable by every local user); this one lives only in the run's processes."""
+    out = dict(env)
+    if not out.get("RAY_ADDRESS") and not out.get("RAY_AUTH_TOKEN"):
+        out["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return out
+
+
 def _pump(source: IO[bytes], started: Started) -> None:
     """The trainer's output: all of it to train.log, :func:`progress.condense` of it to stderr."""
     with open(started.run.train_log, "ab") as out:
@@ -341,6 +353,7 @@ def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Sta
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env=trainer_env(os.environ),
         start_new_session=True,
     )
     started.pump = threading.Thread(target=_pump, args=(started.trainer.stdout, started), daemon=True)

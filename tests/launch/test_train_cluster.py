@@ -5,6 +5,7 @@ only through search_env.safe_fs (docs/training.md "Multi-node", docs/security.md
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -85,6 +86,14 @@ def test_the_ray_token_is_never_forwarded_to_the_cluster_workers(tmp_path, monke
     args = train.trainer_command(tmp_path / "r.yaml", [], preflight.Plan(), started)
     assert "++ray_kwargs.ray_init.runtime_env.env_vars.HF_HUB_OFFLINE='1'" in args
     assert not [a for a in args if "RAY_AUTH" in a or TOKEN in a or str(path) in a]
+
+
+def test_a_private_ray_instance_gets_its_own_token_so_ray_writes_none_to_home():
+    private = train.trainer_env({"PATH": "/bin"})
+    assert re.fullmatch(r"[0-9a-f]{64}", private["RAY_AUTH_TOKEN"]) and private["PATH"] == "/bin"
+    assert private["RAY_AUTH_TOKEN"] != train.trainer_env({})["RAY_AUTH_TOKEN"]
+    assert train.trainer_env({"RAY_AUTH_TOKEN": TOKEN})["RAY_AUTH_TOKEN"] == TOKEN
+    assert "RAY_AUTH_TOKEN" not in train.trainer_env({"RAY_ADDRESS": HEAD})  # the cluster's own token
 
 
 def test_launch_run_refuses_to_join_ray_without_auth_before_starting_anything(tmp_path):
