@@ -20,19 +20,27 @@ import sys
 from pathlib import Path
 
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
 from search_env.retrieval.prewarm import Prewarm, want_prewarm
 from search_env.retrieval.probe import ProbeError, probe
 from search_env.retrieval.server import (
+    DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_ENTRIES,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HITS,
+    DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_QUEUED_QUERIES,
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_STATS_INTERVAL_S,
     DEFAULT_TOPK,
+    Limits,
     create_app,
+    is_loopback,
     serve,
 )
 from search_env.retrieval.worker import ProcessRetriever
@@ -135,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TOPK,
         help=f"topk when a request omits it (default {DEFAULT_TOPK})",
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1); another than loopback needs --auth-token-file",
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
         "--max-batch",
@@ -149,7 +161,59 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_WAIT_MS,
         help=f"how long a non-full batch waits for more requests (default {DEFAULT_MAX_WAIT_MS:g} ms)",
     )
-    serve.add_argument("--max-body-bytes", type=_positive(int), default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_positive(int),
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body; larger gets 413 (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    serve.add_argument(
+        "--max-query-chars",
+        type=_positive(int),
+        default=DEFAULT_MAX_QUERY_CHARS,
+        help=f"most characters per query; longer gets 422 (default {DEFAULT_MAX_QUERY_CHARS})",
+    )
+    serve.add_argument(
+        "--max-hits",
+        type=_positive(int),
+        default=DEFAULT_MAX_HITS,
+        help="most queries x topk per request, which bounds the answer's size; more gets 422 (default "
+        f"{DEFAULT_MAX_HITS}: a Search-R1 batch of 512 queries x topk 3 passes)",
+    )
+    serve.add_argument(
+        "--max-queued-queries",
+        type=_positive(int),
+        default=DEFAULT_MAX_QUEUED_QUERIES,
+        help="most queries waiting for a search; a request that would pass it gets 429 with Retry-After "
+        f"(default {DEFAULT_MAX_QUEUED_QUERIES})",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive(int),
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="most open connections or requests in flight; past it uvicorn answers 503 (default "
+        f"{DEFAULT_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--body-timeout-s",
+        type=_positive(float),
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="seconds a request body may take to arrive; later gets 408 and the connection is closed "
+        f"(default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    serve.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help="file of bearer tokens, one per line, mode 600: every POST must send `Authorization: Bearer "
+        "<token>` (401 otherwise); required to bind a non-loopback --host (docs/security.md)",
+    )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without --auth-token-file (anyone who reaches the port can "
+        "search and shape the passages a training run reads)",
+    )
     serve.add_argument(
         "--cache-size",
         type=int,
@@ -268,9 +332,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def serve_auth(args: argparse.Namespace) -> list[str] | None:
+    """The bearer tokens of `serve` (None = no auth); SystemExit naming the flag when the token file
+    is unusable (e.g. readable by group or others: `chmod 600`), or when a non-loopback --host has
+    no token file and no --insecure-no-auth."""
+    tokens = None
+    if args.auth_token_file is not None:
+        try:
+            tokens = load_tokens(args.auth_token_file)
+        except AuthFileError as err:
+            raise SystemExit(f"--auth-token-file: {err}") from None
+    if tokens is None and not is_loopback(args.host):
+        if not args.insecure_no_auth:
+            raise SystemExit(
+                f"--host {args.host} is reachable from other machines and the server has no "
+                "--auth-token-file: anyone reaching the port could search and shape the passages a "
+                "training run reads. Pass --auth-token-file PATH (a mode-600 file of tokens; "
+                "docs/security.md), bind 127.0.0.1, or accept the risk with --insecure-no-auth"
+            )
+        logging.getLogger(__name__).warning(
+            "retrieval server binds %s without authentication (--insecure-no-auth)", args.host
+        )
+    return tokens
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     if args.cache_size < 0:
         raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
+    tokens = serve_auth(args)
     prewarm = None
     if (
         args.backend == "dense"
@@ -295,16 +384,22 @@ def cmd_serve(args: argparse.Namespace) -> None:
         cache_bytes=int(args.cache_max_mb * 2**20),
         stats_interval_s=args.stats_interval_s,
         prewarm=prewarm,
+        limits=Limits(args.max_query_chars, args.max_hits),
+        max_queued_queries=args.max_queued_queries,
+        body_timeout_s=args.body_timeout_s,
+        auth_tokens=tokens,
+        loopback=is_loopback(args.host),
     )
     logging.getLogger(__name__).info(
-        "serving %s retriever over %d passages on http://%s:%d (query cache %s)",
+        "serving %s retriever over %d passages on http://%s:%d (query cache %s, %s)",
         args.backend,
         len(retriever.corpus),
         args.host,
         args.port,
         f"{args.cache_size} entries / {args.cache_max_mb:g} MiB" if args.cache_size else "off",
+        f"bearer tokens from {args.auth_token_file}" if tokens else "no auth",
     )
-    serve(app, host=args.host, port=args.port)
+    serve(app, host=args.host, port=args.port, max_connections=args.max_connections)
 
 
 def _index_options(args: argparse.Namespace) -> dict:

@@ -32,6 +32,12 @@ length-sorted groups whose longest text is at most this many times their shortes
 at most ~25% of the work). On GPU, where a pass costs about the same whatever its padding, a group is
 only bounded by ``batch_size``."""
 
+CHARS_PER_TOKEN_BOUND = 16
+"""A text is cut to this many characters per token kept (`max_length`) before it is tokenised, so a
+huge text costs no more than one that fills `max_length` (WordPiece/BPE tokens of natural text are a
+few characters each; only a text whose first 16 x max_length characters hold fewer than max_length
+tokens, e.g. runs of 100+ character words, can encode differently)."""
+
 QUERY_PREFIX = "query: "
 PASSAGE_PREFIX = "passage: "
 
@@ -122,13 +128,15 @@ class Encoder:
     def encode(self, texts: list[str], max_length: int) -> np.ndarray:
         """Texts as given (no prefix) -> (n, dim) float32, C-contiguous, unit L2 norm, in input order.
 
-        Tokenised once, then encoded in length-sorted groups (``length_groups``) so short texts are
-        not padded to the longest one; the result does not depend on the grouping.
+        Each text is cut to ``CHARS_PER_TOKEN_BOUND`` x ``max_length`` characters, tokenised once,
+        then encoded in length-sorted groups (``length_groups``) so short texts are not padded to the
+        longest one; the result does not depend on the grouping.
         """
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        tokens = self.tokenizer(list(texts), truncation=True, max_length=max_length)
+        cut = CHARS_PER_TOKEN_BOUND * max_length
+        tokens = self.tokenizer([text[:cut] for text in texts], truncation=True, max_length=max_length)
         slack = CPU_PAD_SLACK if self.device.type == "cpu" else float("inf")
         lengths = [len(ids) for ids in tokens["input_ids"]]
         for group in length_groups(lengths, self.batch_size, slack):

@@ -1,31 +1,37 @@
 """Retrieval HTTP server (FastAPI): Search-R1 `/retrieve`, FlashRAG/ReSearch `/search` + `/batch_search`,
-`/health`; binds 127.0.0.1 unless told otherwise.
+`/health`; binds 127.0.0.1 unless told otherwise (then a bearer token file is required).
 
-Concurrent requests are micro-batched (one batching task, up to `max_batch` queries, waiting at most
-`max_wait_ms` for more) into one backend search run in a worker thread, so the event loop keeps
-accepting requests; repeated queries are answered from an LRU cache (`cache.QueryCache`). Invalid
-fields are a 422 naming the field, oversized bodies a 413 sent after the body was drained (bounded).
-Mechanisms and measurements: docs/retrieval.md ("HTTP API", "Micro-batching", "Query cache").
+Concurrent requests are micro-batched into one backend search run in a worker thread (a batch whose
+search raises is searched again request by request); repeated queries come from an LRU cache
+(`cache.QueryCache`). `RequestGuard` (Host on loopback, no Origin, JSON content type, bearer token)
+and `JsonBodyGuard` (body size and read deadline) run before any handler; every limit is a `serve`
+flag and every refusal a 4xx `{"error": ..., "field": ...}` naming it.
+Mechanisms, limits and measurements: docs/retrieval.md ("HTTP API", "Limits", "Micro-batching").
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from search_env.retrieval.auth import token_matches
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.cache import Hit, QueryCache
 from search_env.retrieval.prewarm import Prewarm
@@ -43,12 +49,44 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 DEFAULT_DRAIN_BYTES = 64 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT_S = 10.0
 DEFAULT_STATS_INTERVAL_S = 60.0
+DEFAULT_MAX_QUERY_CHARS = 4096
+DEFAULT_MAX_HITS = 8192
+"""queries x topk per request: a Search-R1 batch (512 queries x topk 3) and a 512-query topk-5
+request fit; at most ~8 MB of wiki-18 passages (about 1 KB each with JSON) per response."""
+DEFAULT_MAX_QUEUED_QUERIES = 16384
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_BODY_TIMEOUT_S = 10.0
+RETRY_AFTER_S = 1
+"""`Retry-After` of a 429 (seconds)."""
+LOOPBACK_HOST_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+"""Host header names (any port) accepted by a server bound to loopback (DNS rebinding guard)."""
+HIDDEN_HEALTH_KEYS = frozenset({"search_process"})
+"""`/health` keys shown only to callers the server trusts (process ids)."""
+PATH_NAME_KEYS = frozenset({"corpus", "encoder"})
+"""`/health` keys cut to their last path component for other callers."""
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"]+/)*([^\s/'\"]*)")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` (an IP address or `localhost`) is reachable from this machine only."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_query_strings(queries: list[str]) -> list[str]:
     for i, query in enumerate(queries):
         if not query.strip():
             raise ValueError(f"query {i} is empty or whitespace; every query must hold text")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"query {i} is not valid Unicode (a lone surrogate at char {err.start}); send UTF-8 text"
+            ) from None
     return queries
 
 
@@ -85,8 +123,63 @@ class BatchSearchRequest(BaseModel):
     _nonempty = field_validator("query")(_check_query_strings)
 
 
+class Refused(Exception):
+    """A request the server will not serve: HTTP `status`, the body `field` it concerns (None: the
+    request as a whole), a message naming the limit or flag, and extra response headers."""
+
+    def __init__(
+        self, status: int, field: str | None, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message
+        self.headers = headers or {}
+
+
+class Overloaded(Refused):
+    """429: the queue of queries waiting for a search is full (the client retries after `Retry-After`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(429, None, message, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits checked after the body parsed: characters per query and queries x topk."""
+
+    max_query_chars: int = DEFAULT_MAX_QUERY_CHARS
+    max_hits: int = DEFAULT_MAX_HITS
+
+    def __post_init__(self) -> None:
+        if self.max_query_chars < 1 or self.max_hits < 1:
+            raise ValueError(
+                f"--max-query-chars and --max-hits must be >= 1, got {self.max_query_chars}, {self.max_hits}"
+            )
+
+    def check(self, queries: list[str], topk: int, field: str, topk_field: str, one: bool = False) -> None:
+        """Refused (422) naming `field` (and the query's index unless `one`) and the flag."""
+        for i, query in enumerate(queries):
+            if len(query) > self.max_query_chars:
+                where = field if one else f"{field}.{i}"
+                raise Refused(
+                    422,
+                    field,
+                    f"{where}: {len(query)} characters exceed --max-query-chars {self.max_query_chars}; "
+                    "send shorter queries",
+                )
+        hits = len(queries) * topk
+        if hits > self.max_hits:
+            raise Refused(
+                422,
+                field,
+                f"{field}: {len(queries)} queries x {topk_field} {topk} = {hits} hits exceed --max-hits "
+                f"{self.max_hits}; send fewer queries per request or a smaller {topk_field}",
+            )
+
+
 class BackendFailure(RuntimeError):
-    """The backend raised while searching a batch; every request of that batch gets HTTP 500."""
+    """The backend raised while searching one request's queries alone; that request gets HTTP 500."""
 
 
 @dataclass
@@ -119,7 +212,10 @@ class MicroBatcher:
     answers repeated (query, topk) pairs from `cache` (see the module docstring).
 
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
-    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside).
+    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside). When a batch's search
+    raises, each of its requests is searched alone, so only a request that fails alone gets the error.
+    max_queued: most queries waiting for a search; a request that would pass it while others wait is
+    refused with `Overloaded` (None = no bound; a request alone in the queue is always taken).
     """
 
     def __init__(
@@ -128,11 +224,15 @@ class MicroBatcher:
         max_batch: int,
         max_wait_ms: float,
         cache: QueryCache | None = None,
+        max_queued: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if max_queued is not None and max_queued < 1:
+            raise ValueError(f"--max-queued-queries must be >= 1, got {max_queued}")
+        self.max_queued = max_queued
         self.search_fn = search_fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -169,6 +269,12 @@ class MicroBatcher:
             self.stats.served += len(queries)
             return answers  # type: ignore[return-value]  # every entry is set
         job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers)
+        queued = self._queued_queries
+        if self.max_queued is not None and queued and queued + job.pending > self.max_queued:
+            raise Overloaded(
+                f"{queued} queries wait for a search and this request's {job.pending} would pass "
+                f"--max-queued-queries {self.max_queued}; retry after {RETRY_AFTER_S} s"
+            )
         self._jobs.append(job)
         self._queued_queries += job.pending
         self._wakeup.set()
@@ -217,7 +323,6 @@ class MicroBatcher:
 
     async def _run(self) -> None:
         assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -228,38 +333,54 @@ class MicroBatcher:
             batch = [job for job in self._take_batch() if not job.future.cancelled()]
             if self._jobs:
                 self._wakeup.set()
-            if not batch:
-                continue
-            searched, topk, plan = self._plan(batch)
-            hits: list[list[Hit]] = []
-            if searched:
-                self.busy = True
-                try:
-                    hits = await loop.run_in_executor(self._executor, self.search_fn, searched, topk)
-                except Exception as err:  # every waiting request must get the error
+            if batch:
+                await self._answer(batch)
+
+    async def _answer(self, batch: list[_Job], retry: bool = False) -> None:
+        """Search `batch` in one backend call and answer its jobs. When the call raises, a batch of
+        several jobs is searched again job by job; a job that fails alone gets `BackendFailure`
+        (`retry`: this is such a second search; it logs one line instead of a traceback)."""
+        searched, topk, plan = self._plan(batch)
+        hits: list[list[Hit]] = []
+        if searched:
+            self.busy = True
+            try:
+                hits = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self.search_fn, searched, topk
+                )
+            except Exception as err:
+                failure = f"{type(err).__name__}: {err}"
+                if retry:
+                    log.error("retrieval request of %d queries failed alone: %s", len(searched), failure)
+                else:
                     log.exception("retrieval batch of %d queries failed", len(searched))
-                    for job in batch:
+                if len(batch) > 1:
+                    for job in batch:  # only the request(s) that fail alone get the error
                         if not job.future.done():
-                            job.future.set_exception(BackendFailure(f"{type(err).__name__}: {err}"))
-                    continue
-                finally:
-                    self.busy = False
-                self.stats.batches += 1
-                self.stats.searched += len(searched)
-                self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
-            for job, where in zip(batch, plan, strict=True):
-                for i, pos in enumerate(where):
-                    if pos is not None:
-                        job.answers[i] = hits[pos][: job.topk]
-                        self.cache.put(job.queries[i], job.topk, job.answers[i])
-                self.stats.served += len(job.queries)
-                if not job.future.done():
-                    job.future.set_result(job.answers)
+                            await self._answer([job], retry=True)
+                elif not batch[0].future.done():
+                    batch[0].future.set_exception(BackendFailure(failure))
+                return
+            finally:
+                self.busy = False
+            self.stats.batches += 1
+            self.stats.searched += len(searched)
+            self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
+        for job, where in zip(batch, plan, strict=True):
+            for i, pos in enumerate(where):
+                if pos is not None:
+                    job.answers[i] = hits[pos][: job.topk]
+                    self.cache.put(job.queries[i], job.topk, job.answers[i])
+            self.stats.served += len(job.queries)
+            if not job.future.done():
+                job.future.set_result(job.answers)
 
     def describe(self) -> dict:
         """Batching and cache facts for `GET /health`."""
         return {
             "max_batch": self.max_batch,
+            "max_queued_queries": self.max_queued,
+            "queued_queries": self._queued_queries,
             "max_wait_ms": self.max_wait_s * 1000.0,
             "batches": self.stats.batches,
             "queries_served": self.stats.served,
@@ -310,25 +431,231 @@ def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[lis
     ]
 
 
-def _json(payload: object, status: int = 200) -> Response:
+def encode_json(payload: object) -> bytes:
+    """`payload` as UTF-8 JSON (run in a thread for answers, whose size is bounded by --max-hits)."""
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+
+
+async def _json_answer(build: Callable[[], object]) -> Response:
+    """200 JSON of `build()`, built and serialised off the event loop (so `/health` and other
+    requests are not held up by a large answer)."""
+    content = await asyncio.to_thread(lambda: encode_json(build()))
+    return Response(content=content, media_type="application/json")
+
+
+def error_body(message: str, field: str | None, **extra: object) -> bytes:
+    """The server's error format, `{"error": message, "field": field, ...}` (ASCII JSON: a message
+    quoting client text with a lone surrogate still encodes)."""
+    return json.dumps({"error": message, "field": field, **extra}).encode()
+
+
+def _error(
+    status: int, message: str, field: str | None, headers: dict[str, str] | None = None, **extra: object
+) -> Response:
     return Response(
-        content=json.dumps(payload, ensure_ascii=False), status_code=status, media_type="application/json"
+        content=error_body(message, field, **extra),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
     )
 
 
-def _describe_validation_error(err: RequestValidationError) -> str:
+async def send_error(
+    send: Callable[[dict], Awaitable[None]],
+    status: int,
+    field: str | None,
+    message: str,
+    close: bool = False,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """Send an error response from ASGI middleware (`close`: with `Connection: close`)."""
+    body = error_body(message, field)
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    if close:
+        head.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def drain(
+    receive: Callable[[], Awaitable[dict]], received: int, max_bytes: int, timeout_s: float
+) -> bool:
+    """Read and discard the rest of a body of which `received` bytes were read; True when its end
+    was reached within `max_bytes` in all and `timeout_s` seconds (False also when the client left)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while received <= max_bytes:
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return False
+        if message["type"] != "http.request":
+            return False
+        received += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return False
+
+
+def _describe_validation_error(err: RequestValidationError) -> tuple[str, str]:
+    """(message, field of the first error) of a validation error."""
     parts = []
+    fields = []
     for item in err.errors():
         loc = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        fields.append(loc.split(".")[0] if item.get("type") != "json_invalid" else "body")
         if item.get("type") == "json_invalid":
             loc = f"body (char {loc})"
         parts.append(f"{loc}: {item.get('msg', 'invalid')}")
-    return "; ".join(parts)
+    return "; ".join(parts), (fields[0] if fields else "body")
+
+
+def _describe_body_error(cause: BaseException | None) -> str:
+    """Why a body that is not a JSON decode error could not be parsed (FastAPI's 400 cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"body: not valid UTF-8 (byte {cause.start}); send UTF-8 JSON"
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply to parse; send the documented flat shape"
+    return f"body: cannot be parsed as JSON ({type(cause).__name__}); send a JSON object"
+
+
+def public_health(doc: dict) -> dict:
+    """`/health` for a caller the server does not trust: no process ids (`HIDDEN_HEALTH_KEYS`), the
+    corpus and encoder as their last path component, and every other absolute path in a text cut to
+    its last component."""
+    out: dict = {}
+    for key, value in doc.items():
+        if key in HIDDEN_HEALTH_KEYS:
+            continue
+        if key in PATH_NAME_KEYS and isinstance(value, str):
+            value = Path(value).name
+        elif isinstance(value, str):
+            value = _ABSOLUTE_PATH.sub(r"\1", value)
+        elif isinstance(value, dict):
+            value = public_health(value)
+        out[key] = value
+    return out
+
+
+def _header(scope: dict, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers") or []:
+        if key == name:
+            return value
+    return None
+
+
+def host_name(host: bytes) -> str:
+    """The name of a Host header value without its port, lower-cased (`[::1]:8000` -> `[::1]`)."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[: text.find("]") + 1] if "]" in text else text
+    return text.split(":", 1)[0]
+
+
+class RequestGuard:
+    """ASGI middleware: refuses a request from its headers alone, before its body is read.
+
+    - `trusted_hosts` (set when bound to loopback): a Host header naming another host (or none) gets
+      421, so a web page reached through DNS rebinding cannot talk to the server;
+    - an `Origin` header (browsers send it on cross-site requests) gets 403;
+    - with `tokens`: a POST without `Authorization: Bearer <one of tokens>` gets 401 with
+      `WWW-Authenticate: Bearer` (compared in constant time, `auth.token_matches`);
+    - a POST whose Content-Type is present and not `application/json` (parameters such as charset
+      allowed) gets 415 (form and text/plain are what a web page may send without a preflight).
+
+    The refused request's body is read and discarded within `drain_bytes` and `drain_timeout_s`
+    (clients write the whole body before reading the answer), else the answer closes the connection.
+    """
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        tokens: list[str] | None = None,
+        trusted_hosts: frozenset[str] | None = None,
+        drain_bytes: int = DEFAULT_DRAIN_BYTES,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.trusted_hosts = trusted_hosts
+        self.drain_bytes = drain_bytes
+        self.drain_timeout_s = drain_timeout_s
+
+    def refusal(self, scope: dict) -> tuple[int, str, tuple[tuple[bytes, bytes], ...]] | None:
+        """(status, message, extra headers) when the request is refused, else None."""
+        host = _header(scope, b"host")
+        if self.trusted_hosts is not None and (host is None or host_name(host) not in self.trusted_hosts):
+            shown = "none" if host is None else repr(host.decode("latin-1")[:100])
+            return (
+                421,
+                (
+                    f"Host header {shown} is not a loopback name ({', '.join(sorted(self.trusted_hosts))}): "
+                    "a server bound to loopback answers local clients only"
+                ),
+                (),
+            )
+        if _header(scope, b"origin") is not None:
+            return (
+                403,
+                (
+                    "requests carrying an Origin header (sent by web browsers) are refused; call the server "
+                    "from a program, not a web page"
+                ),
+                (),
+            )
+        if scope.get("method") != "POST":
+            return None
+        if self.tokens is not None:
+            given = _header(scope, b"authorization")
+            if not token_matches(None if given is None else given.decode("latin-1"), self.tokens):
+                return (
+                    401,
+                    (
+                        f"{'missing' if given is None else 'wrong'} bearer token: this server was started with "
+                        "--auth-token-file; send `Authorization: Bearer <token>` (retriever.auth_token_file)"
+                    ),
+                    ((b"www-authenticate", b"Bearer"),),
+                )
+        content_type = _header(scope, b"content-type")
+        if content_type is not None:
+            media = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                return (
+                    415,
+                    (
+                        f"Content-Type {media!r} is refused; send JSON with `Content-Type: application/json` "
+                        "(e.g. curl -H 'Content-Type: application/json')"
+                    ),
+                    (),
+                )
+        return None
+
+    async def __call__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.refusal(scope)
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        status, message, headers = refused
+        declared = _header(scope, b"content-length") or b"0"
+        waiting = (_header(scope, b"expect") or b"").lower() == b"100-continue"
+        drained = (
+            not waiting
+            and declared.isdigit()
+            and int(declared) <= self.drain_bytes
+            and await drain(receive, 0, self.drain_bytes, self.drain_timeout_s)
+        )
+        await send_error(send, status, None, message, close=not drained, headers=headers)
 
 
 class JsonBodyGuard:
-    """ASGI middleware for POST bodies: answer 413 JSON when a body exceeds `max_bytes`, and read every
-    body as JSON whatever Content-Type the client sent (e.g. `curl -d` sends form encoding).
+    """ASGI middleware for POST bodies: answer 413 JSON when a body exceeds `max_bytes`, 408 JSON (and
+    close the connection) when the whole body has not arrived `body_timeout_s` seconds after its
+    request started being read, and hand the app a body without Content-Type as JSON.
 
     An oversized body (by its Content-Length, or by counting streamed chunks; at most `max_bytes` are
     buffered) is read to its end and discarded before the 413 is sent: clients such as urllib,
@@ -345,42 +672,22 @@ class JsonBodyGuard:
         max_bytes: int,
         drain_bytes: int = DEFAULT_DRAIN_BYTES,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
+        if body_timeout_s <= 0:
+            raise ValueError(f"--body-timeout-s must be > 0 seconds, got {body_timeout_s}")
         self.app = app
         self.max_bytes = max_bytes
         self.drain_bytes = drain_bytes
         self.drain_timeout_s = drain_timeout_s
-
-    async def _drain(self, receive: Callable[[], Awaitable[dict]], received: int) -> bool:
-        """Read and discard the rest of a body of which `received` bytes were read; True when its end
-        was reached within the byte and time bounds (False also when the client went away)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.drain_timeout_s
-        while received <= self.drain_bytes:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return False
-            if message["type"] != "http.request":
-                return False
-            received += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return True
-        return False
+        self.body_timeout_s = body_timeout_s
 
     async def _reject(self, send: Callable[[dict], Awaitable[None]], size: str, close: bool) -> None:
-        body = json.dumps(
-            {
-                "error": f"body: request body of {size} bytes exceeds the limit of "
-                f"{self.max_bytes} bytes; send fewer or shorter queries per request",
-                "field": "body",
-            }
-        ).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if close:
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        message = (
+            f"body: request body of {size} bytes exceeds the limit of {self.max_bytes} bytes "
+            "(--max-body-bytes); send fewer or shorter queries per request"
+        )
+        await send_error(send, 413, "body", message, close=close)
 
     async def __call__(
         self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
@@ -389,21 +696,38 @@ class JsonBodyGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        scope = {
-            **scope,
-            "headers": [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
-            + [(b"content-type", b"application/json")],
-        }
+        if b"content-type" not in headers:  # read as JSON (FastAPI would otherwise see raw bytes)
+            scope = {
+                **scope,
+                "headers": [*(scope.get("headers") or []), (b"content-type", b"application/json")],
+            }
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             waiting = headers.get(b"expect", b"").lower() == b"100-continue"
-            drained = not waiting and int(declared) <= self.drain_bytes and await self._drain(receive, 0)
+            drained = (
+                not waiting
+                and int(declared) <= self.drain_bytes
+                and await drain(receive, 0, self.drain_bytes, self.drain_timeout_s)
+            )
             await self._reject(send, declared.decode(), close=not drained)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                await send_error(
+                    send,
+                    408,
+                    "body",
+                    f"body: not complete within --body-timeout-s {self.body_timeout_s:g} s ({size} bytes "
+                    "arrived); send the whole body at once",
+                    close=True,
+                )
+                return
             if message["type"] != "http.request":
                 await self.app(scope, receive, send)  # client went away; let the app see it
                 return
@@ -411,7 +735,9 @@ class JsonBodyGuard:
             size += len(chunk)
             if size > self.max_bytes:
                 chunks.clear()
-                drained = not message.get("more_body", False) or await self._drain(receive, size)
+                drained = not message.get("more_body", False) or await drain(
+                    receive, size, self.drain_bytes, self.drain_timeout_s
+                )
                 await self._reject(send, f"more than {self.max_bytes}", close=not drained)
                 return
             chunks.append(chunk)
@@ -440,21 +766,33 @@ def create_app(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     stats_interval_s: float = DEFAULT_STATS_INTERVAL_S,
     prewarm: Prewarm | None = None,
+    limits: Limits | None = None,
+    max_queued_queries: int | None = DEFAULT_MAX_QUEUED_QUERIES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    auth_tokens: list[str] | None = None,
+    loopback: bool = True,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
     micro-batching); max_wait_ms: how long a non-full batch waits for more requests; cache_entries /
     cache_bytes: bounds of the query cache (0 entries = off); stats_interval_s: how often the
     traffic and cache hit rate are logged (0 = never); prewarm: the index pre-warm already started
-    (shown by `/health`, stopped on shutdown)."""
+    (shown by `/health`, stopped on shutdown). limits: characters per query and queries x topk;
+    max_queued_queries: the 429 bound (None = none); body_timeout_s: the 408 deadline; auth_tokens:
+    bearer tokens every POST must carry (None = no auth); loopback: the server binds a loopback
+    address (Host header checked; without tokens `/health` is shown in full to any caller)."""
     if not 1 <= default_topk <= MAX_TOPK:
         raise ValueError(f"default topk must be in 1..{MAX_TOPK}, got {default_topk}")
     if stats_interval_s < 0:
         raise ValueError(f"stats interval must be >= 0 s (0 = off), got {stats_interval_s}")
+    if auth_tokens is not None and not auth_tokens:
+        raise ValueError("auth_tokens: an empty list would refuse every request; pass None for no auth")
+    limits = limits or Limits()
     batcher = MicroBatcher(
         lambda qs, k: lookup_hits(retriever, qs, k),
         max_batch,
         max_wait_ms,
         QueryCache(cache_entries, cache_bytes),
+        max_queued=max_queued_queries,
     )
 
     @asynccontextmanager
@@ -474,67 +812,111 @@ def create_app(
             retriever.close()
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
-    app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes)
+    app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+    app.add_middleware(
+        RequestGuard, tokens=auth_tokens, trusted_hosts=LOOPBACK_HOST_NAMES if loopback else None
+    )  # added last: runs first, before any body is read
     app.state.batcher = batcher
+    app.state.limits = limits
     if prewarm is not None:
         prewarm.busy = lambda: batcher.busy
     app.state.started = time.time()
 
+    def trusted(request: Request) -> bool:
+        """Whether `/health` may show paths and process ids to this caller: a valid token, or any
+        caller of a loopback server without auth (local users can read the same from `ps`)."""
+        if auth_tokens is None:
+            return loopback
+        return token_matches(request.headers.get("authorization"), auth_tokens)
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, err: RequestValidationError) -> Response:
         detail = [{k: v for k, v in item.items() if k in ("type", "loc", "msg")} for item in err.errors()]
-        return _json({"error": _describe_validation_error(err), "detail": detail}, status=422)
+        message, field = _describe_validation_error(err)
+        return _error(422, message, field, detail=detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 400 and err.__cause__ is not None:  # FastAPI could not parse the body
+            return _error(422, _describe_body_error(err.__cause__), "body")
+        return _error(err.status_code, str(err.detail), None, headers=err.headers)
+
+    @app.exception_handler(Refused)
+    async def _refused(_: Request, err: Refused) -> Response:
+        return _error(err.status, err.message, err.field, headers=err.headers)
 
     @app.exception_handler(BackendFailure)
     async def _backend_failure(_: Request, err: BackendFailure) -> Response:
-        return _json({"error": f"retrieval backend failed: {err}"}, status=500)
+        return _error(500, f"retrieval backend failed: {err}", None)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         if not retriever.healthy():
-            return _json({"status": "unhealthy", "error": "the retrieval backend cannot search"}, status=503)
-        return _json(
-            {
-                "status": "healthy",
-                "backend": retriever.backend,
-                "corpus": str(retriever.corpus.path),
-                "corpus_size": len(retriever.corpus),
-                **retriever.describe(),
-                **(prewarm.describe() if prewarm is not None else {}),
-                "default_topk": default_topk,
-                **batcher.describe(),
-                "uptime_s": round(time.time() - app.state.started, 3),
-            }
-        )
+            unhealthy = {"status": "unhealthy", "error": "the retrieval backend cannot search", "field": None}
+            return Response(content=encode_json(unhealthy), status_code=503, media_type="application/json")
+        doc = {
+            "status": "healthy",
+            "backend": retriever.backend,
+            "corpus": str(retriever.corpus.path),
+            "corpus_size": len(retriever.corpus),
+            **retriever.describe(),
+            **(prewarm.describe() if prewarm is not None else {}),
+            "default_topk": default_topk,
+            "max_query_chars": limits.max_query_chars,
+            "max_hits": limits.max_hits,
+            "auth": auth_tokens is not None,
+            **batcher.describe(),
+            "uptime_s": round(time.time() - app.state.started, 3),
+        }
+        shown = doc if trusted(request) else public_health(doc)
+        return Response(content=encode_json(shown), media_type="application/json")
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> Response:
-        hits = await batcher.submit(body.queries, body.topk or default_topk)
+        topk = body.topk or default_topk
+        limits.check(body.queries, topk, "queries", "topk")
+        hits = await batcher.submit(body.queries, topk)
         if body.return_scores:
-            result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
-        else:  # Search-R1 returns the bare documents when scores are not asked for
-            result = [[doc for doc, _ in per_query] for per_query in hits]
-        return _json({"result": result})
+            return await _json_answer(
+                lambda: {
+                    "result": [[{"document": d, "score": s} for d, s in per_query] for per_query in hits]
+                }
+            )
+        # Search-R1 returns the bare documents when scores are not asked for
+        return await _json_answer(lambda: {"result": [[d for d, _ in per_query] for per_query in hits]})
 
     @app.post("/search")
     async def search(body: SearchRequest) -> Response:
+        limits.check([body.query], body.top_n, "query", "top_n", one=True)
         (per_query,) = await batcher.submit([body.query], body.top_n)
         docs = [doc for doc, _ in per_query]
-        return _json([docs, [score for _, score in per_query]] if body.return_score else docs)
+        return await _json_answer(lambda: [docs, [s for _, s in per_query]] if body.return_score else docs)
 
     @app.post("/batch_search")
     async def batch_search(body: BatchSearchRequest) -> Response:
+        limits.check(body.query, body.top_n, "query", "top_n")
         hits = await batcher.submit(body.query, body.top_n)
-        docs = [[doc for doc, _ in per_query] for per_query in hits]
-        if body.return_score:
-            return _json([docs, [[score for _, score in per_query] for per_query in hits]])
-        return _json(docs)
+
+        def build() -> object:
+            docs = [[doc for doc, _ in per_query] for per_query in hits]
+            if body.return_score:
+                return [docs, [[score for _, score in per_query] for per_query in hits]]
+            return docs
+
+        return await _json_answer(build)
 
     return app
 
 
-def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
-    """Run `app` with uvicorn until interrupted (SIGINT/SIGTERM)."""
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("retrieval server binds %s: it is reachable from other machines and has no auth", host)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+def serve(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> None:
+    """Run `app` with uvicorn until interrupted (SIGINT/SIGTERM); past `max_connections` open
+    connections or requests in flight uvicorn answers 503."""
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, access_log=False, limit_concurrency=max_connections
+    )

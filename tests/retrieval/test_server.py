@@ -251,7 +251,7 @@ def test_no_hit_rows_never_become_passages_and_errors_are_json() -> None:
     async def run() -> None:
         async with (
             app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://in-process") as client,
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client,
         ):
             body = (
                 await client.post("/retrieve", json={"queries": ["a", "b"], "topk": 4, "return_scores": True})

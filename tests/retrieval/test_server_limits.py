@@ -1,0 +1,416 @@
+"""The retrieval server's limits against one abusive client (issue #41; security review M1-M4, L9,
+L11): query text and length, queries x topk, a failing micro-batch, the queue and connection bounds,
+JSON built off the event loop, the body-read deadline, Origin / Content-Type / Host, and the error
+format of unparsable bodies. In process through httpx's ASGI transport where no socket is needed;
+real `python -m search_env serve` children on loopback for the socket-level ones and the dense test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval import server as server_module
+from search_env.retrieval.backend import Retriever
+from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.process import spawn_server
+from search_env.retrieval.server import BackendFailure, Limits, MicroBatcher, Overloaded, create_app
+
+GOOD = {"queries": ["Evan Morris lobbyist"], "topk": 2}
+WAIT_S = 30.0
+"""Upper bound of every wait on a condition in this file (never a timing assertion)."""
+
+
+class _Stub(Retriever):
+    """Rows 0..topk-1 for every query; search_rows blocks while `gate` is clear."""
+
+    backend = "stub"
+
+    def __init__(self) -> None:
+        self.corpus = Corpus(SAMPLE_CORPUS)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def search_rows(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
+        assert self.gate.wait(WAIT_S)
+        rows = np.tile(np.arange(topk, dtype=np.int64), (len(queries), 1))
+        return rows, np.ones_like(rows, dtype=np.float32)
+
+    def describe(self) -> dict:
+        return {"index_type": "stub", "nprobe": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    from search_env.retrieval.encoder import build_tiny_encoder
+
+    return build_tiny_encoder(tmp_path_factory.mktemp("tiny-bert") / "bert", hidden_size=32)
+
+
+def _in_process(check, retriever: Retriever | None = None, **app_options) -> None:
+    """Run `await check(client, app)` against create_app(retriever, **app_options) in process."""
+    app = create_app(retriever or _Stub(), **app_options)
+
+    async def run() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1:8000", timeout=WAIT_S
+            ) as client,
+        ):
+            await check(client, app)
+
+    asyncio.run(run())
+
+
+def _refused(response: httpx.Response, status: int, field: str | None, *words: str) -> None:
+    """`response` is `status` in the server's error format, for `field`, naming every word."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) >= {"error", "field"} and body["field"] == field, body
+    for word in words:
+        assert word in body["error"], body["error"]
+
+
+# ---------------------------------------------------------------- M1: query text
+
+
+def test_a_lone_surrogate_gets_422_naming_the_query_index() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        body = b'{"queries": ["who won the world cup", "\\ud800 x"], "topk": 1}'
+        _refused(await client.post("/retrieve", content=body), 422, "queries", "query 1", "Unicode")
+        _refused(await client.post("/search", content=b'{"query": "\\udfff"}'), 422, "query", "nicode")
+        raw_surrogate = '{"query": ["ok", "\ud800"]}'.encode("utf-8", "surrogatepass")  # UTF-8 bytes ED A0 80
+        _refused(await client.post("/batch_search", content=raw_surrogate), 422, "query", "query 1")
+        assert (await client.post("/retrieve", json=GOOD)).status_code == 200
+
+    _in_process(check)
+
+
+def test_a_failed_batch_is_searched_request_by_request_so_only_the_bad_request_fails() -> None:
+    calls: list[list[str]] = []
+
+    def search(queries: list[str], topk: int) -> list:
+        calls.append(list(queries))
+        if "poison" in queries:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, ...]")
+        return [[({"id": q, "contents": q}, 1.0)] for q in queries]
+
+    async def run() -> list:
+        batcher = MicroBatcher(search, max_batch=100, max_wait_ms=50)
+        await batcher.start()
+        try:
+            asks = [["a", "b"], ["poison", "c"], ["d"], ["e"]]
+            return await asyncio.gather(*(batcher.submit(q, 1) for q in asks), return_exceptions=True)
+        finally:
+            await batcher.stop()
+
+    good_a, bad, good_d, good_e = asyncio.run(run())
+    assert calls[0] == ["a", "b", "poison", "c", "d", "e"]  # one batch first, then each request alone
+    assert sorted(map(tuple, calls[1:])) == [("a", "b"), ("d",), ("e",), ("poison", "c")]
+    assert isinstance(bad, BackendFailure) and "TypeError" in str(bad)
+    assert [[doc["id"] for doc, _ in hits] for hits in good_a] == [["a"], ["b"]]
+    assert good_d[0][0][0]["id"] == "d" and good_e[0][0][0]["id"] == "e"
+
+
+# ---------------------------------------------------------------- M2: query length
+
+
+def test_a_query_longer_than_max_query_chars_gets_422_naming_the_flag() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        assert (await client.post("/retrieve", json={"queries": ["x" * 64]})).status_code == 200
+        long = {"queries": ["ok", "x" * 65]}
+        _refused(
+            await client.post("/retrieve", json=long), 422, "queries", "queries.1", "--max-query-chars 64"
+        )
+        _refused(await client.post("/search", json={"query": "y" * 65}), 422, "query", "--max-query-chars")
+
+    _in_process(check, limits=Limits(max_query_chars=64))
+
+
+def test_the_default_query_limit_is_4096_characters() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        huge = {"queries": ["word " * 200_000]}  # 1 MB: the review's 7.9 MB query, scaled down
+        _refused(await client.post("/retrieve", json=huge), 422, "queries", "--max-query-chars 4096")
+
+    _in_process(check)
+
+
+def test_the_encoder_never_tokenises_more_text_than_it_keeps(tiny_bert) -> None:
+    from search_env.retrieval.encoder import CHARS_PER_TOKEN_BOUND, Encoder
+
+    encoder = Encoder(tiny_bert, use_gpu=False, query_max_length=32)
+    seen: list[int] = []
+
+    class Recording:  # the encoder's tokenizer, recording the length of every text it is given
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __call__(self, texts: list[str], **options):
+            seen.extend(len(text) for text in texts)
+            return self.inner(texts, **options)
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    encoder.tokenizer = Recording(encoder.tokenizer)
+    huge = "evan morris lobbyist " * 50_000  # 1 MB
+    vectors = encoder.encode_queries([huge, "evan morris"])
+    cut = encoder.encode_queries([huge[: CHARS_PER_TOKEN_BOUND * 32]])
+    assert max(seen) <= CHARS_PER_TOKEN_BOUND * 32
+    np.testing.assert_allclose(vectors[0], cut[0], atol=1e-6)  # the same 32 tokens either way
+
+
+# ---------------------------------------------------------------- M3: amplification, queue, event loop
+
+
+def test_queries_times_topk_over_max_hits_gets_422_and_a_search_r1_batch_passes() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        search_r1 = {"queries": [f"question {i}" for i in range(512)], "topk": 3}
+        answer = await client.post("/retrieve", json=search_r1)
+        assert answer.status_code == 200 and len(answer.json()["result"]) == 512
+        flood = {"queries": ["Evan Morris"] * 1024, "topk": 100}  # the review's 69 MB answer
+        _refused(await client.post("/retrieve", json=flood), 422, "queries", "102400 hits", "--max-hits 8192")
+        batch = {"query": ["Evan Morris"] * 100, "top_n": 100}
+        _refused(await client.post("/batch_search", json=batch), 422, "query", "--max-hits 8192", "top_n")
+
+    _in_process(check)
+
+
+def test_past_max_queued_queries_a_request_gets_429_with_retry_after() -> None:
+    stub = _Stub()
+    stub.gate.clear()
+
+    async def wait_for(condition) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not condition():
+            assert time.monotonic() < deadline, "condition not reached"
+            await asyncio.sleep(0.01)
+
+    async def check(client: httpx.AsyncClient, app) -> None:
+        batcher = app.state.batcher
+        first = asyncio.create_task(client.post("/retrieve", json={"queries": ["a"]}))
+        await wait_for(lambda: batcher.busy)  # searching, blocked on the gate
+        second = asyncio.create_task(client.post("/retrieve", json={"queries": ["b", "c"]}))
+        await wait_for(lambda: batcher._queued_queries == 2)  # queued behind it: the bound is full
+        refused = await client.post("/retrieve", json={"queries": ["d"]})
+        _refused(refused, 429, None, "--max-queued-queries 2")
+        assert refused.headers["retry-after"] == "1"
+        stub.gate.set()
+        assert [(await t).status_code for t in (first, second)] == [200, 200]
+        assert (await client.post("/retrieve", json={"queries": ["d"]})).status_code == 200
+
+    _in_process(check, stub, max_queued_queries=2, max_wait_ms=0)
+
+
+def test_a_request_larger_than_the_queue_bound_is_taken_when_it_is_alone() -> None:
+    async def run() -> None:
+        batcher = MicroBatcher(lambda qs, k: [[] for _ in qs], max_batch=4, max_wait_ms=0, max_queued=2)
+        await batcher.start()
+        try:
+            assert len(await batcher.submit(["a", "b", "c"], 1)) == 3
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="--max-queued-queries"):
+        MicroBatcher(lambda qs, k: [], 4, 0, max_queued=0)
+    assert issubclass(Overloaded, server_module.Refused)
+
+
+def test_answers_are_serialised_off_the_event_loop(monkeypatch) -> None:
+    threads: list[str] = []
+    encode = server_module.encode_json
+
+    def recording(payload: object) -> bytes:
+        threads.append(threading.current_thread().name)
+        return encode(payload)
+
+    monkeypatch.setattr(server_module, "encode_json", recording)
+
+    async def check(client: httpx.AsyncClient, _) -> None:
+        loop_thread = threading.current_thread().name
+        assert (await client.post("/retrieve", json=GOOD)).status_code == 200
+        assert (await client.post("/search", json={"query": "Evan Morris"})).status_code == 200
+        assert (await client.post("/batch_search", json={"query": ["Evan Morris"]})).status_code == 200
+        assert len(threads) == 3 and loop_thread not in threads
+
+    _in_process(check)
+
+
+# ---------------------------------------------------------------- L9, L11: refused headers and bodies
+
+
+def test_origin_and_non_json_content_types_are_refused() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        body = json.dumps(GOOD).encode()
+        evil = {"Origin": "http://evil.example", "Content-Type": "application/json"}
+        _refused(await client.post("/retrieve", content=body, headers=evil), 403, None, "Origin")
+        _refused(await client.get("/health", headers={"Origin": "http://evil.example"}), 403, None, "Origin")
+        for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            answer = await client.post("/retrieve", content=body, headers={"Content-Type": kind})
+            _refused(answer, 415, None, "Content-Type", "application/json")
+        for kind in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+            assert (
+                await client.post("/retrieve", content=body, headers={"Content-Type": kind})
+            ).status_code == 200
+        assert (await client.post("/retrieve", content=body)).status_code == 200  # no Content-Type: JSON
+
+    _in_process(check)
+
+
+def test_a_loopback_server_checks_the_host_header() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        _refused(await client.get("/health", headers={"Host": "evil.example"}), 421, None, "Host", "loopback")
+        answer = await client.post("/retrieve", json=GOOD, headers={"Host": "evil.example:8000"})
+        _refused(answer, 421, None, "evil.example")
+        for host in ("127.0.0.1", "localhost:1234", "[::1]:8000", "LOCALHOST"):
+            assert (await client.get("/health", headers={"Host": host})).status_code == 200, host
+
+    _in_process(check)
+
+    async def not_loopback(client: httpx.AsyncClient, _) -> None:
+        assert (await client.get("/health", headers={"Host": "node7.cluster"})).status_code == 200
+
+    _in_process(not_loopback, loopback=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"queries": ["caf\xe9"]}', ("UTF-8",)),
+        (b"[" * 100_000, ("nested",)),
+        (b'{"queries": ' + b"[" * 5000 + b"]" * 5000 + b"}", ("nested",)),
+    ],
+    ids=["invalid-utf8", "100k-brackets", "nested-queries"],
+)
+def test_unparsable_bodies_get_the_servers_error_format(body: bytes, words: tuple[str, ...]) -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        answer = await client.post("/retrieve", content=body, headers={"Content-Type": "application/json"})
+        _refused(answer, 422, "body", "body:", *words)
+        assert (await client.get("/health")).json()["status"] == "healthy"
+
+    _in_process(check)
+
+
+def test_other_http_errors_use_the_format_too() -> None:
+    async def check(client: httpx.AsyncClient, _) -> None:
+        _refused(await client.get("/nowhere"), 404, None, "Not Found")
+        _refused(await client.get("/retrieve"), 405, None, "Method Not Allowed")
+
+    _in_process(check)
+
+
+# ---------------------------------------------------------------- real sockets
+
+
+@pytest.fixture(scope="module")
+def bm25_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("limits") / "server.log"
+    serve = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--body-timeout-s", "0.5"]
+    with spawn_server(serve, startup_timeout_s=60, log_path=log) as server:
+        yield server
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (socket.timeout if it never does)."""
+    sock.settimeout(WAIT_S)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_half_sent_body_gets_408_and_the_connection_is_closed(bm25_server) -> None:
+    with socket.create_connection(_address(bm25_server.url), timeout=WAIT_S) as sock:
+        head = "POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: 100\r\n\r\n".encode() + b'{"queries"')  # 10 of 100 bytes
+        answer = _read_until_closed(sock)  # then silence: the server answers and hangs up
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower(), answer
+    error = json.loads(body)
+    assert error["field"] == "body" and "--body-timeout-s 0.5" in error["error"]
+    assert httpx.get(f"{bm25_server.url}/health").json()["status"] == "healthy"
+
+
+def test_a_foreign_host_header_is_refused_on_a_real_socket(bm25_server) -> None:
+    with socket.create_connection(_address(bm25_server.url), timeout=WAIT_S) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: rebind.evil.example\r\nConnection: close\r\n\r\n")
+        answer = _read_until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 421") and "rebind.evil.example" in json.loads(body)["error"]
+    text_plain = httpx.post(
+        f"{bm25_server.url}/retrieve", content=json.dumps(GOOD), headers={"Content-Type": "text/plain"}
+    )
+    _refused(text_plain, 415, None, "text/plain")
+    assert httpx.post(f"{bm25_server.url}/retrieve", json=GOOD).status_code == 200
+
+
+def test_past_max_connections_new_requests_get_503(tmp_path) -> None:
+    serve = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--max-connections", "3"]
+
+    def health_status() -> int:
+        return httpx.get(f"{server.url}/health", timeout=WAIT_S).status_code
+
+    def wait_status(status: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while health_status() != status:
+            assert time.monotonic() < deadline, f"/health never answered {status}"
+            time.sleep(0.05)
+
+    with spawn_server(serve, startup_timeout_s=60, log_path=tmp_path / "server.log") as server:
+        held = [socket.create_connection(_address(server.url), timeout=WAIT_S) for _ in range(3)]
+        try:
+            wait_status(503)  # three idle connections hold the limit
+        finally:
+            for sock in held:
+                sock.close()
+        wait_status(200)
+
+
+def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, tiny_bert) -> None:
+    """The review's M1 reproduction: tiny local BERT + a real faiss index; a lone-surrogate request
+    sent with concurrent good requests (batched together: 200 ms wait) is refused with 422 and
+    every good request is answered."""
+    from search_env.retrieval.encoder import Encoder
+    from search_env.retrieval.index import build_index
+
+    encoder_dir = tiny_bert
+    index_path = tmp_path / "demo_flat.index"
+    build_index(Corpus(SAMPLE_CORPUS), Encoder(encoder_dir, use_gpu=False), index_path, "Flat", use_gpu=False)
+    serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index_path)]
+    serve += ["--encoder", str(encoder_dir), "--gpu", "off", "--max-wait-ms", "200", "--cache-size", "0"]
+    questions = ["who won the world cup", "Evan Morris lobbyist", "American football", "first novel"]
+
+    async def ask(client: httpx.AsyncClient, url: str, body: bytes) -> httpx.Response:
+        return await client.post(
+            f"{url}/retrieve", content=body, headers={"Content-Type": "application/json"}
+        )
+
+    async def run(url: str) -> list[httpx.Response]:
+        bodies = [json.dumps({"queries": [q], "topk": 3}).encode() for q in questions]
+        bodies.insert(2, b'{"queries": ["\\ud800 x"], "topk": 3}')
+        async with httpx.AsyncClient(timeout=WAIT_S * 4) as client:
+            return await asyncio.gather(*(ask(client, url, b) for b in bodies))
+
+    with spawn_server(serve, startup_timeout_s=120, log_path=tmp_path / "server.log") as server:
+        answers = asyncio.run(run(server.url))
+        health = httpx.get(f"{server.url}/health").json()
+    bad = answers.pop(2)
+    _refused(bad, 422, "queries", "query 0", "Unicode")
+    assert [a.status_code for a in answers] == [200] * 4, [a.text[:200] for a in answers]
+    assert all(len(a.json()["result"][0]) == 3 for a in answers)
+    assert health["status"] == "healthy" and health["queries_served"] == 4
