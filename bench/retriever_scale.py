@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from search_env.retrieval.corpus import OFFSETS_SUFFIX  # noqa: E402
 from search_env.retrieval.encoder import build_tiny_encoder  # noqa: E402
 from search_env.retrieval.probe import wait_healthy  # noqa: E402
 from search_env.retrieval.process import ServerProcess, free_port  # noqa: E402
+from search_env.safe_fs import remove_tree, replace_durably  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324
 POOL_ROWS = (65521, 65519)
@@ -114,7 +114,7 @@ def write_corpus(path: Path, n: int, seed: int) -> None:
                 body = text[starts[b0] : starts[b0 + length[j]] - 1]
                 rows.append(f'{{"id": "{lo + j}", "contents": "\\"{name}\\"\\n{body}"}}\n')
             handle.write("".join(rows))
-    os.replace(tmp, path)
+    replace_durably(tmp, path)
 
 
 def peak_rss_mb() -> float:
@@ -461,7 +461,7 @@ def main() -> None:
         out = run(opts, work)
     finally:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp, Path(tmp).parent)
     out["total_s"] = time.perf_counter() - started
     out["load_avg"] = os.getloadavg()[0]
     print(json.dumps(out, indent=1, default=str))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from omegaconf import OmegaConf
 
 from reward_fns import REWARD_PATH, SHAPES
+from search_env.safe_fs import remove_tree, replace_durably
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
@@ -112,11 +112,11 @@ def materialize(ckpt: Checkpoint, cache_dir: Path, fingerprint: str | None = Non
             merger = FSDPModelMerger(config)
             merger.merge_and_save()
             merger.cleanup()
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        remove_tree(target, cache_dir)  # an incomplete merge of an earlier run
+        replace_durably(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(tmp, cache_dir)
         raise
     return target
 

@@ -59,6 +59,7 @@ from eval.tables import (
     table1,
     table1_markdown,
 )
+from search_env.safe_fs import write_atomic
 
 AVERAGE_TEXT = {
     AVG_ALL: "unweighted mean over all {n} benchmarks, the training set's included (the paper's Avg over its 7)",
@@ -701,9 +702,10 @@ def _verdict(test: RankingTest) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` as UTF-8, creating missing parent folders."""
+    """Write ``text`` to ``path`` as UTF-8, creating missing parent folders; atomic and durable (a
+    killed report leaves each file old or new, never torn)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_atomic(path, text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from search_env.safe_fs import fsync_dir, write_atomic
 
 RowKey = tuple[str, str]
 """(benchmark, question id): the identity of one row."""
@@ -29,29 +30,10 @@ def row_key(row: dict[str, Any]) -> RowKey:
     return (str(row["benchmark"]), str(row["id"]))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` by temp file + fsync + rename (+ dir fsync)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -153,7 +135,7 @@ class RowStore:
             f.flush()
             os.fsync(f.fileno())
         if created:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
         return len(lines)
 
 

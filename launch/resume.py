@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from search_env.safe_fs import write_atomic
 
 TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "RLVR_LAUNCH_RUN_DIR"
@@ -102,17 +103,7 @@ def step_dirs(ckpt_dir: Path) -> dict[int, Path]:
 
 def write_tracker(ckpt_dir: Path, step: int) -> None:
     """Name ``step`` in the tracker file atomically and durably (temp file, fsync, rename)."""
-    tmp = ckpt_dir / f".{TRACKER}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(step))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_dir / TRACKER)
-    dir_fd = os.open(ckpt_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(ckpt_dir / TRACKER, str(step))
 
 
 def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) -> Resume:

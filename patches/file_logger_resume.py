@@ -7,18 +7,18 @@ the checkpoint.
 Patch: the module-global name ``open`` of ``verl.utils.tracking`` maps mode ``"wb"`` (used only
 by ``FileLogger``) to ``"ab"``, every other call passes through; on the first ``log(step)`` after opening, drop lines whose step is
 ``>= step`` (written after the checkpoint that training resumes from, by a run that was then
-killed) and a torn last line, rewriting the file atomically (temp file + ``os.replace``), so each
+killed) and a torn last line, rewriting the file atomically and durably (``safe_fs.write_atomic``: temp file, fsync, rename), so each
 step appears exactly once. Line format is unchanged: ``{"step": N, "data": {...}}``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 
 from patches.post_import import when_imported
+from search_env.safe_fs import write_atomic
 
 TARGET = "verl.utils.tracking"
 PATCHED_FLAG = "_rlvr_append"
@@ -56,9 +56,7 @@ def _patch(module: ModuleType) -> None:
             kept, dropped = kept_lines(path, step)
             if dropped:
                 self.fp.close()
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_bytes(b"".join(kept))
-                os.replace(tmp, path)
+                write_atomic(path, b"".join(kept))
                 self.fp = open(path, "ab", buffering=0)  # noqa: SIM115
         return original_log(self, data, step)
 

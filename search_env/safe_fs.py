@@ -9,8 +9,8 @@ without following a symlink (:func:`open_lock`). Why and where: docs/security.md
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 
 from search_env.paths import REPO_ROOT
@@ -124,9 +124,11 @@ def replace_durably(src: str | os.PathLike[str], dst: str | os.PathLike[str]) ->
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write ``data`` to ``path`` by a temp file in its folder, fsync, rename, folder fsync: a reader
-    sees the old file or the new one, never a torn one."""
+    sees the old file or the new one, never a torn one. The file gets the mode a plain ``open`` would
+    (0666 less the umask)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
@@ -134,7 +136,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 

@@ -2,6 +2,7 @@
 
 import inspect
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -45,6 +46,26 @@ def test_file_logger_appends_and_dedupes_on_resume(tmp_path, monkeypatch):
     assert steps == [1, 2, 3, 4, 5]
     _log_steps(path, [6], monkeypatch)  # a clean resume keeps everything
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_resume_rewrite_is_fsynced_before_it_replaces_the_log(tmp_path, monkeypatch):
+    """A power loss right after the rename must not leave an empty metrics.jsonl: the rewritten
+    temp file is fsynced before os.replace puts it in place."""
+    import os
+
+    file_logger_resume.install()
+    path = tmp_path / "metrics.jsonl"
+    _log_steps(path, [1, 2, 3], monkeypatch)
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: (events.append(f"replace {Path(b).name}"), real_replace(a, b))[1]
+    )
+    _log_steps(path, [2, 3], monkeypatch)  # resumed from the step-1 checkpoint: a rewrite
+    assert "replace metrics.jsonl" in events
+    assert events.index("fsync") < events.index("replace metrics.jsonl")
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
 
 
 def test_kept_lines_drops_foreign_and_later_lines(tmp_path):

@@ -3,6 +3,7 @@ builder deletes only what it stamped; replaces and writes are whole or absent.""
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -98,3 +99,67 @@ def test_open_lock_neither_truncates_nor_follows_a_symlink(tmp_path):
     own.write_text("kept")
     os.close(open_lock(own))
     assert own.read_text() == "kept" and victim.read_text() == "precious"
+
+
+SCANNED = (
+    "search_env",
+    "search_demo",
+    "cpu_engine",
+    "eval",
+    "reward_fns",
+    "patches",
+    "cpu_compat",
+    "launch",
+    "study",
+    "bench",
+)
+"""Every product package and bench/ (tests/ may delete and rename freely inside tmp_path)."""
+BANNED = {
+    ("shutil", "rmtree"),
+    ("shutil", "move"),
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "renames"),
+    ("os", "removedirs"),
+}
+
+
+def unsafe_calls(source: str) -> list[str]:
+    """Recursive deletes and renames in ``source`` that bypass safe_fs: ``shutil.rmtree``/``move``,
+    ``os.replace``/``rename``/``renames``/``removedirs`` (called or imported by name), and a
+    ``Path.replace``/``rename`` (a ``.replace(x)``/``.rename(x)`` call with one positional argument and
+    no keywords: ``str.replace`` takes two, pandas' ``rename`` takes keywords)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+            found += [
+                f"{node.lineno}: from {node.module} import {a.name}"
+                for a in node.names
+                if (node.module, a.name) in BANNED
+            ]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+            one_arg = len(node.args) == 1 and not node.keywords and node.func.attr in ("replace", "rename")
+            if (owner, node.func.attr) in BANNED or one_arg:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_unsafe_calls_finds_each_kind():
+    source = "import os, shutil\nfrom shutil import rmtree\nshutil.rmtree(p)\nos.replace(a, b)\np.rename(q)\n"
+    source += "s.replace('a', 'b')\nframe.rename(columns={})\n"
+    assert [f.split(":")[0] for f in unsafe_calls(source)] == ["2", "3", "4", "5"]
+
+
+def test_every_delete_and_replace_goes_through_safe_fs():
+    """Product code deletes a tree only by safe_fs.remove_tree (inside a declared root) and replaces a
+    file or folder only by safe_fs.replace_durably / write_atomic (fsync first): no other module may
+    call shutil.rmtree, os.replace and the like."""
+    offenders = {
+        str(path.relative_to(REPO_ROOT)): found
+        for package in SCANNED
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if path != REPO_ROOT / "search_env" / "safe_fs.py"
+        and (found := unsafe_calls(path.read_text(encoding="utf-8")))
+    }
+    assert not offenders, f"use search_env.safe_fs (remove_tree, replace_durably, write_atomic): {offenders}"
