@@ -41,7 +41,8 @@ class SearchTool(BaseTool):
     search after which no new try starts, default 60), ``max_retries`` (extra tries, default none:
     the budget alone bounds them), ``backoff`` (seconds, default 0.5), ``max_backoff`` (seconds,
     default 5), ``health_interval_s`` (seconds between ``/health`` probes of a replica marked
-    down, default 5).
+    down, default 5), ``auth_token_file`` (the servers' bearer-token file, an absolute path;
+    launch/preflight.py writes recipe ``retriever.auth_token_file`` here; default none).
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
@@ -81,6 +82,7 @@ class SearchTool(BaseTool):
             retry_budget_s=float(config.get("retry_budget_s", 60.0)),
             max_backoff=float(config.get("max_backoff", 5.0)),
             health_interval_s=float(config.get("health_interval_s", 5.0)),
+            auth_token_file=config.get("auth_token_file") or None,
         )
 
     def _text(self, chunks: list[str]) -> str:

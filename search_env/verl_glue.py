@@ -30,12 +30,14 @@ def write_tool_config(
     topk: int = protocol.TOPK,
     timeout: float = 30.0,
     max_retries: int | None = 3,
+    auth_token_file: str | Path | None = None,
     **options: Any,
 ) -> Path:
     """Write a tool YAML like recipes/tools.yaml for other server URLs; returns its path.
 
     ``max_retries=None`` leaves the key out (tries are then bounded by the tool's
-    ``retry_budget_s`` alone); ``options`` are further ``SearchTool`` config keys (e.g.
+    ``retry_budget_s`` alone); ``auth_token_file`` (the servers' bearer-token file) is written as an
+    absolute path, only the path; ``options`` are further ``SearchTool`` config keys (e.g.
     ``chunk_cap``, ``chunk_cap_unit``, ``tokenizer``).
     """
     config: dict[str, Any] = {
@@ -46,6 +48,8 @@ def write_tool_config(
         **({} if max_retries is None else {"max_retries": max_retries}),
         **options,
     }
+    if auth_token_file:
+        config["auth_token_file"] = str(Path(auth_token_file).expanduser().absolute())
     tools = {
         "tools": [
             {

@@ -4,7 +4,8 @@ One `RetrievalClient` is shared by all rollouts of a worker: one pooled `httpx.A
 list of server URLs (replicas) used round-robin, a failed replica skipped until its `GET /health`
 answers. Transport errors, timeouts, HTTP 408/429/5xx and malformed answers are retried with
 jittered backoff for at most `retry_budget_s` seconds, then `RetrievalError` names the last errors;
-other 4xx answers raise at once. Failover and retry rules: docs/retrieval.md, "Python API".
+other 4xx answers raise at once (401, a missing or refused bearer token, names
+`retriever.auth_token_file`). Failover, retry and auth rules: docs/retrieval.md, "Python API".
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import random
 import time
 
 import httpx
 
+from search_env.retrieval.auth import bearer_headers
 from search_env.retrieval.corpus import Passage, split_contents
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,21 @@ HEALTH_TIMEOUT_S = 2.0
 class RetrievalError(RuntimeError):
     """Retrieval failed: every try failed (message lists the last errors with their URL) or the
     server rejected the request (4xx, message carries the server's explanation)."""
+
+
+def unauthorized_fix(auth_token_file: str | os.PathLike[str] | None) -> str:
+    """What to do about an HTTP 401: the server wants a bearer token (none was sent) or refused the
+    one read from ``auth_token_file``. Never the token itself."""
+    if not auth_token_file:
+        return (
+            "the server requires a bearer token and none was sent: set retriever.auth_token_file (the "
+            "search tool's auth_token_file, --retriever-auth-token-file, --auth-token-file) to the "
+            "server's token file"
+        )
+    return (
+        f"the server refused the token in {auth_token_file}: retriever.auth_token_file must name a file "
+        "holding one of the tokens of the server's --auth-token-file"
+    )
 
 
 def _normalize_urls(urls: str | list[str]) -> list[str]:
@@ -93,6 +111,8 @@ class RetrievalClient:
     `min(backoff * 2**(r-1), max_backoff)` times a uniform jitter in [0.5, 1.5), cut to the budget
     left. backoff 0 needs `max_retries` (a budget alone would retry in a tight loop).
     health_interval_s: seconds, > 0, between two `/health` probes of a replica marked down.
+    auth_token_file: the servers' bearer-token file (search_env.retrieval.auth), read once here and
+    sent with every request; None = no token. AuthFileError (naming the file) when it is unusable.
     """
 
     def __init__(
@@ -104,6 +124,7 @@ class RetrievalClient:
         retry_budget_s: float = 60.0,
         max_backoff: float = 5.0,
         health_interval_s: float = 5.0,
+        auth_token_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"RetrievalClient: timeout must be > 0 seconds, got {timeout}")
@@ -130,6 +151,8 @@ class RetrievalClient:
         self.max_backoff = max_backoff
         self.retry_budget_s = retry_budget_s
         self.health_interval_s = health_interval_s
+        self.auth_token_file = str(auth_token_file) if auth_token_file else None
+        self._headers = bearer_headers(self.auth_token_file)
         self._next_url = itertools.cycle(range(len(self.urls)))
         self._down: dict[int, float] = {}  # replica index -> clock time of its last check
         self._http: httpx.AsyncClient | None = None
@@ -148,6 +171,7 @@ class RetrievalClient:
             self._http_loop = loop
             self._http = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout),
+                headers=self._headers,
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
             )
         return self._http
@@ -197,7 +221,8 @@ class RetrievalClient:
     async def retrieve(self, queries: list[str], topk: int = 5) -> list[list[Passage]]:
         """Top-`topk` passages for each query, in query order (fewer when the backend finds fewer,
         e.g. BM25 with no matching term). Raises RetrievalError once the retry budget (or
-        `max_retries`) is spent, or at once on a 4xx answer."""
+        `max_retries`) is spent, or at once on a 4xx answer (401: the token, see
+        :func:`unauthorized_fix`)."""
         if not queries:
             return []
         body = {"queries": list(queries), "topk": int(topk), "return_scores": True}
@@ -216,6 +241,12 @@ class RetrievalClient:
                     errors.append(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
                     if response.status_code in DOWN_STATUS:
                         self._mark_down(index, f"HTTP {response.status_code}")
+                elif response.status_code == 401:
+                    # a missing or wrong token does not fix itself: no retry, the replica stays up
+                    raise RetrievalError(
+                        f"{url}/retrieve answered HTTP 401: {unauthorized_fix(self.auth_token_file)} "
+                        f"(server: {response.text[:200]})"
+                    )
                 elif response.status_code >= 400:
                     raise RetrievalError(
                         f"{url}/retrieve rejected the request: HTTP {response.status_code}: {response.text[:500]}"
