@@ -3,7 +3,8 @@
 python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limit N]
                    [--plan auto|full|sequential] [--screen-rows N] [--delta D] [--halfwidth H]
                    [--confirm auto|full] [--val-results VALOUT]
-                   [--backend auto|hf|vllm] [--retriever-url URL ...] [--base-model auto|none|PATH]
+                   [--backend auto|hf|vllm] [--retriever-url URL ...] [--retriever-auth-token-file PATH]
+                   [--base-model auto|none|PATH]
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
 python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +29,7 @@ from eval.suite import load_suite
 from search_env import protocol
 from search_env.paths import REPO_ROOT
 from search_env.protocol import PRESETS, TRAIN_PRESET
+from search_env.retrieval.auth import AuthFileError, load_tokens
 
 
 def positive_int(text: str) -> int:
@@ -73,6 +76,12 @@ def build_run_parser() -> argparse.ArgumentParser:
         default=[],
         dest="retriever_urls",
         help="retrieval server base URL(s), e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--retriever-auth-token-file",
+        type=Path,
+        help="the retrievers' bearer-token file (mode 600; training's retriever.auth_token_file), sent with "
+        "every probe and search; not an evaluation setting (results stay comparable)",
     )
     p.add_argument(
         "--base-model",
@@ -206,6 +215,18 @@ def _run_name(args: argparse.Namespace, info: dict) -> str:
     return run_dir.parent.name if run_dir.name == "checkpoints" else run_dir.name
 
 
+def _token_file(path: Path | None) -> str | None:
+    """``--retriever-auth-token-file`` as an absolute path, checked now (ValueError naming the flag
+    and the fix); None when not given."""
+    if path is None:
+        return None
+    try:
+        load_tokens(path)
+    except AuthFileError as err:
+        raise ValueError(f"--retriever-auth-token-file: {err}") from None
+    return os.path.abspath(path.expanduser())
+
+
 def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
     from eval import runner  # httpx (rich), yaml: off the report's import path
@@ -247,6 +268,7 @@ def prepare(args: argparse.Namespace):
     }
     limits = replace(limits, **{k: v for k, v in overrides.items() if v is not None})
     backend = _resolve_backend(args.backend)
+    token_file = _token_file(args.retriever_auth_token_file)
     return runner.RunPlan(
         run_name=_run_name(args, info),
         out_root=args.out,
@@ -256,6 +278,7 @@ def prepare(args: argparse.Namespace):
         limits=limits,
         backend=backend,
         retriever_urls=list(args.retriever_urls),
+        retriever_auth_token_file=token_file,
         max_in_flight=args.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
         eval_settings=eval_settings(
             suite,

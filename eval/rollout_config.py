@@ -15,9 +15,15 @@ TOOL_TEXT_CHAR_LIMIT = 1 << 20
 
 
 def tool_and_loop_files(
-    limits: Limits, retriever_urls: Sequence[str], folder: Path, model_dir: Path, topk: int = protocol.TOPK
+    limits: Limits,
+    retriever_urls: Sequence[str],
+    folder: Path,
+    model_dir: Path,
+    topk: int = protocol.TOPK,
+    auth_token_file: str | None = None,
 ) -> tuple[Path, Path]:
-    """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder."""
+    """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder;
+    the tool sends ``auth_token_file``'s bearer token (the YAML holds the path only)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -30,6 +36,7 @@ def tool_and_loop_files(
         list(retriever_urls),
         topk=topk,
         max_retries=None,  # tries bounded by retry_budget_s, as in training
+        auth_token_file=auth_token_file,
         **cap,
     )
     loops = verl_glue.write_agent_loop_config(
@@ -50,11 +57,13 @@ def rollout_config(
     model_dir: Path,
     folder: Path,
     topk: int = protocol.TOPK,
+    auth_token_file: str | None = None,
 ) -> Any:
-    """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``)."""
+    """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``;
+    the search tool sends ``auth_token_file``'s bearer token)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
-    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir, topk)
+    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir, topk, auth_token_file)
     return verl_glue.compose_rollout_config(
         model_dir,
         tools,

@@ -81,6 +81,9 @@ class RunPlan:
     eval_settings: dict[str, Any]
     schedule: Schedule = field(default_factory=Schedule)
     topk: int = protocol.TOPK  # passages per search (training's retriever.top_k)
+    retriever_auth_token_file: str | None = None
+    """The retrievers' bearer-token file (absolute): probes and search tool send it. Not a setting:
+    it changes who may search, not what a search returns (not in ``eval_settings``)."""
 
     @property
     def run_root(self) -> Path:
@@ -193,7 +196,13 @@ def _roll_out_rows(
     model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", fingerprint)
     backend = make_backend(
         rollout_config(
-            plan.limits, plan.retriever_urls, plan.backend, model_dir, store.path.parent, plan.topk
+            plan.limits,
+            plan.retriever_urls,
+            plan.backend,
+            model_dir,
+            store.path.parent,
+            plan.topk,
+            plan.retriever_auth_token_file,
         ),
         str(model_dir),
     )
@@ -214,7 +223,7 @@ def _roll_out_rows(
                         "stored; checking the retrievers and rolling them out again"
                     )
                     try:
-                        check_retrievers(plan.retriever_urls)
+                        check_retrievers(plan.retriever_urls, auth_token_file=plan.retriever_auth_token_file)
                     except RuntimeError as err:
                         raise held_back_error(ckpt.step, len(pending), len(todo), str(err)) from None
                 pending = backend.run(
@@ -432,7 +441,9 @@ def run_sequential(
 
 def run(plan: RunPlan, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
     """Evaluate the checkpoints of ``plan`` by its schedule; returns ``{step: summary}``."""
-    plan.eval_settings["retriever"] = check_retrievers(plan.retriever_urls)
+    plan.eval_settings["retriever"] = check_retrievers(
+        plan.retriever_urls, auth_token_file=plan.retriever_auth_token_file
+    )
     with exclusive_lock(plan.run_root, wait=True):  # run.json: check and write under one lock
         write_run_json(plan)
     fingerprints = {c.step: checkpoint_fingerprint(c.path) for c in plan.checkpoints}

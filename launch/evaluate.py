@@ -19,6 +19,7 @@ from launch.procs import stop_on_sigterm, stop_process
 from launch.retriever import LocalRetriever
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
 
 HELP = """environment (defaults in brackets):
@@ -34,6 +35,9 @@ HELP = """environment (defaults in brackets):
   INDEX, ENCODER with both: that retriever is dense (this faiss index over CORPUS + this E5 folder) []
   RETRIEVER_GPU  its --gpu: on = the index on the GPU(s) where it fits, auto = on CPU, off = all CPU
                  [on when torch sees a GPU, else auto]
+  RETRIEVER_AUTH_TOKEN_FILE
+                 bearer-token file, mode 600 (training's retriever.auth_token_file): the retriever
+                 started here gets --auth-token-file; probes and searches send the token    []
   TIMEOUT_S      hard wall-clock limit of the evaluation in seconds; 0 = none      [0]
   PYTHON         interpreter (launch/_common.sh picks it; the first line printed names it)"""
 BM25_STARTUP_S = 60
@@ -70,6 +74,8 @@ class Settings:
     encoder: str
     retriever_gpu: str
     timeout_s: float
+    auth_token_file: str = ""
+    """Absolute, or empty for none (RETRIEVER_AUTH_TOKEN_FILE)."""
     extra: list[str] = field(default_factory=list)
 
     @classmethod
@@ -86,6 +92,13 @@ class Settings:
             port, timeout_s = int(env.get("RETRIEVER_PORT") or 8010), float(env.get("TIMEOUT_S") or 0)
         except ValueError as err:
             raise EvalError(f"RETRIEVER_PORT and TIMEOUT_S must be numbers: {err}") from None
+        token_file = env.get("RETRIEVER_AUTH_TOKEN_FILE") or ""
+        if token_file:
+            token_file = os.path.abspath(os.path.expanduser(token_file))
+            try:
+                load_tokens(token_file)
+            except AuthFileError as err:
+                raise EvalError(f"RETRIEVER_AUTH_TOKEN_FILE: {err}") from None
         return cls(
             suite=suite,
             plan=plan,
@@ -100,6 +113,7 @@ class Settings:
             encoder=env.get("ENCODER") or "",
             retriever_gpu=env.get("RETRIEVER_GPU") or "",
             timeout_s=timeout_s,
+            auth_token_file=token_file,
         )
 
 
@@ -133,6 +147,8 @@ def serve_args(s: Settings) -> tuple[list[str], int]:
         gpu = s.retriever_gpu or ("on" if _gpu_visible() else "auto")  # evaluation: the index on the GPU(s)
         serve = ["--backend", "dense", "--index", s.index, "--encoder", s.encoder, "--gpu", gpu]
         startup_s = DENSE_STARTUP_S
+    if s.auth_token_file:
+        serve += ["--auth-token-file", s.auth_token_file]
     return serve, startup_s
 
 
@@ -144,7 +160,7 @@ def start_retriever(s: Settings, log_dir: Path) -> LocalRetriever:
     retriever = LocalRetriever(args, log_dir / "retriever.log")
     process = retriever.start()
     try:
-        wait_healthy(f"http://127.0.0.1:{s.port}", startup_s, process)
+        wait_healthy(f"http://127.0.0.1:{s.port}", startup_s, process, auth_token_file=s.auth_token_file)
     except (TimeoutError, RuntimeError) as err:
         retriever.stop()
         text = retriever.log_path.read_text(errors="replace")
@@ -168,6 +184,8 @@ def eval_command(run_dir: Path, s: Settings) -> list[str]:
         str(s.out),
     ]
     cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.urls]
+    if s.auth_token_file:
+        cmd += ["--retriever-auth-token-file", s.auth_token_file]
     return cmd + (["--limit", s.limit] if s.limit else []) + s.extra
 
 
@@ -238,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings.urls = [f"http://127.0.0.1:{settings.port}"]
             for url in settings.urls:
                 try:
-                    search_once(url)
+                    search_once(url, auth_token_file=settings.auth_token_file)
                 except ProbeError as err:
                     raise EvalError(f"retriever {url} failed its test search: {err}", 1) from None
             try:

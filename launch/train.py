@@ -269,7 +269,7 @@ def start_retriever(plan: preflight.Plan, started: Started) -> None:
         process = started.retriever.start()
         os.environ[RETRIEVER_LOG_ENV] = str(run.retriever_log)  # named in the trainer's stop message
         try:
-            wait_healthy(r.urls[0], r.startup_s, process)
+            wait_healthy(r.urls[0], r.startup_s, process, auth_token_file=r.auth_token_file)
         except (TimeoutError, RuntimeError) as err:
             raise LaunchError(
                 f"retriever did not answer GET {r.urls[0]}/health within {r.startup_s} s ({err}); "
@@ -279,12 +279,12 @@ def start_retriever(plan: preflight.Plan, started: Started) -> None:
         os.environ.pop(RETRIEVER_LOG_ENV, None)
         for url in r.urls:
             try:
-                wait_healthy(url, EXTERNAL_HEALTH_S)
+                wait_healthy(url, EXTERNAL_HEALTH_S, auth_token_file=r.auth_token_file)
             except TimeoutError:
                 raise LaunchError(f"retriever {url} does not answer GET /health (retriever.urls)") from None
     for url in r.urls:
         try:
-            search_once(url, require_hits=r.backend == "dense")
+            search_once(url, require_hits=r.backend == "dense", auth_token_file=r.auth_token_file)
         except ProbeError as err:
             where = "" if r.external else f"; see {run.retriever_log}"
             raise LaunchError(

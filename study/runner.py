@@ -163,7 +163,7 @@ def visible_gpus() -> list[str]:
 
 def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict[str, str]:
     """The environment of ``python -m launch eval`` (launch/eval.sh's variables) for one split of a
-    cell: suite, limit, retriever as in training."""
+    cell: suite, limit, retriever as in training (its bearer-token file too)."""
     spec = study.spec.eval
     world = resolved(cell, "launch.assets.world")
     suite = spec.test_suite if split == "test" else spec.val_suite
@@ -185,6 +185,9 @@ def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict
     corpus = resolved(cell, "retriever.corpus")
     if corpus:
         env["CORPUS"] = str(corpus)
+    token_file = resolved(cell, "retriever.auth_token_file")
+    if token_file:  # the path only; the evaluation's retriever and probes use it as training's did
+        env["RETRIEVER_AUTH_TOKEN_FILE"] = str(repo_path(Path(str(token_file)).expanduser()))
     if resolved(cell, "retriever.backend") == "dense":
         for key, var in (("retriever.index", "INDEX"), ("retriever.encoder", "ENCODER")):
             value = resolved(cell, key)

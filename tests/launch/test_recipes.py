@@ -1,9 +1,11 @@
 """Every recipe composes with verl 0.9.1's own config, passes verl's validate_config, and carries
-the protocol of docs/design.md §3; the launcher's preflight names each missing prerequisite."""
+the protocol of docs/design.md §3; the launcher's preflight names each missing prerequisite and hands
+the retriever's token file (its path, never the token) to the local retriever and the search tool."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -17,6 +19,7 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config
 from launch import preflight
 from search_env import protocol
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.process import free_port
 
 RECIPES = REPO_ROOT / "recipes"
 STEP_CAPS = {42: 180, 43: 230, 44: 312}
@@ -313,3 +316,55 @@ def test_preflight_takes_external_retrievers(tmp_path):
     assert plan.retriever.urls == ["http://h1:8000", "http://h2:8000"] and plan.retriever.external
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == ["http://h1:8000", "http://h2:8000"]
+
+
+TOKEN = "secret-token-0123456789abcdef"
+
+
+def _token_file(path, mode: int = 0o600):
+    """A token file holding TOKEN, created at 600 and then set to ``mode``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{TOKEN}\n")
+    os.chmod(path, mode)
+    return path
+
+
+def _tool_config(run_dir) -> dict:
+    return yaml.safe_load((run_dir / "tools.yaml").read_text())["tools"][0]["config"]
+
+
+def test_preflight_hands_the_token_file_path_to_the_retriever_and_the_tool(tmp_path):
+    token = _token_file(tmp_path / "token")
+    run = tmp_path / "run"
+    run.mkdir()
+    relative = os.path.relpath(token, REPO_ROOT)  # recipe paths are relative to the repository
+    overrides = [f"retriever.port={free_port()}", f"retriever.auth_token_file={relative}"]
+    assert preflight.main(["--run-dir", str(run), str(RECIPES / "demo_cpu.yaml"), *overrides]) == 0
+    serve = json.loads((run / "plan.json").read_text())["retriever"]["serve_args"]
+    assert serve[serve.index("--auth-token-file") + 1] == str(token)
+    assert serve[serve.index("--host") + 1] == "127.0.0.1"
+    assert _tool_config(run)["auth_token_file"] == str(token)
+    for name in ("tools.yaml", "plan.json", "recipe.yaml"):
+        assert TOKEN not in (run / name).read_text(), name  # the path only, never the token
+    external = preflight.make_plan(
+        RECIPES / "demo_cpu.yaml",
+        ["retriever.urls=[http://h1:8000]", f"retriever.auth_token_file={token}"],
+        run,
+    )
+    assert external.retriever.auth_token_file == str(token) and not external.retriever.serve_args
+    assert _tool_config(run)["auth_token_file"] == str(token)
+    plain = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.port={free_port()}"], run)
+    assert "--auth-token-file" not in plain.retriever.serve_args
+    assert "auth_token_file" not in _tool_config(run)
+
+
+def test_preflight_names_an_unusable_token_file_and_the_fix(tmp_path):
+    for path, fix in (
+        (tmp_path / "absent", "cannot read it"),
+        (_token_file(tmp_path / "open", 0o644), "chmod 600"),
+    ):
+        plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.auth_token_file={path}"], tmp_path)
+        (problem,) = [p for p in plan.problems if "auth_token_file" in p]
+        assert problem.startswith(f"retriever.auth_token_file: auth token file {path}") and fix in problem
+        assert "mode 600" in problem and "retriever.auth_token_file=null" in problem

@@ -1,0 +1,78 @@
+"""The launchers carry the retriever's bearer-token file: the retriever that ``launch run`` or
+``launch eval`` starts on loopback gets ``--auth-token-file`` and is probed with the token, so it
+answers nobody without it; ``RETRIEVER_AUTH_TOKEN_FILE`` reaches ``python -m eval run``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from launch import preflight, train
+from launch.evaluate import EvalError, Settings, eval_command, serve_args, start_retriever
+from search_env.paths import REPO_ROOT
+from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.probe import ProbeError, search_once
+from search_env.retrieval.process import free_port
+from search_env.retriever_guard import RETRIEVER_LOG_ENV
+
+TOKEN = "launch-token-0123456789abcdef"
+
+
+def _token_file(path: Path, mode: int = 0o600) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{TOKEN}\n")
+    os.chmod(path, mode)
+    return path
+
+
+def _requires_the_token(url: str, token: Path) -> None:
+    search_once(url, require_hits=True, auth_token_file=token)
+    with pytest.raises(ProbeError, match=r"HTTP 401: the server requires a bearer token"):
+        search_once(url)
+
+
+def test_eval_sh_hands_the_token_file_to_its_retriever_and_the_evaluation(tmp_path: Path) -> None:
+    token = _token_file(tmp_path / "token")
+    env = {"RETRIEVER_AUTH_TOKEN_FILE": os.path.relpath(token), "RETRIEVER_PORT": str(free_port())}
+    settings = Settings.from_env(env)
+    assert settings.auth_token_file == str(token)  # absolute
+    serve, _ = serve_args(settings)
+    assert serve[serve.index("--auth-token-file") + 1] == str(token)
+    cmd = eval_command(tmp_path, settings)
+    assert cmd[cmd.index("--retriever-auth-token-file") + 1] == str(token)
+    plain = Settings.from_env({"RETRIEVER_PORT": env["RETRIEVER_PORT"]})
+    assert "--auth-token-file" not in serve_args(plain)[0]
+    assert "--retriever-auth-token-file" not in eval_command(tmp_path, plain)
+    retriever = start_retriever(settings, tmp_path)
+    try:
+        _requires_the_token(f"http://127.0.0.1:{settings.port}", token)
+    finally:
+        retriever.stop()
+
+
+def test_eval_sh_refuses_an_open_token_file_naming_the_variable(tmp_path: Path) -> None:
+    shared = _token_file(tmp_path / "shared", mode=0o644)
+    with pytest.raises(EvalError, match=f"RETRIEVER_AUTH_TOKEN_FILE: auth token file {shared}.*chmod 600"):
+        Settings.from_env({"RETRIEVER_AUTH_TOKEN_FILE": str(shared)})
+
+
+def test_the_training_retriever_requires_the_token_and_is_probed_with_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(RETRIEVER_LOG_ENV, "")  # start_retriever sets it; restored afterwards
+    token = _token_file(tmp_path / "token")
+    overrides = [
+        f"retriever.port={free_port()}",
+        f"retriever.corpus={SAMPLE_CORPUS.relative_to(REPO_ROOT)}",
+        f"retriever.auth_token_file={token}",
+    ]
+    plan = preflight.make_plan(REPO_ROOT / "recipes" / "demo_cpu.yaml", overrides, tmp_path)
+    assert not plan.problems
+    started = train.Started(train.RunDir(tmp_path))
+    try:
+        train.start_retriever(plan, started)  # wait_healthy + search_once with the token
+        _requires_the_token(plan.retriever.urls[0], token)
+    finally:
+        started.stop()
+    assert TOKEN not in (tmp_path / "retriever.log").read_text()
