@@ -52,7 +52,8 @@ DEFAULT_STATS_INTERVAL_S = 60.0
 DEFAULT_MAX_QUERY_CHARS = 4096
 DEFAULT_MAX_HITS = 8192
 """queries x topk per request: a Search-R1 batch (512 queries x topk 3) and a 512-query topk-5
-request fit; at most ~8 MB of wiki-18 passages (about 1 KB each with JSON) per response."""
+request fit; an answer holds at most this many passages (wiki-18 rows: ~0.7 KB each with JSON, so
+~6 MB; docs/retrieval.md "Limits and authentication")."""
 DEFAULT_MAX_QUEUED_QUERIES = 16384
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_BODY_TIMEOUT_S = 10.0
