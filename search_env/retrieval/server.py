@@ -59,8 +59,6 @@ DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_BODY_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 1
 """`Retry-After` of a 429 (seconds)."""
-LOOPBACK_HOST_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
-"""Host header names (any port) accepted by a server bound to loopback (DNS rebinding guard)."""
 HIDDEN_HEALTH_KEYS = frozenset({"search_process"})
 """`/health` keys shown only to callers the server trusts (process ids)."""
 PATH_NAME_KEYS = frozenset({"corpus", "encoder"})
@@ -556,8 +554,9 @@ def host_name(host: bytes) -> str:
 class RequestGuard:
     """ASGI middleware: refuses a request from its headers alone, before its body is read.
 
-    - `trusted_hosts` (set when bound to loopback): a Host header naming another host (or none) gets
-      421, so a web page reached through DNS rebinding cannot talk to the server;
+    - `loopback_hosts_only` (set when bound to loopback): a Host header that is not `localhost` or a
+      loopback address such as 127.0.0.1 or [::1] (any port), or none, gets 421, so a web page
+      reached through DNS rebinding cannot talk to the server;
     - an `Origin` header (browsers send it on cross-site requests) gets 403;
     - with `tokens`: a POST without `Authorization: Bearer <one of tokens>` gets 401 with
       `WWW-Authenticate: Bearer` (compared in constant time, `auth.token_matches`);
@@ -572,76 +571,65 @@ class RequestGuard:
         self,
         app: Callable[..., Awaitable[None]],
         tokens: list[str] | None = None,
-        trusted_hosts: frozenset[str] | None = None,
+        loopback_hosts_only: bool = False,
         drain_bytes: int = DEFAULT_DRAIN_BYTES,
         drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.tokens = tokens
-        self.trusted_hosts = trusted_hosts
+        self.loopback_hosts_only = loopback_hosts_only
         self.drain_bytes = drain_bytes
         self.drain_timeout_s = drain_timeout_s
 
-    def refusal(self, scope: dict) -> tuple[int, str, tuple[tuple[bytes, bytes], ...]] | None:
-        """(status, message, extra headers) when the request is refused, else None."""
+    def refusal(self, scope: dict) -> Refused | None:
+        """Why the request is refused (status, message, headers), or None."""
         host = _header(scope, b"host")
-        if self.trusted_hosts is not None and (host is None or host_name(host) not in self.trusted_hosts):
+        if self.loopback_hosts_only and (host is None or not is_loopback(host_name(host))):
             shown = "none" if host is None else repr(host.decode("latin-1")[:100])
-            return (
+            return Refused(
                 421,
-                (
-                    f"Host header {shown} is not a loopback name ({', '.join(sorted(self.trusted_hosts))}): "
-                    "a server bound to loopback answers local clients only"
-                ),
-                (),
+                None,
+                f"Host header {shown} is not a loopback name (localhost, 127.0.0.1, [::1], ...): "
+                "a server bound to loopback answers local clients only",
             )
         if _header(scope, b"origin") is not None:
-            return (
+            return Refused(
                 403,
-                (
-                    "requests carrying an Origin header (sent by web browsers) are refused; call the server "
-                    "from a program, not a web page"
-                ),
-                (),
+                None,
+                "requests carrying an Origin header (sent by web browsers) are refused; call the server "
+                "from a program, not a web page",
             )
         if scope.get("method") != "POST":
             return None
-        if self.tokens is not None:
-            given = _header(scope, b"authorization")
-            if not token_matches(None if given is None else given.decode("latin-1"), self.tokens):
-                return (
-                    401,
-                    (
-                        f"{'missing' if given is None else 'wrong'} bearer token: this server was started with "
-                        "--auth-token-file; send `Authorization: Bearer <token>` (retriever.auth_token_file)"
-                    ),
-                    ((b"www-authenticate", b"Bearer"),),
-                )
+        given = _header(scope, b"authorization")
+        if self.tokens is not None and not token_matches(
+            None if given is None else given.decode("latin-1"), self.tokens
+        ):
+            return Refused(
+                401,
+                None,
+                f"{'missing' if given is None else 'wrong'} bearer token: this server was started with "
+                "--auth-token-file; send `Authorization: Bearer <token>` (retriever.auth_token_file)",
+                {"WWW-Authenticate": "Bearer"},
+            )
         content_type = _header(scope, b"content-type")
-        if content_type is not None:
-            media = content_type.decode("latin-1").split(";", 1)[0].strip().lower()
-            if media != "application/json":
-                return (
-                    415,
-                    (
-                        f"Content-Type {media!r} is refused; send JSON with `Content-Type: application/json` "
-                        "(e.g. curl -H 'Content-Type: application/json')"
-                    ),
-                    (),
-                )
+        media = None if content_type is None else content_type.decode("latin-1").split(";", 1)[0].strip()
+        if media is not None and media.lower() != "application/json":
+            return Refused(
+                415,
+                None,
+                f"Content-Type {media!r} is refused; send JSON with `Content-Type: application/json` "
+                "(e.g. curl -H 'Content-Type: application/json')",
+            )
         return None
 
     async def __call__(
         self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
     ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        refused = self.refusal(scope)
+        refused = self.refusal(scope) if scope["type"] == "http" else None
         if refused is None:
             await self.app(scope, receive, send)
             return
-        status, message, headers = refused
         declared = _header(scope, b"content-length") or b"0"
         waiting = (_header(scope, b"expect") or b"").lower() == b"100-continue"
         drained = (
@@ -650,7 +638,10 @@ class RequestGuard:
             and int(declared) <= self.drain_bytes
             and await drain(receive, 0, self.drain_bytes, self.drain_timeout_s)
         )
-        await send_error(send, status, None, message, close=not drained, headers=headers)
+        headers = tuple((k.lower().encode(), v.encode()) for k, v in refused.headers.items())
+        await send_error(
+            send, refused.status, refused.field, refused.message, close=not drained, headers=headers
+        )
 
 
 class JsonBodyGuard:
@@ -815,8 +806,8 @@ def create_app(
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
     app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     app.add_middleware(
-        RequestGuard, tokens=auth_tokens, trusted_hosts=LOOPBACK_HOST_NAMES if loopback else None
-    )  # added last: runs first, before any body is read
+        RequestGuard, tokens=auth_tokens, loopback_hosts_only=loopback
+    )  # added last: runs first
     app.state.batcher = batcher
     app.state.limits = limits
     if prewarm is not None:

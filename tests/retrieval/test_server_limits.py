@@ -270,9 +270,10 @@ def test_origin_and_non_json_content_types_are_refused() -> None:
 def test_a_loopback_server_checks_the_host_header() -> None:
     async def check(client: httpx.AsyncClient, _) -> None:
         _refused(await client.get("/health", headers={"Host": "evil.example"}), 421, None, "Host", "loopback")
+        _refused(await client.get("/health", headers={"Host": "127.0.0.1.evil.example"}), 421, None, "Host")
         answer = await client.post("/retrieve", json=GOOD, headers={"Host": "evil.example:8000"})
         _refused(answer, 421, None, "evil.example")
-        for host in ("127.0.0.1", "localhost:1234", "[::1]:8000", "LOCALHOST"):
+        for host in ("127.0.0.1", "localhost:1234", "[::1]:8000", "LOCALHOST", "127.0.0.2:80"):
             assert (await client.get("/health", headers={"Host": host})).status_code == 200, host
 
     _in_process(check)
