@@ -1,0 +1,524 @@
+"""Retriever abuse benchmark: good clients' latency with and without an abusive client beside them,
+side by side in one run, on the dense backend.
+
+Server: `python -m search_env serve --backend dense` on 127.0.0.1 (a child process stopped by PID)
+over the bundled 1,000-passage wiki-18 sample, with a locally built random-weight BERT encoder
+(`--dim`-d, 2 layers) and a real faiss IVF16,SQ8 index, `--threads 1`, every other setting its
+default (extra ones: `--serve-arg`).
+
+Good clients: `--clients` closed-loop keep-alive clients, each sending one distinct question per
+/retrieve request at topk 5. A good request fails (`good_errors`) when it gets an answer other than
+200 with one result or 429, or none within `--good-timeout-s`; a 429 is retried after its
+Retry-After, as the project's client does, and its wait counts in the latency.
+
+Abuse, from one client in its own process (so its work never stalls the good clients' event loop;
+N = requests sent, K = those answered 4xx):
+  huge    one ~7.9 MB query per request, one request at a time
+  amplify 1,024 copies of one query at topk 100 (a 30 kB body), one at a time
+  slow    `--slow-connections` connections that send Content-Length 100, 10 bytes, then nothing
+          (raw sockets; one reopened as soon as the server answers or closes it)
+  badtext a query holding a lone surrogate (JSON "\\ud800 x"), one at a time
+  flood   `--flood-connections` connections, each sending `--flood-queries` distinct questions per
+          request in a closed loop, ignoring Retry-After
+
+Phases: good clients alone (`--seconds`), with all five abuse types at once (`--abuse-seconds`),
+alone again (`--seconds`), then (unless `--no-per-type`) with each type alone (`--type-seconds`),
+so the type that hurts can be read off (with each phase's slowest good requests and when they were
+sent). After each abusive phase the server is given time to settle (a probe answered in a few
+baseline p50s). good_p99_ratio = good p99 with all abuse / good p99 of the two good-only phases
+together; all clients share the machine with the server, so run it on an otherwise idle one (the
+load average is printed) and compare ratios within a run.
+
+    .venv/bin/python bench/retriever_abuse.py [--clients 8] [--seconds 15] [--abuse-seconds 30]
+                                                              # ~2.5 min on 2 shared cores
+Last line: `retriever_abuse: good_p99_ratio=R good_errors=E refused=K/N` (the all-abuse phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from search_env.paths import REPO_ROOT
+from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.process import ServerProcess, spawn_server
+
+QUESTIONS = REPO_ROOT / "tests" / "fixtures" / "r1-searcher-evalset" / "hotpotqa_500.jsonl"
+TYPES = ("huge", "amplify", "slow", "badtext", "flood")
+HUGE_CHARS = 7_900_000
+TOPK = 5
+
+
+def load_questions() -> list[str]:
+    with open(QUESTIONS, encoding="utf-8") as handle:
+        return [json.loads(line)["question"] for line in handle if line.strip()]
+
+
+def build_assets(work: Path, dim: int) -> dict[str, Path]:
+    """Tiny BERT (`dim`-d) and an IVF16,SQ8 index over the bundled sample, under `work` (reused)."""
+    from search_env.retrieval.corpus import Corpus  # torch/faiss: not in the abusive child process
+    from search_env.retrieval.encoder import Encoder, build_tiny_encoder  # (same)
+    from search_env.retrieval.index import build_index  # (same)
+
+    encoder, index = work / f"bert-{dim}", work / f"sample-{dim}.IVF16_SQ8.index"
+    if not (encoder / "config.json").is_file():
+        build_tiny_encoder(encoder, hidden_size=dim, num_layers=2, num_heads=4, seed=0)
+    if not index.is_file():
+        build_index(Corpus(SAMPLE_CORPUS), Encoder(encoder, use_gpu=False), index, "IVF16,SQ8", use_gpu=False)
+    return {"encoder": encoder, "index": index}
+
+
+# ---------------------------------------------------------------- HTTP/1.1 over raw asyncio streams
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; reopened after any failure or `Connection: close`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    def head(self, length: int, path: str = "/retrieve") -> bytes:
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n"
+        ).encode()
+
+    async def post(self, body: bytes, timeout_s: float) -> Answer:
+        """POST /retrieve; TimeoutError / OSError / IncompleteReadError on no full answer in time."""
+        try:
+            return await asyncio.wait_for(self._post(body), timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _post(self, body: bytes) -> Answer:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        assert self.reader is not None
+        self.writer.write(self.head(len(body)) + body)
+        await self.writer.drain()
+        answer = await read_answer(self.reader)
+        if answer.headers.get("connection", "").lower() == "close":
+            self.close()
+        return answer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    """Status line, headers and a Content-Length body (or the rest of the stream without one)."""
+    header = await reader.readuntil(b"\r\n\r\n")
+    lines = header.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name:
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    else:
+        body = await reader.read()
+    return Answer(int(lines[0].split()[1]), headers, body)
+
+
+# ---------------------------------------------------------------- tallies
+
+
+@dataclass
+class Good:
+    """The good clients of one phase."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter = field(default_factory=Counter)
+    retried_429: int = 0
+    sent_at: list[float] = field(default_factory=list)
+    """Per request, seconds from the phase's start to its send (the slowest are printed)."""
+
+    def slowest(self, n: int = 3) -> str:
+        worst = sorted(zip(self.latencies, self.sent_at, strict=True), reverse=True)[:n]
+        return ", ".join(f"{1000 * lat:.0f} ms sent at +{at:.1f} s" for lat, at in worst)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+@dataclass
+class Abuse:
+    """The abusive requests of one phase, per type: outcomes ('200', '422', 'timeout', ...)."""
+
+    outcomes: dict[str, Counter] = field(default_factory=lambda: {t: Counter() for t in TYPES})
+
+    def sent(self, kind: str | None = None) -> int:
+        return sum(sum(c.values()) for t, c in self.outcomes.items() if kind in (None, t))
+
+    def refused(self, kind: str | None = None) -> int:
+        return sum(
+            n
+            for t, c in self.outcomes.items()
+            if kind in (None, t)
+            for o, n in c.items()
+            if o.startswith("4")
+        )
+
+
+# ---------------------------------------------------------------- clients
+
+
+async def good_client(
+    k: int,
+    host: str,
+    port: int,
+    stop_at: float,
+    questions: list[str],
+    tag: str,
+    out: Good,
+    timeout_s: float,
+    origin: float,
+) -> None:
+    connection, i = Connection(host, port), 0
+    try:
+        while time.perf_counter() < stop_at:
+            query = f"{questions[(k * 7919 + i) % len(questions)]} [{tag} {k}.{i}]"
+            body = json.dumps({"queries": [query], "topk": TOPK, "return_scores": True}).encode()
+            started = time.perf_counter()
+            deadline = started + timeout_s
+            error = None
+            while True:
+                try:
+                    answer = await connection.post(body, max(0.001, deadline - time.perf_counter()))
+                except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as err:
+                    error = type(err).__name__
+                    break
+                if answer.status == 429 and time.perf_counter() < deadline:
+                    out.retried_429 += 1
+                    wait = float(answer.headers.get("retry-after", "1"))
+                    await asyncio.sleep(min(wait, max(0.0, deadline - time.perf_counter())))
+                    continue
+                if answer.status != 200:
+                    error = f"HTTP {answer.status}"
+                elif len(json.loads(answer.body)["result"]) != 1:
+                    error = "wrong result count"
+                break
+            out.latencies.append(time.perf_counter() - started)
+            out.sent_at.append(started - origin)
+            if error:
+                out.errors[error] += 1
+            i += 1
+    finally:
+        connection.close()
+
+
+async def abusive_requests(
+    host: str,
+    port: int,
+    stop_at: float,
+    make_body: Callable[[int], bytes],
+    outcomes: Counter,
+    timeout_s: float,
+) -> None:
+    """One abusive request at a time until `stop_at`; each outcome counted (a request cut by the end of
+    the phase counts as 'cut')."""
+    connection, n = Connection(host, port), 0
+    try:
+        while time.perf_counter() < stop_at:
+            body = make_body(n)
+            n += 1
+            try:
+                left = max(0.001, min(timeout_s, stop_at - time.perf_counter() + 0.5))
+                outcomes[str((await connection.post(body, left)).status)] += 1
+            except TimeoutError:
+                outcomes["cut" if time.perf_counter() >= stop_at else "timeout"] += 1
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                outcomes["closed"] += 1
+                await asyncio.sleep(0.01)
+    finally:
+        connection.close()
+
+
+async def slow_body(host: str, port: int, stop_at: float, outcomes: Counter) -> None:
+    """Connections that announce 100 body bytes, send 10 and fall silent; reopened when answered."""
+    while time.perf_counter() < stop_at:
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            head = Connection(host, port).head(100)
+            writer.write(head + b'{"queries"')
+            await writer.drain()
+            answer = await asyncio.wait_for(read_answer(reader), max(0.001, stop_at - time.perf_counter()))
+            outcomes[str(answer.status)] += 1
+        except TimeoutError:
+            outcomes["cut"] += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            outcomes["closed"] += 1
+            await asyncio.sleep(0.01)
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+def abuse_tasks(kinds: list[str], host: str, port: int, stop_at: float, opts: dict, questions: list[str],
+                out: Abuse) -> list[Awaitable[None]]:  # fmt: skip
+    """The coroutines of the abusive client for `kinds` (bodies encoded once where they can be)."""
+    n_q, per_flood = len(questions), int(opts["flood_queries"])
+    text = " ".join(questions) + " "
+    huge = json.dumps(
+        {"queries": [(text * (HUGE_CHARS // len(text) + 1))[:HUGE_CHARS]], "topk": TOPK}
+    ).encode()
+    badtext = json.dumps({"queries": ["\ud800 x"], "topk": TOPK}).encode()  # ensure_ascii: "\ud800"
+
+    def amplify_body(n: int) -> bytes:
+        return json.dumps({"queries": [f"{questions[n % n_q]} amp{n}"] * 1024, "topk": 100}).encode()
+
+    def flood_body(c: int) -> Callable[[int], bytes]:
+        def body(n: int) -> bytes:
+            start = (c * 1009 + n * per_flood) % n_q
+            qs = [f"{questions[(start + j) % n_q]} flood{c}.{n}.{j}" for j in range(per_flood)]
+            return json.dumps({"queries": qs, "topk": TOPK}).encode()
+
+        return body
+
+    tasks: list[Awaitable[None]] = []
+    o = out.outcomes
+    for kind in kinds:
+        if kind == "huge":
+            tasks.append(abusive_requests(host, port, stop_at, lambda n: huge, o["huge"], 120.0))
+        elif kind == "amplify":
+            tasks.append(abusive_requests(host, port, stop_at, amplify_body, o["amplify"], 120.0))
+        elif kind == "badtext":
+            tasks.append(abusive_requests(host, port, stop_at, lambda n: badtext, o["badtext"], 60.0))
+        elif kind == "slow":
+            tasks += [slow_body(host, port, stop_at, o["slow"]) for _ in range(int(opts["slow_connections"]))]
+        else:
+            tasks += [
+                abusive_requests(host, port, stop_at, flood_body(c), o["flood"], 60.0)
+                for c in range(int(opts["flood_connections"]))
+            ]
+    return tasks
+
+
+async def abuse_for(url: str, kinds: list[str], seconds: float, opts: dict, questions: list[str]) -> Abuse:
+    """Run the abusive client's `kinds` for `seconds`; what is still in flight 1 s later is cut (tasks
+    cancelled, sockets closed)."""
+    host, port = url.removeprefix("http://").split(":")
+    abuse = Abuse()
+    stop_at = time.perf_counter() + seconds
+    tasks = [
+        asyncio.ensure_future(t) for t in abuse_tasks(kinds, host, int(port), stop_at, opts, questions, abuse)
+    ]
+    await asyncio.sleep(max(0.0, stop_at - time.perf_counter()) + 1.0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return abuse
+
+
+def abuser_main(url: str, opts: dict) -> None:
+    """The abusive client's own process (its work never delays the good clients' event loop): per stdin
+    line `{"kinds", "seconds"}`, abuse for that long, then print the outcomes as one JSON line."""
+    questions = load_questions()
+    for line in sys.stdin:
+        spec = json.loads(line)
+        abuse = asyncio.run(abuse_for(url, spec["kinds"], spec["seconds"], opts, questions))
+        print(json.dumps({k: dict(v) for k, v in abuse.outcomes.items()}), flush=True)
+
+
+class Abuser:
+    """The long-lived abusive child process (`--abuser URL`)."""
+
+    def __init__(self, url: str, opts) -> None:
+        knobs = {k: getattr(opts, k) for k in ("flood_queries", "flood_connections", "slow_connections")}
+        command = [sys.executable, __file__, "--abuser", url, "--abuser-opts", json.dumps(knobs)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    async def run(self, kinds: tuple[str, ...], seconds: float) -> Abuse:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"kinds": list(kinds), "seconds": seconds}) + "\n")
+        self.process.stdin.flush()
+        line = await asyncio.get_running_loop().run_in_executor(None, self.process.stdout.readline)
+        if not line:
+            raise RuntimeError(f"the abusive client exited with code {self.process.wait()}")
+        abuse = Abuse()
+        for kind, counts in json.loads(line).items():
+            abuse.outcomes[kind] = Counter(counts)
+        return abuse
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+
+async def phase(server: ServerProcess, abuser: Abuser, seconds: float, kinds: tuple[str, ...], tag: str,
+                opts, questions: list[str]) -> tuple[Good, Abuse]:  # fmt: skip
+    """Good clients for `seconds`, with the abusive client's `kinds` beside them (in its process)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    good = Good()
+    stop_at = time.perf_counter() + seconds
+    abused = asyncio.ensure_future(abuser.run(kinds, seconds)) if kinds else None
+    await asyncio.gather(
+        *(good_client(k, host, int(port), stop_at, questions, tag, good, opts.good_timeout_s, stop_at - seconds)
+          for k in range(opts.clients))
+    )  # fmt: skip
+    return good, (await abused if abused is not None else Abuse())
+
+
+async def settle(server: ServerProcess, typical_s: float, limit_s: float = 120.0) -> float:
+    """Wait until one good query is answered within max(0.5 s, 5 x `typical_s`); seconds waited."""
+    host, port = server.url.removeprefix("http://").split(":")
+    started = time.perf_counter()
+    connection = Connection(host, int(port))
+    try:
+        while time.perf_counter() - started < limit_s:
+            body = json.dumps({"queries": [f"settle probe {time.time()}"], "topk": TOPK}).encode()
+            sent = time.perf_counter()
+            try:
+                answer = await connection.post(body, 10.0)
+                if answer.status == 200 and time.perf_counter() - sent <= max(0.5, 5 * typical_s):
+                    break
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError):
+                pass
+            await asyncio.sleep(0.5)
+    finally:
+        connection.close()
+    return time.perf_counter() - started
+
+
+# ---------------------------------------------------------------- report
+
+
+def outcome_text(counts: Counter) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "-"
+
+
+async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str]) -> None:
+    await phase(server, abuser, opts.warmup, (), "warm", opts, questions)
+    base_a, _ = await phase(server, abuser, opts.seconds, (), "base-a", opts, questions)
+    typical = base_a.p(0.5)
+    mixed, abuse = await phase(server, abuser, opts.abuse_seconds, TYPES, "mixed", opts, questions)
+    settled = {"mixed": await settle(server, typical)}
+    base_b, _ = await phase(server, abuser, opts.seconds, (), "base-b", opts, questions)
+    per_type = {}
+    if not opts.no_per_type:
+        for kind in TYPES:
+            per_type[kind] = await phase(server, abuser, opts.type_seconds, (kind,), kind, opts, questions)
+            settled[kind] = await settle(server, typical)
+    base = Good(base_a.latencies + base_b.latencies, base_a.errors + base_b.errors,
+                base_a.retried_429 + base_b.retried_429, base_a.sent_at + base_b.sent_at)  # fmt: skip
+
+    print(f"{'phase':28s} {'good req':>8s} {'p50 ms':>8s} {'p99 ms':>9s} {'p99/base':>8s} {'errors':>6s} "
+          f"{'429 retried':>11s}  abusive: sent refused(4xx)  outcomes")  # fmt: skip
+
+    def row(name: str, good: Good, abused: Abuse | None, kind: str | None = None) -> None:
+        ratio = good.p(0.99) / base.p(0.99)
+        line = (f"{name:28s} {len(good.latencies):8d} {1000 * good.p(0.5):8.1f} {1000 * good.p(0.99):9.1f} "
+                f"{ratio:8.2f} {good.failed:6d} {good.retried_429:11d}")  # fmt: skip
+        if abused is not None:
+            counts = abused.outcomes[kind] if kind else sum(abused.outcomes.values(), Counter())
+            line += f"  {abused.sent(kind):6d} {abused.refused(kind):6d}  {outcome_text(counts)}"
+        if good.errors:
+            line += f"  good errors: {outcome_text(good.errors)}"
+        print(line)
+
+    row("good alone (before)", base_a, None)
+    row("good alone (after)", base_b, None)
+    row("good + all abuse", mixed, abuse)
+    for kind in TYPES:
+        print(f"  {kind:26s} {'':58s}  {abuse.sent(kind):6d} {abuse.refused(kind):6d}  "
+              f"{outcome_text(abuse.outcomes[kind])}")  # fmt: skip
+    for kind, (good, abused) in per_type.items():
+        row(f"good + {kind} alone", good, abused, kind)
+    print(f"slowest good requests: alone {base.slowest()}; with all abuse {mixed.slowest()}")
+    for kind, (good, _) in per_type.items():
+        print(f"  with {kind} alone: {good.slowest()}")
+    print("settle after abuse (s): " + ", ".join(f"{k} {v:.1f}" for k, v in settled.items()))
+    ratio = mixed.p(0.99) / base.p(0.99)
+    print(f"retriever_abuse: good_p99_ratio={ratio:.2f} good_errors={mixed.failed} "
+          f"refused={abuse.refused()}/{abuse.sent()}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=8, help="good clients (default 8)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="each good-only phase (default 15)")
+    parser.add_argument("--abuse-seconds", type=float, default=30.0, help="the all-abuse phase (default 30)")
+    parser.add_argument("--type-seconds", type=float, default=10.0, help="each one-type phase (default 10)")
+    parser.add_argument("--no-per-type", action="store_true", help="skip the one-type phases")
+    parser.add_argument("--warmup", type=float, default=3.0, help="good-only warm-up, not counted (s)")
+    parser.add_argument("--good-timeout-s", type=float, default=60.0, help="a good request's deadline")
+    parser.add_argument("--slow-connections", type=int, default=32, help="slow-body connections held")
+    parser.add_argument("--flood-connections", type=int, default=64, help="flood: concurrent connections")
+    parser.add_argument("--flood-queries", type=int, default=64, help="flood: queries per request")
+    parser.add_argument("--dim", type=int, default=256, help="tiny encoder width (default 256)")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="extra `serve` argument (repeatable), e.g. --serve-arg=--max-hits=4096",
+    )
+    parser.add_argument("--workdir", type=Path, default=None, help="keep/reuse the built assets here")
+    parser.add_argument("--abuser", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--abuser-opts", default="{}", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if opts.abuser is not None:  # the abusive client's child process
+        abuser_main(opts.abuser, json.loads(opts.abuser_opts))
+        return
+
+    with tempfile.TemporaryDirectory(prefix="bench-abuse-") as tmp:
+        work = opts.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        assets = build_assets(work, opts.dim)
+        serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(assets["index"]),
+                 "--encoder", str(assets["encoder"]), "--nprobe", "4", "--gpu", "off", "--threads", "1",
+                 "--stats-interval-s", "0", *opts.serve_arg]  # fmt: skip
+        load_before = os.getloadavg()
+        started = time.perf_counter()
+        with spawn_server(serve, startup_timeout_s=300, log_path=work / "server.log") as server:
+            print(f"retriever abuse benchmark: dense server (tiny BERT {opts.dim}-d, IVF16,SQ8 over "
+                  f"{SAMPLE_CORPUS.name}), {opts.clients} good clients, abuse: huge {HUGE_CHARS / 1e6:.1f} MB "
+                  f"query, amplify 1024 x topk 100, slow bodies x {opts.slow_connections}, lone surrogates, "
+                  f"flood {opts.flood_connections} x {opts.flood_queries} queries; {os.cpu_count()} CPUs, "
+                  f"load average {load_before[0]:.1f}; server args after the assets: {' '.join(serve[8:])}",
+                  flush=True)  # fmt: skip
+            abuser = Abuser(server.url, opts)
+            try:
+                asyncio.run(run(server, abuser, opts, load_questions()))
+            finally:
+                abuser.stop()
+        print(f"wall {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.1f} at the end",
+              file=sys.stderr)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
