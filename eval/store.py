@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from search_env.safe_fs import fsync_dir, write_atomic
+from search_env.safe_fs import fsync_dir, open_lock, write_atomic
 
 RowKey = tuple[str, str]
 """(benchmark, question id): the identity of one row."""
@@ -149,13 +149,14 @@ def _flock(f: Any, wait: bool) -> bool:
 
 @contextmanager
 def try_lock(folder: Path) -> Iterator[bool]:
-    """Try an exclusive ``flock`` on ``folder/.lock`` without waiting; yields whether it is held.
+    """Try an exclusive ``flock`` on ``folder/.lock`` (opened by ``safe_fs.open_lock``: never
+    truncated, a symlink refused) without waiting; yields whether it is held.
 
     The lock is per open file, so it also excludes another holder in the same process, and the
     kernel drops it when its holder dies (a SIGKILLed evaluation leaves no stale lock).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as f:
+    with os.fdopen(open_lock(folder / ".lock"), "r+b") as f:
         held = _flock(f, wait=False)
         try:
             yield held
@@ -169,7 +170,7 @@ def exclusive_lock(folder: Path, wait: bool = False) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``folder/.lock``: wait for it (``wait``), or fail at once
     with a RuntimeError when another process holds it."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as f:
+    with os.fdopen(open_lock(folder / ".lock"), "r+b") as f:
         if not _flock(f, wait):
             raise RuntimeError(
                 f"{folder} is being written by another `python -m eval run`; wait for it or use another --out"

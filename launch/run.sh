@@ -7,7 +7,7 @@
 #
 # Environment: RLVR_RUN_DIR (run directory, default runs/<recipe name>), PYTHON (interpreter, else
 # the active virtualenv / conda env / python on PATH, the repo's .venv only when those lack verl),
-# RAY_ADDRESS (join a running Ray cluster), TMPDIR (the demo assets' lock).
+# RAY_ADDRESS (join a running Ray cluster), XDG_RUNTIME_DIR (the demo assets' lock).
 # Killed as a whole: run the same command again; it resumes from the last complete checkpoint.
 # What each step does and what the run directory holds: docs/training.md; the code: launch/train.py.
 set -euo pipefail

@@ -34,6 +34,7 @@ from hypothesis import settings
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port, spawn_server
+from search_env.safe_fs import open_lock, user_runtime_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -196,7 +197,7 @@ def ensure_ci_assets(run_id: str | None = None) -> None:
     cmd = [sys.executable, "-m", "search_demo", "assets", "--world-seed", "0", "--world", ".demo/world_s0"]
     cmd += ["--warm-start", ".demo/warm_start_ci", "--sft-steps", str(CI_SFT_STEPS)]
     stamp = REPO_ROOT / ".demo" / "ci_assets_run"
-    with open("/tmp/rlvr_ci_assets.lock", "w") as lock:
+    with os.fdopen(open_lock(user_runtime_dir() / "ci_assets.lock"), "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (run_id and stamp.is_file() and stamp.read_text() == run_id):
             subprocess.run(
