@@ -67,7 +67,8 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"]+/)*([^\s/'\"]*)")
 
 
 def is_loopback(host: str) -> bool:
-    """Whether binding `host` (an IP address or `localhost`) is reachable from this machine only."""
+    """Whether `host` (an IP address, `[IPv6]` or `localhost`; a bind address or a Host header's
+    name) is this machine's loopback, reachable from this machine only."""
     if host.strip("[]").lower() == "localhost":
         return True
     try:
