@@ -4,7 +4,7 @@
     python -m search_env build-index --corpus PATH --encoder PATH --out PATH [--factory IVF4096,SQ8] [--force]
     python -m search_env convert-index --flat PATH --out PATH [--factory IVF4096,SQ8] [--force]
     python -m search_env recall --index PATH --flat PATH [--k 10] [--nprobe 16,64,256]
-    python -m search_env probe URL [--timeout S] [--require-hits]
+    python -m search_env probe URL [--timeout S] [--require-hits] [--auth-token-file PATH]
 
 Heavy imports (torch, faiss) happen inside the subcommands, so `serve --backend bm25` starts fast.
 `probe` exits 0 once URL answers GET /health and one real POST /retrieve, else 1 with the reason.
@@ -329,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--require-hits", action="store_true", help="fail when the test search returns no passage"
     )
+    check.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help="the server's bearer-token file (mode 600), sent with both requests",
+    )
     return parser
 
 
@@ -457,7 +463,12 @@ def cmd_recall(args: argparse.Namespace) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> None:
     try:
-        health = probe(args.url, health_timeout_s=args.timeout, require_hits=args.require_hits)
+        health = probe(
+            args.url,
+            health_timeout_s=args.timeout,
+            require_hits=args.require_hits,
+            auth_token_file=args.auth_token_file,
+        )
     except ProbeError as err:
         raise SystemExit(f"probe: {err}") from None
     print(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -112,6 +114,16 @@ def test_probe_sends_the_token_and_names_the_setting_on_401(server, tokens) -> N
         probe(server.url, auth_token_file=tokens[1])
     with pytest.raises(ProbeError, match=r"retriever\.auth_token_file: auth token file .* cannot read it"):
         probe(server.url, auth_token_file=tokens[0].parent / "absent")
+
+
+def test_the_probe_command_sends_the_token_file(server, tokens) -> None:
+    cmd = [sys.executable, "-m", "search_env", "probe", server.url, "--timeout", "5"]
+    ok = subprocess.run(
+        [*cmd, "--auth-token-file", str(tokens[0])], capture_output=True, text=True, timeout=60
+    )
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "retriever.auth_token_file" in refused.stderr
 
 
 def test_the_evaluation_check_sends_the_token(server, tokens) -> None:
