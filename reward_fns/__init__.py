@@ -1,14 +1,19 @@
 """Answer scoring shared by training rewards and evaluation (docs/design.md §5, docs/protocol.md).
 
-verl entry points live in :mod:`reward_fns.compute_score`.
+The metrics are declared once in :mod:`reward_fns.registry`, the reward shapes in
+:data:`reward_fns.shapes.SHAPES`; verl entry points live in :mod:`reward_fns.compute_score`.
 """
 
 from reward_fns.answer import extract_answer, format_violation, is_well_formed
 from reward_fns.metrics import cover_match, exact_match, normalize_answer, token_f1, train_f1
+from reward_fns.registry import METRICS, PRIMARY, Metric, metric, metric_names
 from reward_fns.shapes import FORMAT_FLOOR, REWARD_PATH, SHAPES, Scored, evaluation_scores, score_rollout
 
 __all__ = [
     "FORMAT_FLOOR",
+    "METRICS",
+    "PRIMARY",
+    "Metric",
     "REWARD_PATH",
     "SHAPES",
     "Scored",
@@ -18,6 +23,8 @@ __all__ = [
     "extract_answer",
     "format_violation",
     "is_well_formed",
+    "metric",
+    "metric_names",
     "normalize_answer",
     "score_rollout",
     "token_f1",

@@ -1,14 +1,16 @@
 """verl entry points: ``reward.custom_reward_function.path=pkg://reward_fns.compute_score``.
 
-Select the shape with ``reward.custom_reward_function.name`` = ``em_only`` | ``f1_only`` |
-``f1_format``, or use ``compute_score`` with ``+reward.custom_reward_function.reward_kwargs.shape=…``.
-Every function returns ``{"score", "em", "f1", "acc", "well_formed", "answered"}`` (floats)
+Select the shape with ``reward.custom_reward_function.name`` = any built-in shape's name
+(:data:`reward_fns.shapes.SHAPES`: ``em_only`` | ``f1_only`` | ``f1_format``), or use ``compute_score``
+with ``+reward.custom_reward_function.reward_kwargs.shape=…``. The per-shape functions are made
+from ``SHAPES`` (module ``__getattr__``), none is written by hand. Every function returns ``{"score",
+<each metric of reward_fns.registry.METRICS: "em", "f1", "acc">, "well_formed", "answered"}`` (floats)
 and never raises on any ``solution_str``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -54,16 +56,39 @@ def compute_score(
     return scored.as_dict(shape_fn(scored))
 
 
-def em_only(data_source=None, solution_str=None, ground_truth=None, extra_info=None, **kwargs):
-    """Exact-match reward (Search-R1)."""
-    return compute_score(data_source, solution_str, ground_truth, extra_info, shape="em_only")
+def _entry_point(shape: str) -> Callable[..., dict[str, float]]:
+    """verl's ``compute_score`` signature bound to ``shape``, named after it (so Ray pickles it by reference)."""
+
+    def entry(
+        data_source: str | None = None,
+        solution_str: str | None = None,
+        ground_truth: Any = None,
+        extra_info: dict | None = None,
+        **kwargs: Any,
+    ) -> dict[str, float]:
+        return compute_score(data_source, solution_str, ground_truth, extra_info, shape=shape)
+
+    entry.__name__ = entry.__qualname__ = shape
+    entry.__module__ = __name__
+    entry.__doc__ = f"The {shape!r} reward: {(SHAPES[shape].__doc__ or '').strip()}"
+    return entry
 
 
-def f1_only(data_source=None, solution_str=None, ground_truth=None, extra_info=None, **kwargs):
-    """Token-F1 reward."""
-    return compute_score(data_source, solution_str, ground_truth, extra_info, shape="f1_only")
+_ENTRY_POINTS: dict[str, Callable[..., dict[str, float]]] = {}
 
 
-def f1_format(data_source=None, solution_str=None, ground_truth=None, extra_info=None, **kwargs):
-    """F1 with the 0.1 floor behind the format gate (ReSearch)."""
-    return compute_score(data_source, solution_str, ground_truth, extra_info, shape="f1_format")
+def __getattr__(name: str) -> Callable[..., dict[str, float]]:
+    """The verl entry point of built-in shape ``name`` (PEP 562): ``reward.custom_reward_function.name=NAME``
+    is looked up with ``getattr`` on this module, so every :data:`SHAPES` entry is one, with no wrapper
+    written per shape. The same object on every look-up."""
+    if name not in SHAPES:
+        raise AttributeError(
+            f"module {__name__!r} has no attribute {name!r} (built-in shapes: {sorted(SHAPES)})"
+        )
+    if name not in _ENTRY_POINTS:
+        _ENTRY_POINTS[name] = _entry_point(name)
+    return _ENTRY_POINTS[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *SHAPES})

@@ -6,7 +6,8 @@ rule; two empty strings score 1.0), :func:`token_f1` is FlashRAG's ``F1_Score`` 
 rule; empty strings score 0). :func:`exact_match` is both ``em_check`` and FlashRAG's
 ``ExactMatch``, :func:`cover_match` is ``Sub_ExactMatch`` (ACC). Each takes one prediction and one
 gold or several and returns the maximum over golds in [0, 1] (0 for no golds), like the study
-without skipping golds that normalise to the empty string.
+without skipping golds that normalise to the empty string. The ``*_score`` functions are the same
+metrics on a :class:`Normalized` pair: the scorers :mod:`reward_fns.registry` declares.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
@@ -167,13 +169,39 @@ def train_f1(prediction: str, golds: str | Iterable[str]) -> float:
     return _f1_check(*_prediction(prediction), _golds(golds))
 
 
-def training_metrics(prediction: str, golds: str | Iterable[str]) -> tuple[float, float, float]:
-    """(EM, training F1, ACC), normalising every string once."""
-    (pred, tokens), normalised = _prediction(prediction), _golds(golds)
-    return _em(pred, normalised), _f1_check(pred, tokens, normalised), _acc(pred, normalised)
+@dataclass(frozen=True)
+class Normalized:
+    """One prediction and its golds, normalised once: what every registered scorer reads."""
+
+    prediction: str
+    """The normalised prediction."""
+    tokens: list[str]
+    """``prediction.split()``."""
+    golds: Sequence[str]
+    """The normalised golds."""
 
 
-def evaluation_metrics(prediction: str, golds: str | Iterable[str]) -> tuple[float, float, float]:
-    """(EM, evaluation F1, ACC) as FlashRAG computes them, normalising every string once."""
-    (pred, tokens), normalised = _prediction(prediction), _golds(golds)
-    return _em(pred, normalised), _flashrag_f1(pred, tokens, normalised), _acc(pred, normalised)
+def normalized(prediction: str, golds: str | Iterable[str]) -> Normalized:
+    """``prediction`` and ``golds`` normalised (:func:`normalize_answer`), each string once."""
+    pred, tokens = _prediction(prediction)
+    return Normalized(pred, tokens, _golds(golds))
+
+
+def em_score(n: Normalized) -> float:
+    """EM (:func:`exact_match`) of a normalised pair."""
+    return _em(n.prediction, n.golds)
+
+
+def acc_score(n: Normalized) -> float:
+    """ACC (:func:`cover_match`) of a normalised pair."""
+    return _acc(n.prediction, n.golds)
+
+
+def flashrag_f1_score(n: Normalized) -> float:
+    """Evaluation F1 (:func:`token_f1`) of a normalised pair."""
+    return _flashrag_f1(n.prediction, n.tokens, n.golds)
+
+
+def f1_check_score(n: Normalized) -> float:
+    """Training F1 (:func:`train_f1`) of a normalised pair."""
+    return _f1_check(n.prediction, n.tokens, n.golds)

@@ -1,13 +1,14 @@
-"""The three reward shapes of the study (paper §4.2), the scored training rollout, and the
-evaluation metrics of one response."""
+"""The reward shapes of the study (paper §4.2), the scored training rollout, and the evaluation
+metrics of one response. A built-in shape is one :data:`SHAPES` entry (name -> function of the
+:class:`Scored` rollout); :mod:`reward_fns.compute_score` serves every entry to verl by its name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from reward_fns.answer import extract_answer, is_well_formed
-from reward_fns.metrics import evaluation_metrics, training_metrics
+from reward_fns.registry import METRICS, evaluation_metrics, training_metrics
 
 FORMAT_FLOOR = 0.1
 """Score of a well-formed rollout whose answer has zero F1 under ``f1_format`` (``FORMAT_BONUS``)."""
@@ -15,41 +16,47 @@ FORMAT_FLOOR = 0.1
 
 @dataclass(frozen=True)
 class Scored:
-    """Metrics of one rollout: all in [0, 1]; ``well_formed``/``answered`` are 0.0 or 1.0."""
+    """Metrics of one rollout: every registered metric (:data:`reward_fns.registry.METRICS`) by name,
+    each in [0, 1] and readable as an attribute (``s.em``, ``s.f1``); ``well_formed``/``answered``
+    are 0.0 or 1.0."""
 
-    em: float
-    f1: float
-    acc: float
+    metrics: Mapping[str, float]
     well_formed: float
     answered: float
 
+    def __getattr__(self, name: str) -> float:
+        metrics = self.__dict__.get("metrics")
+        if metrics is not None and name in metrics:
+            return metrics[name]
+        raise AttributeError(f"{type(self).__name__} has no metric {name!r}")
+
     def as_dict(self, score: float) -> dict[str, float]:
-        return {"score": score, **asdict(self)}
+        """The reward dict: ``score``, each metric in registry order, ``well_formed``, ``answered``."""
+        return {"score": score, **self.metrics, "well_formed": self.well_formed, "answered": self.answered}
 
 
 def score_rollout(text: str, golds: Sequence[str]) -> Scored:
-    """Training view of one rollout: the last answer's EM, training F1 (``train_f1``) and ACC.
+    """Training view of one rollout: each metric's training scorer on the last answer (F1 is ``train_f1``).
 
     No answer scores 0 on every metric (the study's rewards give 0 when ``extract_solution`` is None).
     """
     answer = extract_answer(text)
     well_formed = float(is_well_formed(text))
     if answer is None:
-        return Scored(0.0, 0.0, 0.0, well_formed, 0.0)
-    em, f1, acc = training_metrics(answer, golds)
-    return Scored(em, f1, acc, well_formed, 1.0)
+        return Scored({m.name: 0.0 for m in METRICS}, well_formed, 0.0)
+    return Scored(training_metrics(answer, golds), well_formed, 1.0)
 
 
 def evaluation_scores(text: str, golds: Sequence[str]) -> dict[str, object]:
     """Evaluation view of one response, as the study's evaluation scores it.
 
-    ``prediction`` = the last answer or None; ``em``/``f1``/``acc`` are FlashRAG's metrics of
-    ``prediction or ""`` (``active_pipeline.py`` scores ``extract_solution(...) or ""``; a gold
-    that normalises to nothing then matches a missing answer, as in FlashRAG); ``well_formed`` the gate.
+    ``prediction`` = the last answer or None; then every registered metric's evaluation scorer
+    (FlashRAG's) of ``prediction or ""`` (``active_pipeline.py`` scores ``extract_solution(...) or ""``;
+    a gold that normalises to nothing then matches a missing answer, as in FlashRAG); ``well_formed`` the gate.
     """
     answer = extract_answer(text)
-    em, f1, acc = evaluation_metrics(answer if answer is not None else "", golds)
-    return {"prediction": answer, "em": em, "f1": f1, "acc": acc, "well_formed": is_well_formed(text)}
+    scores = evaluation_metrics(answer if answer is not None else "", golds)
+    return {"prediction": answer, **scores, "well_formed": is_well_formed(text)}
 
 
 def em_only(s: Scored) -> float:
@@ -77,3 +84,5 @@ SHAPES: dict[str, Callable[[Scored], float]] = {
     "f1_only": f1_only,
     "f1_format": f1_format,
 }
+"""The built-in reward shapes: ``shape=NAME`` in recipes and study files, and the verl entry point
+``reward.custom_reward_function.name=NAME`` of :data:`REWARD_PATH`."""

@@ -276,6 +276,46 @@ def test_entry_points_load_through_verl():
     )
 
 
+def test_a_shape_added_to_the_registry_is_a_verl_entry_point(monkeypatch):
+    """One SHAPES entry is all a built-in shape needs: verl loads it by name, the same object every
+    time (Ray pickles it by reference), and the launcher's and study's name checks accept it."""
+    import pickle
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.import_utils import load_extern_object
+
+    import reward_fns.compute_score as entry_points
+    from reward_fns.shapes import SHAPES
+    from study.spec import shape_overrides
+
+    def half_em(s):
+        """Half credit for an exact match."""
+        return s.em / 2
+
+    monkeypatch.setitem(SHAPES, "half_em", half_em)
+    monkeypatch.setattr(entry_points, "_ENTRY_POINTS", {})
+    fn = load_extern_object("pkg://reward_fns.compute_score", "half_em")
+    assert fn is entry_points.half_em and fn.__name__ == "half_em" and pickle.loads(pickle.dumps(fn)) is fn
+    right = "t</think><answer>Paris</answer>"
+    assert fn(data_source="nq", solution_str=right, ground_truth=["Paris"]) == {
+        "score": 0.5,
+        "em": 1.0,
+        "f1": 1.0,
+        "acc": 1.0,
+        "well_formed": 1.0,
+        "answered": 1.0,
+    }
+    cfg = {"path": "pkg://reward_fns.compute_score", "name": "half_em", "reward_kwargs": {}}
+    verl_fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": cfg}}))
+    assert verl_fn(data_source="nq", solution_str=right, ground_truth="Paris")["score"] == 0.5
+    assert shape_overrides("half_em", "cells") == ("half_em", ["shape=half_em"])
+    with pytest.raises(AttributeError, match="no_such_shape"):
+        load_extern_object("pkg://reward_fns.compute_score", "no_such_shape")
+    with pytest.raises(AttributeError, match="built-in shapes"):
+        entry_points.no_such_shape  # noqa: B018
+
+
 # --- the metrics against the textbook SQuAD / FlashRAG / f1_check code, on seeded random text ---
 
 
@@ -366,7 +406,7 @@ def _random_case(rng: random.Random) -> tuple[str, list[str]]:
 
 
 def test_metrics_equal_the_textbook_definitions_on_random_text():
-    from reward_fns.metrics import evaluation_metrics, training_metrics
+    from reward_fns.registry import evaluation_metrics, training_metrics
 
     rng = random.Random(20240611)
     long_preds = 0
@@ -381,8 +421,8 @@ def test_metrics_equal_the_textbook_definitions_on_random_text():
         # exact float equality: the same operations in the same order, not approximately equal
         assert (exact_match(pred, golds), cover_match(pred, golds)) == (em, acc), (pred, golds)
         assert (train_f1(pred, golds), token_f1(pred, golds)) == (train, flash), (pred, golds)
-        assert training_metrics(pred, golds) == (em, train, acc), (pred, golds)
-        assert evaluation_metrics(pred, golds) == (em, flash, acc), (pred, golds)
+        assert training_metrics(pred, golds) == {"em": em, "f1": train, "acc": acc}, (pred, golds)
+        assert evaluation_metrics(pred, golds) == {"em": em, "f1": flash, "acc": acc}, (pred, golds)
         if golds:  # a single gold string is the one-element list
             assert train_f1(pred, golds[0]) == _ref_f1_check(pred, golds[:1])
     assert long_preds > 200  # the uncached path for long predictions is exercised too
@@ -390,10 +430,14 @@ def test_metrics_equal_the_textbook_definitions_on_random_text():
 
 def test_metrics_on_one_long_answer_body():
     """The worst case of bench/scoring.py: one answer of ~40,000 tokens, scored against short golds."""
-    from reward_fns.metrics import evaluation_metrics, training_metrics
+    from reward_fns.registry import evaluation_metrics, training_metrics
 
     for body in ("word " * 40_000, "Wörd, the— " * 18_000, " ".join(str(i) for i in range(20_000))):
         for golds in (["word", "Paris"], ["wörd —"], ["19999", "the 7"], [body.upper()], ["no"]):
             em, acc = _ref_em(body, golds), _ref_acc(body, golds)
-            assert training_metrics(body, golds) == (em, _ref_f1_check(body, golds), acc)
-            assert evaluation_metrics(body, golds) == (em, _ref_flashrag_f1(body, golds), acc)
+            assert training_metrics(body, golds) == {"em": em, "f1": _ref_f1_check(body, golds), "acc": acc}
+            assert evaluation_metrics(body, golds) == {
+                "em": em,
+                "f1": _ref_flashrag_f1(body, golds),
+                "acc": acc,
+            }
