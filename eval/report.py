@@ -23,7 +23,6 @@ from eval.results import (
     AVG_ALL,
     AVG_HELDOUT,
     IN_DISTRIBUTION,
-    METRICS,
     Results,
     ResultsError,
     benchmark_label,
@@ -59,17 +58,12 @@ from eval.tables import (
     table1,
     table1_markdown,
 )
+from reward_fns import PRIMARY, metric_names, registered
 from search_env.safe_fs import write_atomic
 
 AVERAGE_TEXT = {
     AVG_ALL: "unweighted mean over all {n} benchmarks, the training set's included (the paper's Avg over its 7)",
     AVG_HELDOUT: "unweighted mean over the {h} held-out benchmarks (excluded as the training set's: {trained})",
-}
-TABLE_FILES = {"em": "table3_em", "f1": "table4_f1", "acc": "table5_acc"}
-TABLE_TITLES = {
-    "em": "Table 3: exact match",
-    "f1": "Table 4: token F1",
-    "acc": "Table 5: substring-cover accuracy",
 }
 
 
@@ -128,6 +122,8 @@ def bootstrap_cells(
     suite = results.suite
     subsets = {AVG_ALL: suite, AVG_HELDOUT: [b for b in suite if b not in IN_DISTRIBUTION]}
     records, loaded, notes = [], {}, []
+    names = list(metric_names())
+    primary = names.index(PRIMARY)
     for run, step in sorted(set(zip(cells["run"], cells["step"], strict=True))):
         path = results.rows_path(run, int(step))
         if not path.exists():
@@ -135,7 +131,7 @@ def bootstrap_cells(
             continue
         rows = load_rows(path)
         loaded[(run, int(step))] = Cell(run, int(step), rows)
-        groups = {b: rows.loc[rows["benchmark"] == b, list(METRICS)].to_numpy() for b in suite}
+        groups = {b: rows.loc[rows["benchmark"] == b, names].to_numpy() for b in suite}
         empty = [benchmark_label(b) for b, g in groups.items() if len(g) == 0]
         if empty:
             notes.append(
@@ -147,17 +143,19 @@ def bootstrap_cells(
             {name: np.mean([point[b] for b in members], axis=0) for name, members in subsets.items()}
         )
         summary = results.scores[(results.scores["run"] == run) & (results.scores["step"] == step)]
-        summary_em = summary.set_index("benchmark")["em"]
-        off = [benchmark_label(b) for b in suite if abs(summary_em.get(b, np.nan) - point[b][0]) > 1e-6]
+        in_summary = summary.set_index("benchmark")[PRIMARY]
+        off = [benchmark_label(b) for b in suite if abs(in_summary.get(b, np.nan) - point[b][primary]) > 1e-6]
         if off:
-            notes.append(f"{path}: EM from rows differs from summary.json on {', '.join(off)}.")
+            notes.append(
+                f"{path}: {PRIMARY.upper()} from rows differs from summary.json on {', '.join(off)}."
+            )
         draws = (
             bootstrap_macro(groups, subsets, n_boot, stream_seed(seed, run, int(step))) if n_boot > 0 else {}
         )
         for bench, est in point.items():
-            lo, hi = percentile_interval(draws[bench], level) if draws else (np.full(3, np.nan),) * 2
+            lo, hi = percentile_interval(draws[bench], level) if draws else (np.full(len(names), np.nan),) * 2
             n = len(rows) if bench in subsets else len(groups[bench])
-            for i, metric in enumerate(METRICS):
+            for i, metric in enumerate(names):
                 records.append((run, int(step), bench, metric, n, float(est[i]), float(lo[i]), float(hi[i])))
     columns = ["run", "step", "benchmark", "metric", "n", "estimate", "lo", "hi"]
     return pd.DataFrame(records, columns=columns), loaded, notes
@@ -371,11 +369,13 @@ def emit_table1(r: Report) -> None:
 
 
 def emit_per_benchmark_tables(r: Report) -> None:
-    """Tables 3-5 (EM, F1, ACC per benchmark at Table 1's checkpoints), Markdown and CSV each."""
-    for metric, stem in TABLE_FILES.items():
-        frame = per_benchmark_table(r.results.scores, r.selections, r.floors, metric, r.results.suite)
+    """Tables 3-5 (EM, F1, ACC per benchmark at Table 1's checkpoints; one per registered metric,
+    named and titled by its registry entry), Markdown and CSV each."""
+    for metric in registered():
+        stem, title = metric.table, metric.title
+        frame = per_benchmark_table(r.results.scores, r.selections, r.floors, metric.name, r.results.suite)
         text = (
-            f"# {TABLE_TITLES[metric]} per benchmark\n\n(ID) = in-distribution (training set); the other "
+            f"# {title} per benchmark\n\n(ID) = in-distribution (training set); the other "
             f"benchmarks are held out. Averages: Avg (all) = {r.avg_text[AVG_ALL]}; Avg (held-out) = "
             f"{r.avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n{r.caption}\n\n"
             + frame_markdown(frame)
@@ -383,9 +383,9 @@ def emit_per_benchmark_tables(r: Report) -> None:
         r.emit(
             f"{stem}.md",
             text,
-            f"{TABLE_TITLES[metric]} per benchmark for every cell, with both macro averages.",
+            f"{title} per benchmark for every cell, with both macro averages.",
         )
-        r.emit(f"{stem}.csv", frame.to_csv(index=False), f"{TABLE_TITLES[metric]} per benchmark as CSV.")
+        r.emit(f"{stem}.csv", frame.to_csv(index=False), f"{title} per benchmark as CSV.")
 
 
 def emit_statistics(r: Report) -> None:

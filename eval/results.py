@@ -22,12 +22,11 @@ import pandas as pd
 
 from eval.settings import FULL, differences, mismatch_message
 from eval.store import RowStore
-from reward_fns import normalize_answer
+from reward_fns import metric_names, normalize_answer
 from search_env.jsonl import iter_jsonl
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RECIPE_STEM = re.compile(r"^(?P<shape>[A-Za-z0-9_]+?)_s(?P<seed>\d+)$")
-METRICS = ("em", "f1", "acc")
 AVG_ALL = "avg_all"
 AVG_HELDOUT = "avg_heldout"
 
@@ -119,9 +118,10 @@ class Results:
     """A loaded result tree.
 
     ``scores`` is tidy: one row per (run, step, benchmark) with columns ``run, shape, seed,
-    horizon, step, benchmark, n, em, f1, acc, abort_rate, searches_mean``; ``benchmark`` also takes
-    the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite) and :data:`AVG_HELDOUT`
-    (unweighted mean over the suite without the training benchmark) for em/f1/acc. ``suite`` lists the real
+    horizon, step, benchmark, n, <each registered metric: em, f1, acc>, abort_rate, searches_mean``;
+    ``benchmark`` also takes the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite)
+    and :data:`AVG_HELDOUT` (unweighted mean over the suite without the training benchmark) for the
+    metrics. ``suite`` lists the real
     benchmarks in paper order. ``notes`` says which checkpoints were skipped and why.
     ``summaries`` holds the summary.json document of every (run, step) in ``scores``, as written.
     Every run and summary was evaluated with the same settings (:func:`check_settings`).
@@ -171,7 +171,9 @@ RUN_FIX = (
 )
 SUMMARY_FIX = (
     "re-run the eval harness for this checkpoint (it rewrites summary.json from rows.jsonl); the "
-    'expected shape is {"benchmarks": {name: {"n", "em", "f1", "acc", ...}}, "macro": {...}, '
+    'expected shape is {"benchmarks": {name: {"n", '
+    + "".join(f'"{name}", ' for name in metric_names())
+    + '...}}, "macro": {...}, '
     '"step": N, "complete": true}'
 )
 
@@ -233,7 +235,7 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
         if not isinstance(entry, dict):
             raise ResultsError(f"{path}: benchmarks.{name} must be an object. Fix: {SUMMARY_FIX}")
         record: dict[str, Any] = {"benchmark": canonical_benchmark(name), "step": step}
-        for metric in METRICS:
+        for metric in metric_names():
             record[metric] = _as_fraction(
                 _require(entry, metric, (int, float), path, SUMMARY_FIX), f"benchmarks.{name}.{metric}", path
             )
@@ -248,7 +250,7 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
         records.append(record)
     macro = summary.get("macro")
     if isinstance(macro, dict):
-        for metric in METRICS:
+        for metric in metric_names():
             if isinstance(macro.get(metric), (int, float)):
                 mean = float(np.mean([r[metric] for r in records]))
                 if abs(mean - macro[metric]) > 1e-6:
@@ -271,7 +273,7 @@ def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
     parts = [frame]
     for name, members in ((AVG_ALL, list(suite)), (AVG_HELDOUT, heldout)):
         sub = frame[frame["benchmark"].isin(members)]
-        avg = sub.groupby(keys, as_index=False)[list(METRICS)].mean()
+        avg = sub.groupby(keys, as_index=False)[list(metric_names())].mean()
         avg["benchmark"] = name
         avg["n"] = sub.groupby(keys)["n"].sum().to_numpy()
         parts.append(avg)
@@ -387,7 +389,7 @@ def load_results(root: Path | str) -> Results:
         "step",
         "benchmark",
         "n",
-        *METRICS,
+        *metric_names(),
         "abort_rate",
         "searches_mean",
     ]
@@ -424,7 +426,7 @@ def check_disjoint(test: Results, val: Results) -> None:
 
 
 ROW_FIX = (
-    "each line must be a JSON object with benchmark, em, f1, acc (and searches, termination, "
+    f"each line must be a JSON object with benchmark, {', '.join(metric_names())} (and searches, termination, "
     "prediction for the search profile); re-run the eval harness for this checkpoint"
 )
 
@@ -432,7 +434,7 @@ ROW_FIX = (
 def load_rows(path: Path) -> pd.DataFrame:
     """Per-question rows of one checkpoint as a DataFrame.
 
-    Columns: ``benchmark`` (canonical), ``id``, ``em``, ``f1``, ``acc`` (floats in [0, 1]),
+    Columns: ``benchmark`` (canonical), ``id``, each registered metric (``em``, ``f1``, ``acc``: floats in [0, 1]),
     ``searches`` (int, -1 when absent), ``termination`` (str, "" when absent), ``answered`` (bool:
     a prediction was extracted). A question appearing twice keeps its first line, as
     :class:`eval.store.RowStore` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
@@ -442,7 +444,7 @@ def load_rows(path: Path) -> pd.DataFrame:
         where = Path(f"{path}:{lineno}")
         bench = _require(row, "benchmark", str, where, ROW_FIX)
         rec = {"benchmark": canonical_benchmark(bench), "id": str(row.get("id", f"line{lineno}"))}
-        for metric in METRICS:
+        for metric in metric_names():
             rec[metric] = _as_fraction(
                 _require(row, metric, (int, float), where, ROW_FIX), metric, where, ROW_FIX
             )
@@ -453,7 +455,7 @@ def load_rows(path: Path) -> pd.DataFrame:
         rec["answered"] = isinstance(prediction, str)
         records.append(rec)
     frame = pd.DataFrame.from_records(
-        records, columns=["benchmark", "id", *METRICS, "searches", "termination", "answered"]
+        records, columns=["benchmark", "id", *metric_names(), "searches", "termination", "answered"]
     )
     return frame.drop_duplicates(["benchmark", "id"], keep="first").reset_index(drop=True)
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eval.results import AVG_ALL, METRICS, check_disjoint, load_results
+from eval.results import AVG_ALL, check_disjoint, load_results
 from eval.store import write_json_atomic
 from eval.tables import (
     MATCHED,
@@ -25,6 +25,7 @@ from eval.tables import (
     select_checkpoints,
     stage_caption,
 )
+from reward_fns import PRIMARY, metric_names
 from search_env.paths import repo_relative
 
 
@@ -43,15 +44,15 @@ def _pick(summary: dict[str, Any], step: int, metric: str) -> dict[str, Any]:
 def selection_document(
     results: Path,
     val_results: Path | None = None,
-    metric: str = "em",
+    metric: str = PRIMARY,
     matched_horizon: int | str = MATCHED_HORIZON,
 ) -> dict[str, Any]:
     """The selection document of every run under ``results``: its floor and its pick under each rule
     (validation rules only where ``val_results`` has the run). ``matched_horizon`` (steps) may be ``"auto"``: the smallest known horizon of the
     evaluated runs. Raises ValueError (:class:`eval.results.ResultsError` for bad input files) on
     an unknown metric, unreadable results, or validation rows sharing a question with test rows."""
-    if metric not in METRICS:
-        raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
+    if metric not in metric_names():
+        raise ValueError(f"--metric {metric!r} is unknown; use one of {metric_names()}")
     test = load_results(results)
     val = load_results(val_results) if val_results is not None else None
     if val is not None:
@@ -133,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--val-results", type=Path, help="validation-suite results folder of the same runs")
     parser.add_argument(
-        "--metric", default="em", choices=METRICS, help="macro metric to maximise (default em)"
+        "--metric",
+        default=PRIMARY,
+        choices=metric_names(),
+        help=f"macro metric to maximise (default {PRIMARY})",
     )
     parser.add_argument(
         "--matched-horizon",

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eval.stats import mean
 from eval.suite import Question
-from reward_fns import evaluation_scores
+from reward_fns import PRIMARY, evaluation_scores, metric_names, registered
 from search_env import protocol
 from search_env.rollout_record import TERMINATIONS, record_of
+
+AVERAGES: dict[str, Callable[[Sequence[float]], float]] = {"mean": mean}
+"""A metric's ``average`` (reward_fns.registry.AVERAGES) -> the function of its rows' values."""
 
 
 def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
@@ -24,9 +27,7 @@ def score_row(q: Question, record: dict[str, Any]) -> dict[str, Any]:
         "question": q.question,
         "golds": list(q.golds),
         "prediction": scored["prediction"],
-        "em": scored["em"],
-        "f1": scored["f1"],
-        "acc": scored["acc"],
+        **{name: scored[name] for name in metric_names()},
         "well_formed": bool(scored["well_formed"]),
         **record_of(record),
     }
@@ -41,7 +42,8 @@ def summarize(
     """``summary.json`` of one checkpoint; ``macro`` is the unweighted mean over ``benchmarks``;
     ``limits_preset`` names the rollout limits preset the rows were made with.
 
-    Per benchmark: ``n``, mean ``em``/``f1``/``acc``, ``abort_rate`` (fraction of rows with no
+    Per benchmark: ``n``, each registered metric (``em``/``f1``/``acc``, :func:`reward_fns.registry.registered`)
+    averaged as it declares (the mean over the rows), ``abort_rate`` (fraction of rows with no
     ``<answer>``), ``searches_mean`` and ``terminations`` counts. Every benchmark needs >= 1 row.
     """
     by_bench: dict[str, list[dict[str, Any]]] = {b: [] for b in benchmarks}
@@ -55,14 +57,12 @@ def summarize(
         counts = Counter(r.get("termination") for r in items)
         per[name] = {
             "n": len(items),
-            "em": mean([r["em"] for r in items]),
-            "f1": mean([r["f1"] for r in items]),
-            "acc": mean([r["acc"] for r in items]),
+            **{m.name: AVERAGES[m.average]([r[m.name] for r in items]) for m in registered()},
             "abort_rate": mean([1.0 if r.get("prediction") is None else 0.0 for r in items]),
             "searches_mean": mean([r.get("searches", 0) for r in items]),
             "terminations": {t: counts.get(t, 0) for t in TERMINATIONS},
         }
-    macro = {m: mean([per[b][m] for b in benchmarks]) for m in ("em", "f1", "acc")}
+    macro = {m: mean([per[b][m] for b in benchmarks]) for m in metric_names()}
     return {
         "step": step,
         "limits_preset": preset,
@@ -73,7 +73,7 @@ def summarize(
     }
 
 
-def format_table(summaries: dict[int, dict[str, Any]], metric: str = "em") -> str:
+def format_table(summaries: dict[int, dict[str, Any]], metric: str = PRIMARY) -> str:
     """Markdown table: one line per step, the metric per benchmark and the macro average, under a
     caption naming the rollout limits preset of the summaries."""
     if not summaries:

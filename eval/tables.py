@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, METRICS, benchmark_label
+from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, benchmark_label
 from eval.stats import rank_groups
-from reward_fns import SHAPES
+from reward_fns import PRIMARY, SHAPES, metric_named, metric_names
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
 MATCHED = "matched"
@@ -69,19 +69,22 @@ def rule_label(rule: str, matched_horizon: int) -> str:
     )
 
 
-def _best_step(values: pd.Series) -> int:
-    """The step (index of ``values``) with the highest value, the earliest on a tie."""
-    return int(values.sort_index().idxmax())  # idxmax returns the first (earliest) maximum
+def _best_step(values: pd.Series, higher_is_better: bool = True) -> int:
+    """The step (index of ``values``) with the best value (the highest, or the lowest when not
+    ``higher_is_better``), the earliest on a tie."""
+    ordered = values.sort_index()  # idxmax/idxmin return the first (earliest) extreme
+    return int(ordered.idxmax() if higher_is_better else ordered.idxmin())
 
 
 def select_checkpoints(
     scores: pd.DataFrame,
     matched_horizon: int = MATCHED_HORIZON,
     criterion: str = AVG_ALL,
-    metric: str = "em",
+    metric: str = PRIMARY,
     val_scores: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Best checkpoint per run and rule, by ``metric`` (em, f1 or acc, a fraction in [0, 1]) of the
+    """Best checkpoint per run and rule, by ``metric`` (a registered metric: em, f1 or acc, a
+    fraction in [0, 1]; best = highest unless the registry says lower is better) of the
     ``criterion`` average (AVG_ALL or AVG_HELDOUT); ``scores`` and ``val_scores`` are
     :attr:`eval.results.Results.scores` frames.
 
@@ -97,8 +100,9 @@ def select_checkpoints(
     Only a run's checkpoints with the most rows are candidates (under the sequential plan, those it
     confirmed), so every comparison is on the same questions.
     """
-    if metric not in METRICS:
-        raise ValueError(f"--metric {metric!r} is unknown; use one of {METRICS}")
+    if metric not in metric_names():
+        raise ValueError(f"--metric {metric!r} is unknown; use one of {metric_names()}")
+    higher = metric_named(metric).higher_is_better
     crit = scores[(scores["benchmark"] == criterion) & (scores["step"] >= 1)]
     val = None
     if val_scores is not None:
@@ -118,7 +122,7 @@ def select_checkpoints(
         horizon = int(first["horizon"])
         within, beyond = sub[sub["step"] <= horizon], sub[sub["step"] > horizon]
         if len(beyond):
-            best = beyond.loc[beyond[metric].idxmax()]
+            best = beyond.loc[beyond[metric].idxmax() if higher else beyond[metric].idxmin()]
             notes.append(
                 f"run {run}: {len(beyond)} checkpoint(s) beyond its horizon {horizon} ignored by both rules "
                 f"(best of them: step {int(best['step'])}, {name} {best[metric]:.3f})."
@@ -137,7 +141,7 @@ def select_checkpoints(
                 "last_step": last_step,
                 "short": last_step < matched_horizon,
             }
-            step = _best_step(eligible)
+            step = _best_step(eligible, higher)
             rows.append({**cell, "rule": rule, "step": step, "value": float(eligible[step])})
             if val is None:
                 continue
@@ -148,7 +152,7 @@ def select_checkpoints(
                     f"run {run}: no validation checkpoint with step <= {cap} ({VAL_RULES[rule]} rule)."
                 )
                 continue
-            step = _best_step(on_val)
+            step = _best_step(on_val, higher)
             rows.append(
                 {
                     **cell,
@@ -380,8 +384,8 @@ def per_benchmark_table(
     Columns: ``rule, row, seed, step`` then one column per benchmark label (MuSiQue suffixed
     ``(ID)``, in-distribution), ``Avg (all N)`` and ``Avg (held-out N)``.
     """
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if metric not in metric_names():
+        raise ValueError(f"metric must be one of {metric_names()}, got {metric!r}")
     wide = cell_values(scores, selections, floors, metric)[[*suite, *AVERAGES]].reset_index()
     heldout = len([b for b in suite if b not in IN_DISTRIBUTION])
     names = {b: benchmark_label(b) + (" (ID)" if b in IN_DISTRIBUTION else "") for b in suite}

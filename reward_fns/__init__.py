@@ -6,12 +6,11 @@ The metrics are declared once in :mod:`reward_fns.registry`, the reward shapes i
 
 from reward_fns.answer import extract_answer, format_violation, is_well_formed
 from reward_fns.metrics import cover_match, exact_match, normalize_answer, token_f1, train_f1
-from reward_fns.registry import METRICS, PRIMARY, Metric, metric, metric_names
+from reward_fns.registry import PRIMARY, Metric, metric_named, metric_names, registered
 from reward_fns.shapes import FORMAT_FLOOR, REWARD_PATH, SHAPES, Scored, evaluation_scores, score_rollout
 
 __all__ = [
     "FORMAT_FLOOR",
-    "METRICS",
     "PRIMARY",
     "Metric",
     "REWARD_PATH",
@@ -23,9 +22,10 @@ __all__ = [
     "extract_answer",
     "format_violation",
     "is_well_formed",
-    "metric",
+    "metric_named",
     "metric_names",
     "normalize_answer",
+    "registered",
     "score_rollout",
     "token_f1",
     "train_f1",

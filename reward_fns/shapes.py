@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reward_fns.answer import extract_answer, is_well_formed
-from reward_fns.registry import METRICS, evaluation_metrics, training_metrics
+from reward_fns.registry import evaluation_metrics, metric_names, training_metrics
 
 FORMAT_FLOOR = 0.1
 """Score of a well-formed rollout whose answer has zero F1 under ``f1_format`` (``FORMAT_BONUS``)."""
@@ -43,7 +43,7 @@ def score_rollout(text: str, golds: Sequence[str]) -> Scored:
     answer = extract_answer(text)
     well_formed = float(is_well_formed(text))
     if answer is None:
-        return Scored({m.name: 0.0 for m in METRICS}, well_formed, 0.0)
+        return Scored(dict.fromkeys(metric_names(), 0.0), well_formed, 0.0)
     return Scored(training_metrics(answer, golds), well_formed, 1.0)
 
 

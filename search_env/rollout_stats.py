@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from reward_fns import metric_names
 from search_env.rollout_record import TERMINATIONS
 
 ZERO_VARIANCE_ATOL = 1e-8
@@ -28,7 +29,8 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
     """Aggregate one step's rollouts into the study's metrics.
 
     ``extra_fields[i]`` is rollout i's agent-loop record (:class:`search_env.rollout_record.RolloutRecord`)
-    with the reward dict under ``reward_extra_info`` (``score``, ``em``, ``f1``, ``acc``);
+    with the reward dict under ``reward_extra_info`` (``score`` and each registered metric, ``em``,
+    ``f1``, ``acc``: ``reward/<name>`` each, reward_fns.registry);
     ``groups[i]`` is its prompt uid. Missing fields are skipped, so a metric is absent
     rather than wrong. Fractions are in [0, 1]; token counts are per rollout;
     ``rollout/search_errors`` and ``rollout/retrieval_failures`` are counts over the whole step.
@@ -47,9 +49,7 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
 
     for name, records, key in (
         ("reward/mean", rewards, "score"),
-        ("reward/em", rewards, "em"),
-        ("reward/f1", rewards, "f1"),
-        ("reward/acc", rewards, "acc"),
+        *((f"reward/{name}", rewards, name) for name in metric_names()),
         ("rollout/searches_mean", extra_fields, "searches"),
         ("rollout/search_errors_mean", extra_fields, "search_errors"),
         ("rollout/model_tokens_mean", extra_fields, "model_tokens"),
