@@ -293,6 +293,7 @@ def test_a_shape_added_to_the_registry_is_a_verl_entry_point(monkeypatch):
         """Half credit for an exact match."""
         return s.em / 2
 
+    assert not set(SHAPES) & set(vars(entry_points)), "a module global would hide a shape's entry point"
     monkeypatch.setitem(SHAPES, "half_em", half_em)
     monkeypatch.setattr(entry_points, "_ENTRY_POINTS", {})
     fn = load_extern_object("pkg://reward_fns.compute_score", "half_em")
