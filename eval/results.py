@@ -22,7 +22,7 @@ import pandas as pd
 
 from eval.settings import FULL, differences, mismatch_message
 from eval.store import RowStore
-from reward_fns import metric_names, normalize_answer
+from reward_fns import SHAPES, metric_names, normalize_answer
 from search_env.jsonl import iter_jsonl
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -165,7 +165,7 @@ def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], path:
 
 
 RUN_FIX = (
-    'write run.json as {"run": NAME, "shape": "em_only|f1_only|f1_format", "seed": INT, '
+    f'write run.json as {{"run": NAME, "shape": "{"|".join(SHAPES)}", "seed": INT, '
     '"horizon": STEP_CAP or null, "config": {...}} (`python -m eval run` writes it; pass --shape/--seed/'
     "--horizon there when the run's config does not say, or edit the file)"
 )
