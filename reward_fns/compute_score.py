@@ -91,4 +91,5 @@ def __getattr__(name: str) -> Callable[..., dict[str, float]]:
 
 
 def __dir__() -> list[str]:
+    """The module's names and every built-in shape's entry point."""
     return sorted({*globals(), *SHAPES})
