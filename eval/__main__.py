@@ -6,6 +6,7 @@ python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limi
                    [--backend auto|hf|vllm] [--retriever-url URL ...] [--retriever-auth-token-file PATH]
                    [--base-model auto|none|PATH]
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
+                   [--judge-url URL --judge-model NAME [--judge-concurrency N]]
 python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from eval import checkpoints as ckpts
 from eval import plan as seq
-from eval.settings import FULL, SEQUENTIAL, eval_settings
+from eval.settings import FULL, SEQUENTIAL, eval_settings, judge_setting
 from eval.suite import load_suite
 from search_env import protocol
 from search_env.paths import REPO_ROOT
@@ -169,7 +170,34 @@ def build_run_parser() -> argparse.ArgumentParser:
         type=Path,
         help="sequential: a validation results folder; each rule's best step on it is confirmed too",
     )
+    p.add_argument(
+        "--judge-url",
+        help="an OpenAI-compatible chat-completions endpoint (e.g. http://127.0.0.1:8001/v1, "
+        "launch/serve_judge.sh): an LLM judge also scores every non-screening summary's rows",
+    )
+    p.add_argument(
+        "--judge-model",
+        help="the judge's served model name (with --judge-url; an evaluation setting: results of "
+        "different judges refuse to mix)",
+    )
+    p.add_argument(
+        "--judge-concurrency",
+        type=positive_int,
+        default=16,
+        help="judge requests in flight at once (default 16)",
+    )
     return p
+
+
+def _judge(args: argparse.Namespace):
+    """The judge's config from ``--judge-url/--judge-model`` (None without them)."""
+    from reward_fns.judge import JudgeConfig  # httpx: only when a judge is asked for
+
+    if bool(args.judge_url) != bool(args.judge_model):
+        raise ValueError("--judge-url and --judge-model go together: give both (or neither)")
+    if not args.judge_url:
+        return None
+    return JudgeConfig(url=args.judge_url, model=args.judge_model, max_concurrency=args.judge_concurrency)
 
 
 def _on_gpu() -> bool:
@@ -231,7 +259,9 @@ def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.limits import limits_for_preset  # yaml, omegaconf: off the report's import path
+    from reward_fns.judge import PROMPT_VERSION  # httpx: off the report's import path
 
+    judge = _judge(args)
     plan_name, _ = _resolve_plan(args.plan, args.limit)
     if plan_name == SEQUENTIAL and args.limit is not None:
         raise ValueError("--limit and --plan sequential do not mix: the plan chooses each checkpoint's rows")
@@ -289,8 +319,10 @@ def prepare(args: argparse.Namespace):
             args.prefix_caching,
             plan_name,
             topk=args.top_k,
+            judge=None if judge is None else judge_setting(judge.model, PROMPT_VERSION),
         ),
         topk=args.top_k,
+        judge=judge,
         schedule=runner.Schedule(
             plan=plan_name,
             screen_rows=args.screen_rows,

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,38 @@ class VerdictCache:
 def _headers() -> dict[str, str]:
     key = os.environ.get("JUDGE_API_KEY", "")
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def check_model(cfg: JudgeConfig) -> None:
+    """Fail early unless the endpoint answers ``GET .../models`` (retried like a call) and, when it
+    lists its models, serves ``cfg.model``. An endpoint without that route (404) is not checked."""
+    url = cfg.endpoint.removesuffix("/chat/completions") + "/models"
+    last = ""
+    for attempt in range(cfg.retries + 1):
+        if attempt:
+            time.sleep(min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_CAP_S))
+        try:
+            response = httpx.get(url, headers=_headers(), timeout=cfg.timeout_s)
+        except httpx.TransportError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            continue
+        if response.status_code in _RETRY_STATUS:
+            last = f"HTTP {response.status_code}"
+            continue
+        if response.status_code == 404:
+            return
+        try:
+            served = [m["id"] for m in response.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            return
+        if cfg.model not in served:
+            raise JudgeError(
+                f"judge {url} serves {served}, not {cfg.model!r}: fix --judge-model / JUDGE_MODEL"
+            )
+        return
+    raise JudgeError(
+        f"judge {url} did not answer after {cfg.retries + 1} attempts: {last} (is the judge served?)"
+    )
 
 
 async def _ask(client: httpx.AsyncClient, cfg: JudgeConfig, prompt: str) -> Verdict:
