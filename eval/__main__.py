@@ -186,6 +186,12 @@ def build_run_parser() -> argparse.ArgumentParser:
         default=16,
         help="judge requests in flight at once (default 16)",
     )
+    p.add_argument(
+        "--judge-max-tokens",
+        type=positive_int,
+        default=512,
+        help="the judge's reply budget in tokens (default 512; a reply cut short does not parse)",
+    )
     return p
 
 
@@ -197,7 +203,12 @@ def _judge(args: argparse.Namespace):
         raise ValueError("--judge-url and --judge-model go together: give both (or neither)")
     if not args.judge_url:
         return None
-    return JudgeConfig(url=args.judge_url, model=args.judge_model, max_concurrency=args.judge_concurrency)
+    return JudgeConfig(
+        url=args.judge_url,
+        model=args.judge_model,
+        max_concurrency=args.judge_concurrency,
+        max_tokens=args.judge_max_tokens,
+    )
 
 
 def _on_gpu() -> bool:
