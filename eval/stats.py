@@ -154,6 +154,9 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[np.nd
     return low, high
 
 
+AGREEMENT = ("em1_judge1", "em1_judge0", "em0_judge1", "em0_judge0")
+"""A summary's ``judge_agreement`` keys per benchmark: rows by EM pass (1) or fail (0) and judge
+correct (1) or not (0); in this order they are :func:`agreement`'s ``a, b, c, d``."""
 AGREEMENT_MEASURES = ("em_fail_judge_pass", "em_pass_judge_fail", "kappa")
 """The judge-against-EM agreement measures (:func:`agreement`), in the report's order."""
 

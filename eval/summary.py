@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from eval.stats import mean
+from eval.stats import AGREEMENT, mean
 from eval.suite import Question
 from reward_fns import PRIMARY, evaluation_scores, metric_names, registered
 from search_env import protocol
@@ -76,8 +76,6 @@ def summarize(
 JUDGE = "judge"
 """Key of the judge's score (the share of rows it judged ``correct``) in a summary's benchmarks and
 macro, beside the registered metrics; present only when a judge scored the rows."""
-AGREEMENT = ("em1_judge1", "em1_judge0", "em0_judge1", "em0_judge0")
-"""Per benchmark, the rows counted by EM pass (1) or fail (0) and judge correct (1) or not (0)."""
 
 
 def add_judge(

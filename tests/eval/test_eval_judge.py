@@ -168,3 +168,62 @@ def test_summary_json_round_trips(tmp_path):
     summary = summarize(rows, ["nq", "hq"], 1)
     add_judge(summary, rows, ["correct"] * 4, judge_setting("j", PROMPT_VERSION))
     assert json.loads(json.dumps(summary)) == summary
+
+
+def _judge_results(tmp_path: Path) -> Path:
+    """The committed sparse micro-study results, each summary judged by a made-up judge that accepts
+    every EM pass and, per benchmark, the first 3 EM failures."""
+    import shutil
+
+    from search_env.paths import REPO_ROOT
+
+    root = tmp_path / "test"
+    shutil.copytree(REPO_ROOT / "docs" / "micro_study_sparse" / "raw" / "test", root)
+    judge = judge_setting("made-up", PROMPT_VERSION)
+    for path in root.glob("*/global_step_*/summary.json"):
+        summary = json.loads(path.read_text())
+        for entry in summary["benchmarks"].values():
+            passes = round(entry["em"] * entry["n"])
+            accepted = min(3, entry["n"] - passes)
+            entry["judge_agreement"] = {
+                "em1_judge1": passes,
+                "em1_judge0": 0,
+                "em0_judge1": accepted,
+                "em0_judge0": entry["n"] - passes - accepted,
+            }
+            entry["judge"] = (passes + accepted) / entry["n"]
+            entry["judge_unparsed"] = 0
+        summary["macro"]["judge"] = sum(e["judge"] for e in summary["benchmarks"].values()) / len(
+            summary["benchmarks"]
+        )
+        summary["judge"] = judge
+        path.write_text(json.dumps(summary))
+    return root
+
+
+def test_the_report_gains_a_judge_column_and_an_agreement_section(tmp_path):
+    import pandas as pd
+
+    from eval.report import main as report_main
+
+    root = _judge_results(tmp_path)
+    out = tmp_path / "report"
+    assert report_main(["--results", str(root), "--out", str(out), "--bootstrap", "200"]) == 0
+    table1 = (out / "table1.md").read_text()
+    assert "judge, mean over seeds" in table1
+    t1 = pd.read_csv(out / "table1.csv")
+    assert (t1["avg_all_judge"] >= t1["avg_all_em"] - 1e-9).all()  # this judge accepts every EM pass
+    assert "LLM judge per benchmark" in (out / "table_judge.md").read_text()
+    agree = pd.read_csv(out / "judge_agreement.csv")
+    assert (agree["em_pass_judge_fail"].fillna(0) == 0).all()
+    for _, rec in agree.iterrows():
+        a, b, c, d = rec["em1_judge1"], rec["em1_judge0"], rec["em0_judge1"], rec["em0_judge0"]
+        assert rec["em_fail_judge_pass"] == pytest.approx(c / (c + d))
+        hand = agreement(a, b, c, d)["kappa"]
+        assert rec["kappa"] == pytest.approx(hand, nan_ok=True)
+        if not math.isnan(hand):
+            assert rec["kappa_lo"] <= hand <= rec["kappa_hi"]
+    text = (out / "judge_agreement.md").read_text()
+    assert "Cohen's kappa" in text and "made-up" in text
+    index = (out / "index.md").read_text()
+    assert "judge_agreement.md" in index and "table_judge.md" in index
