@@ -55,7 +55,7 @@ def _check_two_steps_logged(run_dir: Path, run: subprocess.CompletedProcess) -> 
 def test_two_grpo_steps_with_the_semantic_reward(tmp_path):
     encoder = build_tiny_encoder(tmp_path / "tiny-e5")
     run_dir = tmp_path / "semantic"
-    run = _train(run_dir, "shape=semantic", f"{PREFIX}.encoder={encoder}")
+    run = _train(run_dir, "shape=semantic", f"+{PREFIX}.encoder={encoder}")
     steps = _check_two_steps_logged(run_dir, run)
     # a cosine, not a string match: rewards that are neither 0 nor 1 (the warm start answers)
     assert any(0.0 < s["reward/mean"] < 1.0 for s in steps.values())
@@ -103,7 +103,7 @@ def test_two_grpo_steps_with_the_judge_reward(tmp_path, judge_server):
     model = httpx.get(f"{judge_server}/models", timeout=5).json()["data"][0]["id"]
     run_dir = tmp_path / "judge"
     run = _train(
-        run_dir, "shape=judge", f"{PREFIX}.judge_url={judge_server}", f"{PREFIX}.judge_model={model}"
+        run_dir, "shape=judge", f"+{PREFIX}.judge_url={judge_server}", f"+{PREFIX}.judge_model={model}"
     )
     _check_two_steps_logged(run_dir, run)
     verdicts = [json.loads(line) for line in (run_dir / "judge_verdicts.jsonl").read_text().splitlines()]
