@@ -271,7 +271,8 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
 def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
     """Our reward functions: ``shape`` must name one (a typo otherwise surfaces deep inside verl,
     after start-up, as "no materializable trajectories"); a model-based shape needs its settings
-    (``reward_kwargs``, given with ``+``: a judge's URL and model, an encoder that exists). Returns
+    (``reward_kwargs``, given with ``+``: a judge's URL and model, an encoder that exists) and its
+    model must answer (``BatchShape.check``: the judge serves that model). Returns
     the overrides that make its paths absolute and put an unset run file (the judge's verdict
     cache) in ``run_dir``."""
     fn = cfg.reward.custom_reward_function
@@ -286,7 +287,7 @@ def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
     if not isinstance(shape, BatchShape):
         return []
     kwargs, prefix = fn.get("reward_kwargs") or {}, "reward.custom_reward_function.reward_kwargs"
-    overrides = []
+    overrides, known = [], len(plan.problems)
     for key, meaning in shape.settings.items():
         value = kwargs.get(key)
         if not plan.need(
@@ -297,6 +298,11 @@ def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
             path = repo_path(value)
             if plan.need(path.exists(), f"{prefix}.{key}={value}: {path} does not exist ({meaning})"):
                 overrides.append(f"++{prefix}.{key}={path}")
+    if len(plan.problems) == known and shape.check is not None:
+        try:
+            shape.check(kwargs)
+        except (RuntimeError, ValueError) as exc:  # JudgeError is a RuntimeError
+            plan.problems.append(f"reward shape {fn.name!r}: {exc}")
     for key, name in shape.run_files.items():
         value = kwargs.get(key)
         overrides.append(f"++{prefix}.{key}={repo_path(value) if value else run_dir / name}")

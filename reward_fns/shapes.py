@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reward_fns.answer import extract_answer, is_well_formed
-from reward_fns.judge import JudgeConfig, VerdictCache, ajudge_many
+from reward_fns.judge import JudgeConfig, VerdictCache, ajudge_many, check_model
 from reward_fns.registry import evaluation_metrics, metric_names, training_metrics
 from reward_fns.semantic import semantic_scores
 
@@ -100,6 +100,8 @@ class BatchShape:
     """Of :attr:`settings`, the local paths that must exist (the launcher makes them absolute)."""
     run_files: Mapping[str, str] = field(default_factory=dict)
     """Optional ``reward_kwargs`` key -> file name: the launcher sets a null one to that file in the run directory."""
+    check: Callable[[Mapping[str, Any]], None] | None = None
+    """Raises (naming what is wrong) unless the model answers; the preflight calls it before training."""
 
 
 def setting(settings: Mapping[str, Any], key: str) -> Any:
@@ -120,19 +122,29 @@ _VERDICT_CACHES: dict[str, VerdictCache] = {}
 """Per cache path: the verdict cache of this process (read once, shared by its batches)."""
 
 
-async def judge_scores(items: list[Item], settings: Mapping[str, Any]) -> list[float]:
-    """1.0 where the LLM judge (:mod:`reward_fns.judge`: its prompt, its verdict cache, identical
-    items asked once) says "correct", else 0.0 (a missing answer is "incorrect" without a call).
-    Settings: ``judge_url``, ``judge_model``; optional ``judge_max_concurrency``, ``judge_timeout_s``,
-    ``judge_retries`` (:class:`reward_fns.judge.JudgeConfig`'s defaults), ``judge_cache`` (a JSONL path).
-    :class:`reward_fns.judge.JudgeError` when the endpoint fails after its retries."""
-    cfg = JudgeConfig(
+def judge_config(settings: Mapping[str, Any]) -> JudgeConfig:
+    """The judge of ``settings``: ``judge_url``, ``judge_model``; optional ``judge_max_concurrency``,
+    ``judge_timeout_s``, ``judge_retries`` (:class:`reward_fns.judge.JudgeConfig`'s defaults)."""
+    return JudgeConfig(
         url=str(setting(settings, "judge_url")),
         model=str(setting(settings, "judge_model")),
         max_concurrency=_or_default(settings, "judge_max_concurrency", JudgeConfig.max_concurrency),
         timeout_s=_or_default(settings, "judge_timeout_s", JudgeConfig.timeout_s),
         retries=_or_default(settings, "judge_retries", JudgeConfig.retries),
     )
+
+
+def check_judge(settings: Mapping[str, Any]) -> None:
+    """:func:`reward_fns.judge.check_model`: the judge answers and serves ``judge_model``."""
+    check_model(judge_config(settings))
+
+
+async def judge_scores(items: list[Item], settings: Mapping[str, Any]) -> list[float]:
+    """1.0 where the LLM judge (:mod:`reward_fns.judge`: its prompt, its verdict cache, identical
+    items asked once) says "correct", else 0.0 (a missing answer is "incorrect" without a call).
+    Settings: :func:`judge_config`'s, and ``judge_cache`` (a JSONL path).
+    :class:`reward_fns.judge.JudgeError` when the endpoint fails after its retries."""
+    cfg = judge_config(settings)
     path = settings.get("judge_cache")
     if path and str(path) not in _VERDICT_CACHES:
         _VERDICT_CACHES[str(path)] = VerdictCache(path)
@@ -163,6 +175,7 @@ SHAPES: dict[str, Shape] = {
             "judge_model": "the judge's served model name",
         },
         run_files={"judge_cache": "judge_verdicts.jsonl"},
+        check=check_judge,
     ),
     "semantic": BatchShape(
         semantic_rewards,

@@ -274,16 +274,21 @@ def _reward_check(cfg, run_dir: Path, shape: str, **reward_kwargs) -> tuple[list
 
 
 def test_preflight_names_a_model_shapes_missing_settings_and_fills_its_paths(
-    demo_config, tmp_path, tiny_encoder
+    demo_config, tmp_path, tiny_encoder, stub
 ):
     problems, _ = _reward_check(demo_config, tmp_path, "judge")
     assert problems == [
         f"reward shape 'judge' needs +{PREFIX}.judge_url=...: the judge's OpenAI-compatible base URL (launch/serve_judge.sh)",
         f"reward shape 'judge' needs +{PREFIX}.judge_model=...: the judge's served model name",
     ]
-    url = "http://127.0.0.1:8010/v1"
-    problems, found = _reward_check(demo_config, tmp_path, "judge", judge_url=url, judge_model="base")
+    problems, found = _reward_check(demo_config, tmp_path, "judge", judge_url=stub.url, judge_model="base")
     assert problems == [] and found == [f"++{PREFIX}.judge_cache={tmp_path / 'judge_verdicts.jsonl'}"]
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # the judge is asked before training starts
+    problems, _ = _reward_check(
+        demo_config, tmp_path, "judge", judge_url=dead, judge_model="m", judge_retries=0
+    )
+    assert len(problems) == 1 and problems[0].startswith("reward shape 'judge': judge ")
+    assert dead in problems[0] and "is the judge served?" in problems[0]
     problems, _ = _reward_check(demo_config, tmp_path, "semantic")
     assert problems == [
         f"reward shape 'semantic' needs +{PREFIX}.encoder=...: the E5 encoder's model directory, "
