@@ -28,6 +28,9 @@ HELP = """environment (defaults in brackets):
   LIMIT          rows per benchmark (seeded subsample); empty = all; full plan only [4 for fixtures, else all]
   OUT            results root; the run goes to OUT/<run>                         [results/eval_<suite>]
   BACKEND        auto | hf | vllm                                                 [auto]
+  SAMPLES        rollouts per question; > 1 adds pass@1..pass@N and avg@N, needs TEMPERATURE > 0 [1]
+  TEMPERATURE    sampling temperature (0 = greedy)                               [0]
+  SAMPLE_SEED    seed of the samples (not the run's training seed)               [0]
   GPUS           comma-separated GPU ids, one evaluation process each; empty = one []
   RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start one  []
   RETRIEVER_PORT port of the retriever started here                             [8010]
@@ -76,6 +79,8 @@ class Settings:
     timeout_s: float
     auth_token_file: str = ""
     """Absolute, or empty for none (RETRIEVER_AUTH_TOKEN_FILE)."""
+    sampling: list[str] = field(default_factory=list)
+    """``--samples``/``--temperature``/``--sample-seed`` for SAMPLES/TEMPERATURE/SAMPLE_SEED (given ones only)."""
     extra: list[str] = field(default_factory=list)
 
     @classmethod
@@ -99,6 +104,17 @@ class Settings:
                 load_tokens(token_file)
             except AuthFileError as err:
                 raise EvalError(f"RETRIEVER_AUTH_TOKEN_FILE: {err}") from None
+        sampling = []
+        for var, flag, kind in (
+            ("SAMPLES", "--samples", int),
+            ("TEMPERATURE", "--temperature", float),
+            ("SAMPLE_SEED", "--sample-seed", int),
+        ):
+            if env.get(var):
+                try:
+                    sampling += [flag, str(kind(env[var]))]
+                except ValueError:
+                    raise EvalError(f"{var} must be a number ({kind.__name__}), got {env[var]!r}") from None
         return cls(
             suite=suite,
             plan=plan,
@@ -114,6 +130,7 @@ class Settings:
             retriever_gpu=env.get("RETRIEVER_GPU") or "",
             timeout_s=timeout_s,
             auth_token_file=token_file,
+            sampling=sampling,
         )
 
 
@@ -186,7 +203,7 @@ def eval_command(run_dir: Path, s: Settings) -> list[str]:
     cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.urls]
     if s.auth_token_file:
         cmd += ["--retriever-auth-token-file", s.auth_token_file]
-    return cmd + (["--limit", s.limit] if s.limit else []) + s.extra
+    return cmd + (["--limit", s.limit] if s.limit else []) + s.sampling + s.extra
 
 
 def _wait(process: subprocess.Popen, timeout_s: float) -> int:

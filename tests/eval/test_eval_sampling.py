@@ -204,3 +204,18 @@ def test_sampled_summary_needs_every_sample():
     rows = [{"benchmark": "nq", "id": "1", "sample": 0, "em": 1.0, "f1": 1.0, "acc": 1.0, "prediction": "x"}]
     with pytest.raises(ValueError, match=r"do not have samples 0..1"):
         summarize(rows, ["nq"], 1, samples=2)
+
+
+def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
+    from eval.__main__ import build_run_parser
+    from launch.evaluate import HELP, EvalError, Settings, eval_command
+
+    assert all(var in HELP for var in ("SAMPLES", "TEMPERATURE", "SAMPLE_SEED"))
+    env = {"SAMPLES": "4", "TEMPERATURE": "0.7", "SAMPLE_SEED": "3", "RETRIEVER_URL": "http://127.0.0.1:9"}
+    cmd = eval_command(tmp_path, Settings.from_env(env))
+    args = build_run_parser().parse_args(cmd[cmd.index("run") + 1 :])
+    assert (args.samples, args.temperature, args.sample_seed, args.seed) == (4, 0.7, 3, None)
+    plain = eval_command(tmp_path, Settings.from_env({}))
+    assert not {"--samples", "--temperature", "--sample-seed"} & set(plain)
+    with pytest.raises(EvalError, match="SAMPLES must be a number"):
+        Settings.from_env({"SAMPLES": "four"})
