@@ -219,3 +219,16 @@ def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
     assert not {"--samples", "--temperature", "--sample-seed"} & set(plain)
     with pytest.raises(EvalError, match="SAMPLES must be a number"):
         Settings.from_env({"SAMPLES": "four"})
+
+
+def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():
+    from eval.backends import VLLMEngineClient
+
+    params = {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9}
+    assert "seed" not in VLLMEngineClient.sampling_kwargs(params)
+    token = ROLLOUT_SEED.set(9)
+    try:
+        kwargs = VLLMEngineClient.sampling_kwargs(seeded(params, [5, 6]))
+    finally:
+        ROLLOUT_SEED.reset(token)
+    assert kwargs["seed"] == turn_seed(9, [5, 6]) and kwargs["temperature"] == 0.7 and kwargs["top_p"] == 0.9
