@@ -7,6 +7,7 @@ python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limi
                    [--base-model auto|none|PATH]
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
                    [--samples N --temperature T [--top-p P] [--sample-seed S]]   (pass@k, avg@N)
+                   [--judge-url URL --judge-model NAME [--judge-concurrency N]]
 python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
 python -m eval report ...            (eval.report: tables and figures)
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from eval import checkpoints as ckpts
 from eval import plan as seq
-from eval.settings import FULL, SEQUENTIAL, Sampling, eval_settings
+from eval.settings import FULL, SEQUENTIAL, Sampling, eval_settings, judge_setting
 from eval.suite import load_suite
 from search_env import protocol
 from search_env.paths import REPO_ROOT
@@ -193,7 +194,45 @@ def build_run_parser() -> argparse.ArgumentParser:
         type=Path,
         help="sequential: a validation results folder; each rule's best step on it is confirmed too",
     )
+    p.add_argument(
+        "--judge-url",
+        help="an OpenAI-compatible chat-completions endpoint (e.g. http://127.0.0.1:8001/v1, "
+        "launch/serve_judge.sh): an LLM judge also scores every non-screening summary's rows",
+    )
+    p.add_argument(
+        "--judge-model",
+        help="the judge's served model name (with --judge-url; an evaluation setting: results of "
+        "different judges refuse to mix)",
+    )
+    p.add_argument(
+        "--judge-concurrency",
+        type=positive_int,
+        default=16,
+        help="judge requests in flight at once (default 16)",
+    )
+    p.add_argument(
+        "--judge-max-tokens",
+        type=positive_int,
+        default=512,
+        help="the judge's reply budget in tokens (default 512; a reply cut short does not parse)",
+    )
     return p
+
+
+def _judge(args: argparse.Namespace):
+    """The judge's config from ``--judge-url/--judge-model`` (None without them)."""
+    from reward_fns.judge import JudgeConfig  # httpx: only when a judge is asked for
+
+    if bool(args.judge_url) != bool(args.judge_model):
+        raise ValueError("--judge-url and --judge-model go together: give both (or neither)")
+    if not args.judge_url:
+        return None
+    return JudgeConfig(
+        url=args.judge_url,
+        model=args.judge_model,
+        max_concurrency=args.judge_concurrency,
+        max_tokens=args.judge_max_tokens,
+    )
 
 
 def _on_gpu() -> bool:
@@ -255,8 +294,10 @@ def prepare(args: argparse.Namespace):
     """Turn ``run`` arguments into a :class:`eval.runner.RunPlan` (errors name the flag to fix)."""
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.limits import limits_for_preset  # yaml, omegaconf: off the report's import path
+    from reward_fns.judge import PROMPT_VERSION  # httpx: off the report's import path
 
     sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
+    judge = _judge(args)
     plan_name, _ = _resolve_plan(args.plan, args.limit)
     if plan_name == SEQUENTIAL and args.limit is not None:
         raise ValueError("--limit and --plan sequential do not mix: the plan chooses each checkpoint's rows")
@@ -315,9 +356,11 @@ def prepare(args: argparse.Namespace):
             plan_name,
             topk=args.top_k,
             sampling=sampling,
+            judge=None if judge is None else judge_setting(judge.model, PROMPT_VERSION),
         ),
         topk=args.top_k,
         sampling=sampling,
+        judge=judge,
         schedule=runner.Schedule(
             plan=plan_name,
             screen_rows=args.screen_rows,

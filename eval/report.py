@@ -10,6 +10,7 @@ docs/report.md). CPU only; bad input exits with status 2 and a message naming th
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from eval.results import (
     AVG_ALL,
     AVG_HELDOUT,
     IN_DISTRIBUTION,
+    JUDGE,
     Results,
     ResultsError,
     benchmark_label,
@@ -32,7 +34,17 @@ from eval.results import (
     load_rows,
     load_training_logs,
 )
-from eval.stats import RankingTest, bootstrap_macro, percentile_interval, ranking_test, stream_seed
+from eval.stats import (
+    AGREEMENT,
+    AGREEMENT_MEASURES,
+    RankingTest,
+    agreement,
+    bootstrap_agreement,
+    bootstrap_macro,
+    percentile_interval,
+    ranking_test,
+    stream_seed,
+)
 from eval.tables import (
     FLOOR,
     MATCHED,
@@ -388,6 +400,98 @@ def emit_per_benchmark_tables(r: Report) -> None:
         r.emit(f"{stem}.csv", frame.to_csv(index=False), f"{title} per benchmark as CSV.")
 
 
+def agreement_frame(r: Report) -> pd.DataFrame:
+    """Per benchmark, the judge against EM over Table 1's checkpoints (selected cells and floors,
+    each (run, step) once) whose summaries carry a judge: the 2x2 counts (eval.summary.AGREEMENT),
+    unparsed verdicts, and each :data:`eval.stats.AGREEMENT_MEASURES` with its bootstrap CI."""
+    cells = pd.concat([r.selections[["run", "step"]], r.floors.assign(step=0)[["run", "step"]]])
+    keys = sorted({(str(run), int(step)) for run, step in cells.itertuples(index=False)})
+    records = []
+    for bench in r.results.suite:
+        counts = dict.fromkeys(AGREEMENT, 0)
+        unparsed = 0
+        for key in keys:
+            summary = r.results.summaries.get(key) or {}
+            entry = (summary.get("benchmarks") or {}).get(bench) or {}
+            for name, value in (entry.get("judge_agreement") or {}).items():
+                counts[name] += int(value)
+            unparsed += int(entry.get("judge_unparsed") or 0)
+        four = [counts[k] for k in AGREEMENT]
+        point = agreement(*four)
+        cis = bootstrap_agreement(four, max(r.args.bootstrap, 1), [r.args.seed, 42], r.args.ci_level)
+        record = {"benchmark": benchmark_label(bench), "rows": sum(four), **counts, "unparsed": unparsed}
+        for name in AGREEMENT_MEASURES:
+            record[name], (record[f"{name}_lo"], record[f"{name}_hi"]) = point[name], cis[name]
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def emit_judge(r: Report) -> None:
+    """With an LLM judge in the results only: ``table_judge`` (the judge's score per benchmark at
+    Table 1's checkpoints) and ``judge_agreement`` (per benchmark: the share of EM failures the judge
+    accepts, of EM passes it rejects, Cohen's kappa, each with its CI), Markdown and CSV each."""
+    scores = r.results.scores
+    if JUDGE not in scores.columns:
+        return
+    judges = sorted(
+        {json.dumps(s.get("judge"), sort_keys=True) for s in r.results.summaries.values() if s.get("judge")}
+    )
+    who = ", ".join(judges)
+    frame = per_benchmark_table(scores, r.selections, r.floors, JUDGE, r.results.suite)
+    text = (
+        f"# LLM judge per benchmark\n\nThe share of rows the judge ({who}) accepts as correct; an "
+        "unparsed verdict counts as not correct. Same checkpoints as Table 1; a cell without a judged "
+        f"summary is empty.\n{r.caption}\n\n" + frame_markdown(frame)
+    )
+    r.emit("table_judge.md", text, "The LLM judge's score per benchmark for every cell, with both averages.")
+    r.emit("table_judge.csv", frame.to_csv(index=False), "The LLM judge per benchmark as CSV.")
+    agree = agreement_frame(r)
+    level = f"{r.args.ci_level:.0%}"
+
+    def cell(rec: pd.Series, name: str) -> str:
+        if pd.isna(rec[name]):
+            return "–"
+        ci = "" if pd.isna(rec[f"{name}_lo"]) else f" [{rec[f'{name}_lo']:.3f}, {rec[f'{name}_hi']:.3f}]"
+        return f"{rec[name]:.3f}{ci}"
+
+    rows = [
+        [
+            rec["benchmark"],
+            str(rec["rows"]),
+            *(cell(rec, m) for m in AGREEMENT_MEASURES),
+            str(rec["unparsed"]),
+        ]
+        for _, rec in agree.iterrows()
+    ]
+    header = [
+        "benchmark",
+        "rows",
+        "EM failures the judge accepts",
+        "EM passes the judge rejects",
+        "Cohen's kappa",
+        "unparsed",
+    ]
+    text = "\n".join(
+        [
+            "# The judge against exact match",
+            "",
+            f"Judge: {who}. Rows: every row of Table 1's checkpoints (selected cells and step 0) that the "
+            f"judge scored, pooled per benchmark. A value reads `estimate [{level} bootstrap CI]` (rows "
+            "resampled); – = undefined (no EM failures, no EM passes, or a constant rater). Unparsed "
+            'verdicts count as the judge rejecting. docs/evaluation.md, "Reading the agreement section".',
+            "",
+            markdown_table(header, rows),
+            "",
+        ]
+    )
+    r.emit(
+        "judge_agreement.md",
+        text,
+        "Per benchmark: the judge against EM (accepted EM failures, rejected EM passes, kappa) with CIs.",
+    )
+    r.emit("judge_agreement.csv", agree.to_csv(index=False), "The judge-EM agreement per benchmark as CSV.")
+
+
 def emit_statistics(r: Report) -> None:
     """``statistics.md``, ``ranking_test.csv`` and ``seed_range.csv``."""
     text, tests, seed_ranges = statistics_markdown(r.t1, r.shapes, r.criterion, r.matched)
@@ -677,6 +781,7 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     r = load_report(args)
     emit_table1(r)
     emit_per_benchmark_tables(r)
+    emit_judge(r)
     emit_statistics(r)
     emit_bootstrap_ci(r)
     emit_checkpoints(r)

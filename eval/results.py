@@ -118,7 +118,8 @@ class Results:
     """A loaded result tree.
 
     ``scores`` is tidy: one row per (run, step, benchmark) with columns ``run, shape, seed,
-    horizon, step, benchmark, n, <each registered metric: em, f1, acc>, abort_rate, searches_mean``;
+    horizon, step, benchmark, n, <each registered metric: em, f1, acc>, abort_rate, searches_mean``
+    (and ``judge`` when an LLM judge scored some summary, :data:`JUDGE`);
     ``benchmark`` also takes the pseudo-benchmarks :data:`AVG_ALL` (unweighted mean over the suite)
     and :data:`AVG_HELDOUT` (unweighted mean over the suite without the training benchmark) for the
     metrics. ``suite`` lists the real
@@ -247,6 +248,8 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
         )
         searches = entry.get("searches_mean")
         record["searches_mean"] = float(searches) if isinstance(searches, (int, float)) else math.nan
+        if entry.get(JUDGE) is not None:
+            record[JUDGE] = _as_fraction(entry[JUDGE], f"benchmarks.{name}.{JUDGE}", path)
         records.append(record)
     macro = summary.get("macro")
     if isinstance(macro, dict):
@@ -266,6 +269,16 @@ def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+JUDGE = "judge"
+"""An LLM judge's score per benchmark (eval.summary.JUDGE): a ``scores`` column only when some
+summary carries it, so results without a judge load (and report) exactly as before."""
+
+
+def _scored(frame: pd.DataFrame) -> list[str]:
+    """The registered metrics, then the judge's score when ``frame`` has it."""
+    return [*metric_names(), *([JUDGE] if JUDGE in frame.columns else [])]
+
+
 def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
     """Append the AVG_ALL / AVG_HELDOUT pseudo-benchmark rows for every (run, step)."""
     keys = ["run", "shape", "seed", "horizon", "step"]
@@ -273,7 +286,7 @@ def _with_averages(frame: pd.DataFrame, suite: Sequence[str]) -> pd.DataFrame:
     parts = [frame]
     for name, members in ((AVG_ALL, list(suite)), (AVG_HELDOUT, heldout)):
         sub = frame[frame["benchmark"].isin(members)]
-        avg = sub.groupby(keys, as_index=False)[list(metric_names())].mean()
+        avg = sub.groupby(keys, as_index=False)[_scored(frame)].mean()
         avg["benchmark"] = name
         avg["n"] = sub.groupby(keys)["n"].sum().to_numpy()
         parts.append(avg)
@@ -392,6 +405,7 @@ def load_results(root: Path | str) -> Results:
         *metric_names(),
         "abort_rate",
         "searches_mean",
+        *([JUDGE] if JUDGE in frame.columns else []),
     ]
     scores = _with_averages(frame[columns], suite)[columns]
     scores = scores.sort_values(["seed", "shape", "run", "step"], kind="stable").reset_index(drop=True)

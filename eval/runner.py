@@ -47,7 +47,8 @@ from eval.store import (
     write_json_atomic,
 )
 from eval.suite import Question, Suite
-from eval.summary import score_row, summarize
+from eval.summary import JUDGE, add_judge, score_row, summarize
+from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
 from search_env import protocol
 
 DEFAULT_IN_FLIGHT = {"hf": 32, "vllm": 512}
@@ -59,6 +60,9 @@ SCREENED, CONFIRMED = "screened", "confirmed"
 """Stages of a number under the sequential plan (``full``: every row of the suite)."""
 STEP0_DIR = ".step0"
 """Under OUT: the untrained model's rows, one folder per :func:`eval.settings.step0_key`."""
+VERDICTS = Path(".judge") / "verdicts.jsonl"
+"""Under OUT: the judge's verdicts, one store for every run and judge of the results root
+(keyed by :func:`reward_fns.judge.verdict_key`: the same prediction is never judged twice)."""
 Unit = tuple[Question, int | None]
 """One rollout to make: a question and its sample index (None: the greedy rollout)."""
 
@@ -108,6 +112,9 @@ class RunPlan:
     it changes who may search, not what a search returns (not in ``eval_settings``)."""
     sampling: Sampling = field(default_factory=Sampling)
     """Samples per question, temperature, top-p, sample seed (``eval_settings['sampling']``)."""
+    judge: JudgeConfig | None = None
+    """The LLM judge that scores every non-screening summary's rows (``--judge-url``); its identity
+    is ``eval_settings["judge"]``."""
 
     @property
     def run_root(self) -> Path:
@@ -133,7 +140,8 @@ def write_run_json(plan: RunPlan) -> None:
                     "this command",
                     diffs,
                     "results would not be comparable: use the same --suite/--limit/--plan/--backend/limits, "
-                    "sampling (--samples/--temperature/--top-p/--sample-seed) and retriever, or another --out",
+                    "sampling (--samples/--temperature/--top-p/--sample-seed), retriever and --judge-model, "
+                    "or another --out",
                 )
             )
     write_json_atomic(path, doc)
@@ -215,7 +223,28 @@ def _still_valid(
     have = ev.get("rows") or {}
     if any(have.get(b, 0) < n for b, n in rows.items()):
         return False
+    if _wants_judge(plan, stage) and JUDGE not in summary.get("macro", {}):
+        return False
     return have != rows or ev.get("stage") == stage
+
+
+def _wants_judge(plan: RunPlan, stage: str) -> bool:
+    """The judge scores every summary but a screening one (docs/evaluation.md, "The judge")."""
+    return plan.judge is not None and stage != SCREENED
+
+
+def judge_rows(
+    plan: RunPlan, step: int, rows: Sequence[dict[str, Any]], log: Callable[[str], None]
+) -> list[str]:
+    """The judge's judgement of each row (in order), from ``OUT/.judge/verdicts.jsonl`` or the
+    endpoint (new verdicts appended there); JudgeError when the endpoint fails."""
+    assert plan.judge is not None
+    items = [(str(r["question"]), list(r["golds"]), r.get("prediction")) for r in rows]
+    verdicts, calls = judge_many(plan.judge, items, VerdictCache(plan.out_root / VERDICTS))
+    log(
+        f"step {step}: judge {plan.judge.model}: {len(rows)} rows, {calls} calls (the rest from the verdict store)"
+    )
+    return [v.judgement for v in verdicts]
 
 
 def _roll_out_rows(
@@ -349,6 +378,8 @@ def evaluate_step(
     summary = summarize(
         rows, list(rows_wanted), ckpt.step, plan.limits.preset, plan.sampling.samples, plan.run_name
     )
+    if _wants_judge(plan, stage):
+        add_judge(summary, rows, judge_rows(plan, ckpt.step, rows, log), plan.eval_settings["judge"])
     summary["eval"] = {**plan.eval_settings, "rows": rows_wanted, "stage": stage, "checkpoint": fingerprint}
     write_json_atomic(summary_path, summary)
     return summary
@@ -491,6 +522,8 @@ def run(plan: RunPlan, make_backend: Callable[[Any, str], Any], log: Callable[[s
     )
     with exclusive_lock(plan.run_root, wait=True):  # run.json: check and write under one lock
         write_run_json(plan)
+    if plan.judge is not None:
+        check_model(plan.judge)  # before any rollout: a wrong --judge-url/--judge-model fails now
     fingerprints = {c.step: checkpoint_fingerprint(c.path) for c in plan.checkpoints}
     if plan.schedule.plan == SEQUENTIAL:
         summaries = run_sequential(plan, fingerprints, make_backend, log)

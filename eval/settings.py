@@ -101,13 +101,16 @@ def eval_settings(
     retriever: dict[str, Any] | None = None,
     topk: int = protocol.TOPK,
     sampling: Sampling | None = None,
+    judge: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The settings stored in run.json and every summary.json of an evaluation.
 
     vLLM's prefix caching is recorded for the vllm backend (it may change greedy outputs); the
     pool size and the memory fraction are not (they change speed, not rows). ``retriever`` is
     :func:`eval.retrievers.check_retrievers`'s identity, filled in when the run starts.
-    ``sampling``: :class:`Sampling` (default greedy, one sample).
+    ``sampling``: :class:`Sampling` (default greedy, one sample). ``judge``
+    (:func:`judge_setting`) is recorded only when a judge scores the rows (its URL and concurrency
+    are not: they change where and how fast, not the verdicts).
     """
     settings: dict[str, Any] = {
         "suite": suite.name,
@@ -124,14 +127,22 @@ def eval_settings(
     }
     if backend == "vllm":
         settings["prefix_caching"] = prefix_caching
+    if judge is not None:
+        settings["judge"] = judge
     return settings
+
+
+def judge_setting(model: str, prompt_version: str) -> dict[str, str]:
+    """The judge's identity as an evaluation setting: its served model name and prompt version."""
+    return {"model": model, "prompt_version": prompt_version}
 
 
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     """The settings two result sets must share, by human name; ``None`` = not recorded (old results).
 
     Rows per benchmark count only for the full plan: a sequential plan's rows grow by stage, and
-    its numbers carry their stage instead.
+    its numbers carry their stage instead. The judge is compared only when both sides used one:
+    results without judge verdicts may be judged later into the same folder.
     """
     limits = dict(settings.get("limits") or {})
     preset = limits.pop("preset", protocol.TRAIN_PRESET.name)
@@ -149,6 +160,7 @@ def comparable(settings: dict[str, Any]) -> dict[str, Any]:
         "vLLM prefix caching": settings.get("prefix_caching"),
         "retriever": settings.get("retriever") or None,
         "top-k": settings.get("topk", protocol.TOPK),
+        "judge (--judge-model, prompt version)": settings.get("judge") or None,
     }
 
 
@@ -191,10 +203,12 @@ def checkpoint_fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+_NOT_ROW_SHAPING = ("plan", "rows per benchmark (--limit)", "judge (--judge-model, prompt version)")
+
+
 def step0_key(model_fingerprint: str, settings: dict[str, Any]) -> str:
-    """Key of the untrained model's shared rows: its content and every setting that shapes a row."""
-    shared = {
-        k: v for k, v in comparable(settings).items() if k not in ("plan", "rows per benchmark (--limit)")
-    }
+    """Key of the untrained model's shared rows: its content and every setting that shapes a row
+    (not the judge, which scores rows after they are made)."""
+    shared = {k: v for k, v in comparable(settings).items() if k not in _NOT_ROW_SHAPING}
     blob = json.dumps([model_fingerprint, shared], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

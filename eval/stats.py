@@ -177,3 +177,59 @@ def pass_at_ks(correct: np.ndarray) -> np.ndarray:
         out[i, :n] = [pass_at_k(n, int(c), k) for k in range(1, n + 1)]
     out[:, n] = correct.mean(axis=1)
     return out
+
+
+AGREEMENT = ("em1_judge1", "em1_judge0", "em0_judge1", "em0_judge0")
+"""A summary's ``judge_agreement`` keys per benchmark: rows by EM pass (1) or fail (0) and judge
+correct (1) or not (0); in this order they are :func:`agreement`'s ``a, b, c, d``."""
+AGREEMENT_MEASURES = ("em_fail_judge_pass", "em_pass_judge_fail", "kappa")
+"""The judge-against-EM agreement measures (:func:`agreement`), in the report's order."""
+
+
+def agreement(a: float, b: float, c: float, d: float) -> dict[str, float]:
+    """Judge against EM from the 2x2 counts ``a`` = EM pass & judge correct, ``b`` = EM pass & judge
+    not, ``c`` = EM fail & judge correct, ``d`` = EM fail & judge not (``unparsed`` counts as not):
+    the share of EM failures the judge accepts c/(c+d), of EM passes it rejects b/(a+b), and
+    Cohen's kappa (p_o - p_e)/(1 - p_e). NaN where a denominator is 0 (no EM failures, no EM
+    passes, or p_e = 1: both raters constant)."""
+    n = a + b + c + d
+    nan = math.nan
+    p_o = (a + d) / n if n else nan
+    p_e = ((a + b) * (a + c) + (c + d) * (b + d)) / n**2 if n else nan
+    return {
+        "em_fail_judge_pass": c / (c + d) if c + d else nan,
+        "em_pass_judge_fail": b / (a + b) if a + b else nan,
+        "kappa": (p_o - p_e) / (1 - p_e) if n and p_e < 1 else nan,
+    }
+
+
+def bootstrap_agreement(
+    counts: Sequence[int], n_boot: int, seed: int | Sequence[int], level: float = 0.95
+) -> dict[str, tuple[float, float]]:
+    """Percentile intervals of :func:`agreement`'s measures, resampling the rows: a multinomial draw
+    of the 2x2 ``counts`` (a, b, c, d) is exactly a resample of its rows with replacement.
+    Replicates where a measure is undefined are left out; (NaN, NaN) when none is defined."""
+    counts = np.asarray(counts, dtype=float)
+    n = int(counts.sum())
+    if n == 0:
+        return {m: (math.nan, math.nan) for m in AGREEMENT_MEASURES}
+    draws = np.random.default_rng(seed).multinomial(n, counts / n, size=n_boot).astype(float)
+    a, b, c, d = draws.T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_o = (a + d) / n
+        p_e = ((a + b) * (a + c) + (c + d) * (b + d)) / n**2
+        values = {
+            "em_fail_judge_pass": c / (c + d),
+            "em_pass_judge_fail": b / (a + b),
+            "kappa": np.where(p_e < 1, (p_o - p_e) / (1 - p_e), np.nan),
+        }
+    tail = (1 - level) / 2 * 100
+    out = {}
+    for name, v in values.items():
+        v = v[np.isfinite(v)]
+        out[name] = (
+            (float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail)))
+            if len(v)
+            else (math.nan, math.nan)
+        )
+    return out

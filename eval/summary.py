@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from eval.stats import bootstrap_macro, mean, pass_at_ks, percentile_interval, stream_seed
+from eval.stats import AGREEMENT, bootstrap_macro, mean, pass_at_ks, percentile_interval, stream_seed
 from eval.suite import Question
 from reward_fns import PRIMARY, evaluation_scores, metric_names, registered
 from search_env import protocol
@@ -128,6 +128,33 @@ def sampled(
         entry["ci"] = {m: [float(low[i]), float(high[i])] for i, m in enumerate(names)}
 
 
+JUDGE = "judge"
+"""Key of the judge's score (the share of rows it judged ``correct``) in a summary's benchmarks and
+macro, beside the registered metrics; present only when a judge scored the rows."""
+
+
+def add_judge(
+    summary: dict[str, Any], rows: Sequence[dict[str, Any]], judgements: Sequence[str], judge: dict[str, str]
+) -> None:
+    """Add a judge's verdicts on ``rows`` (``judgements[i]`` for ``rows[i]``, each ``correct``,
+    ``incorrect`` or ``unparsed``) to ``summary``: per benchmark ``judge`` (share correct; unparsed
+    counts as not correct), ``judge_unparsed`` (count) and ``judge_agreement`` (:data:`AGREEMENT`
+    counts against EM); ``macro["judge"]``; ``summary["judge"]`` = the judge's identity."""
+    per = summary["benchmarks"]
+    counts = {b: dict.fromkeys(AGREEMENT, 0) | {"unparsed": 0} for b in per}
+    for row, judgement in zip(rows, judgements, strict=True):
+        c = counts[row["benchmark"]]
+        c[f"em{int(row['em'] >= 1.0)}_judge{int(judgement == 'correct')}"] += 1
+        c["unparsed"] += judgement == "unparsed"
+    for b, c in counts.items():
+        n = sum(c[k] for k in AGREEMENT)  # rows judged: questions x samples
+        per[b][JUDGE] = (c["em1_judge1"] + c["em0_judge1"]) / n
+        per[b]["judge_unparsed"] = c["unparsed"]
+        per[b]["judge_agreement"] = {k: c[k] for k in AGREEMENT}
+    summary["macro"][JUDGE] = mean([per[b][JUDGE] for b in per])
+    summary[JUDGE] = dict(judge)
+
+
 def format_table(summaries: dict[int, dict[str, Any]], metric: str = PRIMARY) -> str:
     """Markdown table: one line per step, the metric per benchmark and the macro average, under a
     caption naming the rollout limits preset of the summaries."""
@@ -135,7 +162,9 @@ def format_table(summaries: dict[int, dict[str, Any]], metric: str = PRIMARY) ->
         return "(no checkpoint evaluated)"
     benches = list(next(iter(summaries.values()))["benchmarks"])
     presets = sorted({s.get("limits_preset", protocol.TRAIN_PRESET.name) for s in summaries.values()})
-    header = ["step"] + benches + [f"macro {metric.upper()}", "abort", "searches"]
+    judged = all(JUDGE in s["macro"] for s in summaries.values())
+    header = ["step"] + benches + [f"macro {metric.upper()}"] + (["macro judge"] if judged else [])
+    header += ["abort", "searches"]
     lines = [
         f"Rollout limits preset: {', '.join(f'`{p}`' for p in presets)}.",
         "",
@@ -147,6 +176,7 @@ def format_table(summaries: dict[int, dict[str, Any]], metric: str = PRIMARY) ->
         abort = mean([per[b]["abort_rate"] for b in benches])
         searches = mean([per[b]["searches_mean"] for b in benches])
         cells = [str(step)] + [f"{per[b][metric]:.3f}" for b in benches]
-        cells += [f"{s['macro'][metric]:.3f}", f"{abort:.2f}", f"{searches:.2f}"]
+        cells += [f"{s['macro'][metric]:.3f}"] + ([f"{s['macro'][JUDGE]:.3f}"] if judged else [])
+        cells += [f"{abort:.2f}", f"{searches:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, benchmark_label
+from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, JUDGE, benchmark_label
 from eval.stats import rank_groups
 from reward_fns import PRIMARY, SHAPES, metric_named, metric_names
 from search_env.protocol import PRESETS, TRAIN_PRESET
@@ -209,6 +209,15 @@ def table1(
         ci = ci.rename(columns={"lo": f"{avg}_lo", "hi": f"{avg}_hi"})
         frame = frame.merge(ci, on=["run", "step"], how="left")
     frame = frame.rename(columns={AVG_ALL: "avg_all_em", AVG_HELDOUT: "avg_heldout_em"})
+    judged = JUDGE in scores.columns
+    if judged:
+        judge = cell_values(scores, selections, floors, JUDGE)[list(AVERAGES)].reset_index()
+        judge = judge.rename(columns={AVG_ALL: "avg_all_judge", AVG_HELDOUT: "avg_heldout_judge"})
+        frame = frame.merge(
+            judge[["rule", "run", "step", "avg_all_judge", "avg_heldout_judge"]].drop_duplicates(),
+            on=["rule", "run", "step"],
+            how="left",
+        )
     trained = frame["row"] != FLOOR
     key = f"{criterion}_em"
     frame["rank"] = pd.NA
@@ -230,6 +239,7 @@ def table1(
         "avg_heldout_lo",
         "avg_heldout_hi",
         "rank",
+        *(["avg_all_judge", "avg_heldout_judge"] if judged else []),
     ]
     return _sorted_cells(frame)[columns]
 
@@ -351,10 +361,12 @@ def table1_markdown(
     full-suite (:data:`STAGE_MARKS`). ``reference`` (the study's floor, :func:`study_floor`) adds a
     last row labelled as the study's number, with its value under "mean over seeds"."""
     sub = t1[t1["rule"] == rule]
+    judged = f"{avg}_judge" in sub.columns
     header = ["reward", *[f"seed {s}" for s in seeds], "mean over seeds", "seed range"]
+    header += ["judge, mean over seeds"] if judged else []
     rows = []
     for row in [FLOOR, *shapes]:
-        cells, values = [], []
+        cells, values, judge = [], [], []
         for seed in seeds:
             hit = sub[(sub["row"] == row) & (sub["seed"] == seed)]
             if hit.empty:
@@ -363,6 +375,8 @@ def table1_markdown(
             rec = hit.iloc[0]
             value = rec[f"{avg}_em"]
             values.append(value)
+            if judged and not pd.isna(rec[f"{avg}_judge"]):
+                judge.append(rec[f"{avg}_judge"])
             ci = "" if pd.isna(rec[f"{avg}_lo"]) else f" [{rec[f'{avg}_lo']:.3f}, {rec[f'{avg}_hi']:.3f}]"
             mark = "†" if rec["short"] else ""
             where = "" if row == FLOOR else f" @{int(rec['step'])}{mark}"
@@ -371,8 +385,10 @@ def table1_markdown(
         mean = sum(values) / len(values) if values else float("nan")
         spread = max(values) - min(values) if values else float("nan")
         rows.append([row, *cells, _fmt(mean), _fmt(spread)])
+        if judged:
+            rows[-1].append(_fmt(sum(judge) / len(judge)) if judge else "–")
     if reference is not None:
-        rows.append([STUDY_FLOOR, *["–" for _ in seeds], _fmt(reference), "–"])
+        rows.append([STUDY_FLOOR, *["–" for _ in seeds], _fmt(reference), "–", *(["–"] if judged else [])])
     return markdown_table(header, rows)
 
 
@@ -384,8 +400,8 @@ def per_benchmark_table(
     Columns: ``rule, row, seed, step`` then one column per benchmark label (MuSiQue suffixed
     ``(ID)``, in-distribution), ``Avg (all N)`` and ``Avg (held-out N)``.
     """
-    if metric not in metric_names():
-        raise ValueError(f"metric must be one of {metric_names()}, got {metric!r}")
+    if metric not in metric_names() and not (metric == JUDGE and JUDGE in scores.columns):
+        raise ValueError(f"metric must be one of {metric_names()} (or {JUDGE!r} when judged), got {metric!r}")
     wide = cell_values(scores, selections, floors, metric)[[*suite, *AVERAGES]].reset_index()
     heldout = len([b for b in suite if b not in IN_DISTRIBUTION])
     names = {b: benchmark_label(b) + (" (ID)" if b in IN_DISTRIBUTION else "") for b in suite}

@@ -41,6 +41,9 @@ HELP = """environment (defaults in brackets):
   RETRIEVER_AUTH_TOKEN_FILE
                  bearer-token file, mode 600 (training's retriever.auth_token_file): the retriever
                  started here gets --auth-token-file; probes and searches send the token    []
+  JUDGE_URL, JUDGE_MODEL
+                 an OpenAI-compatible endpoint and its served model name (both or neither): an
+                 LLM judge also scores the rows (launch/serve_judge.sh; docs/evaluation.md)   []
   TIMEOUT_S      hard wall-clock limit of the evaluation in seconds; 0 = none      [0]
   PYTHON         interpreter (launch/_common.sh picks it; the first line printed names it)"""
 BM25_STARTUP_S = 60
@@ -79,6 +82,9 @@ class Settings:
     timeout_s: float
     auth_token_file: str = ""
     """Absolute, or empty for none (RETRIEVER_AUTH_TOKEN_FILE)."""
+    judge_url: str = ""
+    judge_model: str = ""
+    """JUDGE_URL, JUDGE_MODEL: both or neither (empty: no judge)."""
     sampling: list[str] = field(default_factory=list)
     """``--samples``/``--temperature``/``--sample-seed`` for SAMPLES/TEMPERATURE/SAMPLE_SEED (given ones only)."""
     extra: list[str] = field(default_factory=list)
@@ -104,6 +110,9 @@ class Settings:
                 load_tokens(token_file)
             except AuthFileError as err:
                 raise EvalError(f"RETRIEVER_AUTH_TOKEN_FILE: {err}") from None
+        judge_url, judge_model = env.get("JUDGE_URL") or "", env.get("JUDGE_MODEL") or ""
+        if bool(judge_url) != bool(judge_model):
+            raise EvalError("JUDGE_URL and JUDGE_MODEL go together: set both (or neither)")
         sampling = []
         for var, flag, kind in (
             ("SAMPLES", "--samples", int),
@@ -130,6 +139,8 @@ class Settings:
             retriever_gpu=env.get("RETRIEVER_GPU") or "",
             timeout_s=timeout_s,
             auth_token_file=token_file,
+            judge_url=judge_url,
+            judge_model=judge_model,
             sampling=sampling,
         )
 
@@ -203,6 +214,8 @@ def eval_command(run_dir: Path, s: Settings) -> list[str]:
     cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.urls]
     if s.auth_token_file:
         cmd += ["--retriever-auth-token-file", s.auth_token_file]
+    if s.judge_url:
+        cmd += ["--judge-url", s.judge_url, "--judge-model", s.judge_model]
     return cmd + (["--limit", s.limit] if s.limit else []) + s.sampling + s.extra
 
 

@@ -31,7 +31,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from reward_fns.shapes import SHAPES
+from reward_fns.shapes import REWARD_PATH, SHAPES, BatchShape
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.auth import AuthFileError, load_tokens
 
@@ -74,7 +74,7 @@ class Plan:
     experiment: str = ""
     total_steps: int | None = None
     extra_overrides: list[str] = field(default_factory=list)
-    """Overrides the preflight adds (GPUs per node)."""
+    """Overrides the preflight adds (GPUs per node, a model-based reward's paths)."""
     demo_assets: list[str] | None = None
     """``python -m search_demo assets`` arguments, for ``launch.build_demo_assets`` recipes."""
     retriever: RetrieverPlan = field(default_factory=RetrieverPlan)
@@ -268,16 +268,38 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
         )
 
 
-def check_reward(cfg: DictConfig, plan: Plan) -> None:
+def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
     """Our reward functions: ``shape`` must name one (a typo otherwise surfaces deep inside verl,
-    after start-up, as "no materializable trajectories")."""
+    after start-up, as "no materializable trajectories"); a model-based shape needs its settings
+    (``reward_kwargs``: a judge's URL and model, an encoder that exists). Returns the overrides that
+    make its paths absolute and put a null run file (the judge's verdict cache) in ``run_dir``."""
     fn = cfg.reward.custom_reward_function
-    if str(fn.get("path")) != "pkg://reward_fns.compute_score":
-        return  # a user's own reward function: verl loads and checks it
-    plan.need(
+    if str(fn.get("path")) != REWARD_PATH:
+        return []  # a user's own reward function: verl loads and checks it
+    if not plan.need(
         fn.name in SHAPES,
         f"reward shape {fn.name!r} is unknown: set shape= to one of {', '.join(sorted(SHAPES))}",
-    )
+    ):
+        return []
+    shape = SHAPES[fn.name]
+    if not isinstance(shape, BatchShape):
+        return []
+    kwargs, prefix = fn.get("reward_kwargs") or {}, "reward.custom_reward_function.reward_kwargs"
+    overrides = []
+    for key, meaning in shape.settings.items():
+        value = kwargs.get(key)
+        if not plan.need(
+            value not in (None, ""), f"reward shape {fn.name!r} needs {prefix}.{key}: {meaning}"
+        ):
+            continue
+        if key in shape.paths:
+            path = repo_path(value)
+            if plan.need(path.exists(), f"{prefix}.{key}={value}: {path} does not exist ({meaning})"):
+                overrides.append(f"{prefix}.{key}={path}")
+    for key, name in shape.run_files.items():
+        value = kwargs.get(key)
+        overrides.append(f"{prefix}.{key}={repo_path(value) if value else run_dir / name}")
+    return overrides
 
 
 def check_resume(cfg: DictConfig, plan: Plan) -> None:
@@ -507,7 +529,7 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     plan.config = cfg
     plan_demo_assets(cfg, plan)
     check_kernels(cfg, plan)
-    check_reward(cfg, plan)
+    reward_overrides = check_reward(cfg, plan, run_dir)
     check_resume(cfg, plan)
     check_model(cfg, plan)
     check_data(cfg, plan)
@@ -523,7 +545,7 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     plan.experiment = str(cfg.trainer.experiment_name)
     plan.total_steps = cfg.trainer.total_training_steps
     plan.retriever.urls = urls
-    plan.extra_overrides = extra
+    plan.extra_overrides = extra + reward_overrides
     return plan
 
 

@@ -1,6 +1,7 @@
 """The answer metrics, each declared once (docs/metrics.md, "Adding a metric").
 
-Every consumer reads :data:`METRICS`: a reward's returned dict (:func:`reward_fns.shapes.score_rollout`),
+Every consumer reads :data:`METRICS` when it runs (through :func:`registered`, :func:`metric_names`,
+:func:`metric_named`), never a copy of it: a reward's returned dict (:func:`reward_fns.shapes.score_rollout`),
 a ``rows.jsonl`` line and ``summary.json`` (``eval.summary``), results loading (``eval.results``),
 checkpoint selection (``eval.select``, ``eval.tables``), the report's per-metric tables
 (``eval.report``) and training's ``reward/<name>`` statistics (``search_env.rollout_stats``).

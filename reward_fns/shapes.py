@@ -1,14 +1,18 @@
 """The reward shapes of the study (paper §4.2), the scored training rollout, and the evaluation
 metrics of one response. A built-in shape is one :data:`SHAPES` entry (name -> function of the
-:class:`Scored` rollout); :mod:`reward_fns.compute_score` serves every entry to verl by its name."""
+:class:`Scored` rollout, or a :class:`BatchShape` for a shape that calls a model);
+:mod:`reward_fns.compute_score` serves every entry to verl by its name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from reward_fns.answer import extract_answer, is_well_formed
+from reward_fns.judge import JudgeConfig, VerdictCache, ajudge_many
 from reward_fns.registry import evaluation_metrics, metric_names, training_metrics
+from reward_fns.semantic import semantic_scores
 
 FORMAT_FLOOR = 0.1
 """Score of a well-formed rollout whose answer has zero F1 under ``f1_format`` (``FORMAT_BONUS``)."""
@@ -76,13 +80,94 @@ def f1_format(s: Scored) -> float:
     return s.f1 if s.f1 > 0 else FORMAT_FLOOR
 
 
+Item = tuple[str, list[str], str | None]
+"""What a :class:`BatchShape` reads of one rollout: (question, gold answers, last answer or None)."""
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """A shape that needs the question and an external model (an LLM judge, an encoder): ``score``
+    scores many rollouts at once (verl's reward worker coalesces the rollouts that finish together,
+    :mod:`reward_fns.compute_score`). It raises when the model fails; it never scores a failure 0."""
+
+    score: Callable[[list[Item], Mapping[str, Any]], Awaitable[list[float]]]
+    """(items, settings) -> one score per item, in order; ``settings`` = the reward's ``reward_kwargs``."""
+    settings: Mapping[str, str]
+    """``reward.custom_reward_function.reward_kwargs`` keys that must be set -> what each is (the
+    preflight names the missing one)."""
+    paths: tuple[str, ...] = ()
+    """Of :attr:`settings`, the local paths that must exist (the launcher makes them absolute)."""
+    run_files: Mapping[str, str] = field(default_factory=dict)
+    """Optional ``reward_kwargs`` key -> file name: the launcher sets a null one to that file in the run directory."""
+
+
+def setting(settings: Mapping[str, Any], key: str) -> Any:
+    """``settings[key]``; ValueError naming the recipe key when it is unset."""
+    value = settings.get(key)
+    if value is None or value == "":
+        raise ValueError(f"reward.custom_reward_function.reward_kwargs.{key} is not set")
+    return value
+
+
+def _or_default(settings: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``settings[key]`` as ``default``'s type, or ``default`` when unset."""
+    value = settings.get(key)
+    return default if value is None or value == "" else type(default)(value)
+
+
+_VERDICT_CACHES: dict[str, VerdictCache] = {}
+"""Per cache path: the verdict cache of this process (read once, shared by its batches)."""
+
+
+async def judge_scores(items: list[Item], settings: Mapping[str, Any]) -> list[float]:
+    """1.0 where the LLM judge (:mod:`reward_fns.judge`: its prompt, its verdict cache, identical
+    items asked once) says "correct", else 0.0 (a missing answer is "incorrect" without a call).
+    Settings: ``judge_url``, ``judge_model``; optional ``judge_max_concurrency``, ``judge_timeout_s``,
+    ``judge_retries`` (:class:`reward_fns.judge.JudgeConfig`'s defaults), ``judge_cache`` (a JSONL path).
+    :class:`reward_fns.judge.JudgeError` when the endpoint fails after its retries."""
+    cfg = JudgeConfig(
+        url=str(setting(settings, "judge_url")),
+        model=str(setting(settings, "judge_model")),
+        max_concurrency=_or_default(settings, "judge_max_concurrency", JudgeConfig.max_concurrency),
+        timeout_s=_or_default(settings, "judge_timeout_s", JudgeConfig.timeout_s),
+        retries=_or_default(settings, "judge_retries", JudgeConfig.retries),
+    )
+    path = settings.get("judge_cache")
+    if path and str(path) not in _VERDICT_CACHES:
+        _VERDICT_CACHES[str(path)] = VerdictCache(path)
+    cache = _VERDICT_CACHES[str(path)] if path else None
+    verdicts, _ = await ajudge_many(cfg, items, cache)
+    return [verdict.correct for verdict in verdicts]
+
+
+async def semantic_rewards(items: list[Item], settings: Mapping[str, Any]) -> list[float]:
+    """The best cosine between the E5 embedding of the answer and each gold's, at least 0; a
+    missing answer (or no gold) scores 0 (:mod:`reward_fns.semantic`)."""
+    return await semantic_scores(str(setting(settings, "encoder")), [(golds, p) for _, golds, p in items])
+
+
 REWARD_PATH = "pkg://reward_fns.compute_score"
 """``reward.custom_reward_function.path`` of the built-in shapes (any other path is a user's reward)."""
 
-SHAPES: dict[str, Callable[[Scored], float]] = {
+Shape = Callable[[Scored], float] | BatchShape
+
+SHAPES: dict[str, Shape] = {
     "em_only": em_only,
     "f1_only": f1_only,
     "f1_format": f1_format,
+    "judge": BatchShape(
+        judge_scores,
+        settings={
+            "judge_url": "the judge's OpenAI-compatible base URL (launch/serve_judge.sh)",
+            "judge_model": "the judge's served model name",
+        },
+        run_files={"judge_cache": "judge_verdicts.jsonl"},
+    ),
+    "semantic": BatchShape(
+        semantic_rewards,
+        settings={"encoder": "the E5 encoder's model directory (retriever.encoder)"},
+        paths=("encoder",),
+    ),
 }
 """The built-in reward shapes: ``shape=NAME`` in recipes and study files, and the verl entry point
 ``reward.custom_reward_function.name=NAME`` of :data:`REWARD_PATH`."""

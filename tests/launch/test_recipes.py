@@ -302,7 +302,8 @@ def test_preflight_checks_the_retriever_fault_settings(tmp_path):
 def test_preflight_names_an_unknown_reward_shape(tmp_path):
     plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
     assert (
-        "reward shape 'f1_onyl' is unknown: set shape= to one of em_only, f1_format, f1_only" in plan.problems
+        "reward shape 'f1_onyl' is unknown: set shape= to one of em_only, f1_format, f1_only, judge, semantic"
+        in plan.problems
     )
     assert not any(
         "reward shape" in p for p in preflight.make_plan(RECIPES / "demo_cpu.yaml", [], tmp_path).problems

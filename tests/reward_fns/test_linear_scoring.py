@@ -27,6 +27,7 @@ from study_reference import (
 
 from reward_fns import SHAPES, extract_answer, format_violation, score_rollout
 from reward_fns.compute_score import compute_score
+from reward_fns.shapes import BatchShape
 from search_env.protocol import parse_query, render_search_call, tool_response_contents
 
 PAIRS: list[tuple[str, Callable[[str], object], Callable[[str], object]]] = [
@@ -296,7 +297,7 @@ def test_floods_that_reach_each_scan():
     assert tool_response_contents(responses + "\n</tool_response>") == [responses[16:]]
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("shape", sorted(n for n, s in SHAPES.items() if not isinstance(s, BatchShape)))
 def test_flood_scores_every_shape(shape):
     flooded = "</think>" + _flood("<answer>", FLOOD // 2) + _flood("<tool_call>", FLOOD // 2)
     assert compute_score(solution_str=flooded, ground_truth="a", shape=shape)["score"] == 0.0

