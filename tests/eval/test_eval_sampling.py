@@ -232,3 +232,24 @@ def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():
     finally:
         ROLLOUT_SEED.reset(token)
     assert kwargs["seed"] == turn_seed(9, [5, 6]) and kwargs["temperature"] == 0.7 and kwargs["top_p"] == 0.9
+
+
+def test_the_judge_share_of_a_sampled_summary_counts_every_sample():
+    from eval.summary import add_judge
+
+    rows = [
+        {
+            "benchmark": "nq",
+            "id": q,
+            "sample": i,
+            "em": float(i == 0),
+            "f1": 0.0,
+            "acc": 0.0,
+            "prediction": "x",
+        }
+        for q in ("1", "2")
+        for i in range(2)
+    ]
+    summary = summarize(rows, ["nq"], 1, samples=2)
+    add_judge(summary, rows, ["correct", "correct", "correct", "incorrect"], {"model": "m", "prompt": "v"})
+    assert summary["benchmarks"]["nq"]["n"] == 2 and summary["benchmarks"]["nq"]["judge"] == 0.75
