@@ -2,11 +2,11 @@
 
     python -m launch.gpu_smoke cuda | versions | dense WORK | gpu-index WORK | tiny OUT [--data DIR]
         | checkpoints CKPT_DIR | rollout-logprobs METRICS | packed MODEL [--cpu] | memory [MODEL_DIR]
-        | fresh-dir SMOKE_DIR
+        | judge MODEL_DIR WORK | fresh-dir SMOKE_DIR
 
 ``cuda`` is the gate (0: torch sees a device); each other prints Markdown lines for the report
 (``| item | value |`` rows, then ``RESULT: ...``) and exits 0 when its check passes, 1 when it fails.
-``cuda`` and ``gpu-index`` exit 2 without a CUDA device. What each checks: docs/gpu.md
+``cuda``, ``gpu-index`` and ``judge`` exit 2 without a CUDA device. What each checks: docs/gpu.md
 ("`launch/gpu_smoke.sh` — the one script a lent GPU runs").
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.process import spawn_server
+from search_env.retrieval.process import free_port, spawn_server
 from search_env.safe_fs import UnsafeDeleteError, remove_owned
 
 REAL_VOCAB = 248_320
@@ -418,6 +418,89 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return result(ok, "a 16,384-token micro-batch (the recipe's actor budget) fits")
 
 
+JUDGE_CASES: tuple[tuple[str, list[str], str, str], ...] = (
+    ("Who was the 35th president of the United States?", ["John F. Kennedy"], "JFK", "correct"),
+    ("What is the capital of Australia?", ["Canberra"], "Sydney", "incorrect"),
+    ("In which year did World War II end?", ["1945"], "It ended in 1945.", "correct"),
+    ("Who wrote Pride and Prejudice?", ["Jane Austen"], "Charlotte Bronte", "incorrect"),
+    ("What is the largest planet in the Solar System?", ["Jupiter"], "the planet Jupiter", "correct"),
+    ("Which element has the chemical symbol Fe?", ["iron"], "gold", "incorrect"),
+    ("Who painted the Mona Lisa?", ["Leonardo da Vinci"], "Leonardo", "correct"),
+    ("How many continents are there?", ["seven", "7"], "five", "incorrect"),
+)
+"""(question, golds, prediction, the right judgement): the judge stage's cases, half of each."""
+JUDGE_STARTUP_S = 240
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    """A real judge on a real model: ``launch/serve_judge.sh MODEL_DIR`` (vLLM on the GPU, 30 % of its
+    memory) on a free port, :data:`JUDGE_CASES` judged through reward_fns.judge (batched, T = 0) into a
+    verdict store under WORK, then judged again. Passes when every call is answered, at least half of
+    the verdicts parse and the rerun makes 0 calls; reports agreement with the right judgements and
+    verdicts per second. Exit 2 without a CUDA device; the server is stopped by its PID."""
+    import torch  # heavy: this stage only
+
+    from reward_fns.judge import JudgeConfig, JudgeError, VerdictCache, judge_many  # this stage only
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: the judge stage needs one (skipped)", file=sys.stderr)
+        return 2
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "config.json").is_file():
+        return result(False, f"no model at {model_dir} (launch/prepare.sh fetches Qwen3.5-0.8B)")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "PORT": str(port), "JUDGE_MODEL": "smoke-judge", "GPU_MEMORY_UTILIZATION": "0.3"}
+    with open(work / "serve_judge.log", "w") as log:
+        server = subprocess.Popen(
+            ["bash", str(REPO_ROOT / "launch" / "serve_judge.sh"), str(model_dir)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.monotonic()
+        while True:
+            if server.poll() is not None or time.monotonic() - t0 > JUDGE_STARTUP_S:
+                return result(False, f"the judge server did not start (log: {work / 'serve_judge.log'})")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        row("server start", f"{time.monotonic() - t0:.0f} s")
+        cfg = JudgeConfig(url=f"{url}/v1", model="smoke-judge", timeout_s=120.0)
+        store = VerdictCache(work / "verdicts.jsonl")
+        items = [(q, golds, pred) for q, golds, pred, _ in JUDGE_CASES]
+        try:
+            t1 = time.monotonic()
+            verdicts, calls = judge_many(cfg, items, store)
+            seconds = time.monotonic() - t1
+            _, rerun_calls = judge_many(cfg, items, store)
+        except JudgeError as err:
+            return result(False, f"the judge failed: {err}")
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(timeout=10)
+    parsed = sum(v.judgement != "unparsed" for v in verdicts)
+    right = sum(v.judgement == case[3] for v, case in zip(verdicts, JUDGE_CASES, strict=True))
+    row("verdicts", f"{calls} calls in {seconds:.1f} s ({calls / seconds:.1f} verdicts/s)")
+    row("parsed", f"{parsed} of {len(items)}")
+    row("agree with the right judgement", f"{right} of {len(items)}")
+    row("rerun calls", rerun_calls)
+    ok = parsed * 2 >= len(items) and rerun_calls == 0
+    return result(ok, f"{parsed}/{len(items)} verdicts parsed, {right} right, rerun {rerun_calls} calls")
+
+
 MARKER = ".gpu_smoke"
 """The file gpu_smoke.sh writes into its SMOKE_DIR: the next run may wipe only a folder holding it."""
 
@@ -459,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("checkpoints").add_argument("ckpt_dir")
     sub.add_parser("memory").add_argument("model_dir", nargs="?")
     sub.add_parser("fresh-dir").add_argument("folder")
+    judge = sub.add_parser("judge")
+    judge.add_argument("model_dir")
+    judge.add_argument("work")
     args = parser.parse_args(argv)
     handler = {
         "cuda": cmd_cuda,
@@ -468,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu-index": cmd_gpu_index,
         "packed": cmd_packed,
         "rollout-logprobs": cmd_rollout_logprobs,
+        "judge": cmd_judge,
         "checkpoints": cmd_checkpoints,
         "memory": cmd_memory,
         "fresh-dir": cmd_fresh_dir,

@@ -21,6 +21,9 @@
 #                    searching the dense stage's index on the GPU (eval.sh's default there; BM25 if absent)
 #   packed      40   packed (remove-padding, cu_seqlens) vs one-by-one log-probs on a few sequences
 #   memory      90   peak memory of one 16K- and one 32K-token forward+backward at the real 0.8B shape
+#   judge      120   a real judge on a real model: launch/serve_judge.sh data/models/Qwen3.5-0.8B (vLLM,
+#                    30 % of the GPU), 8 verdicts batched at T = 0 into a verdict store, then a rerun
+#                    that must call nothing (JUDGE_MODEL_DIR overrides the model)
 # Without a CUDA device it exits 2 at once ("no CUDA device", with the driver/torch diagnosis).
 # Exit status: 0 when every stage passed, 1 otherwise. Logs: SMOKE_DIR/<stage>.log.
 set -uo pipefail
@@ -119,6 +122,7 @@ stage logprobs 10 "$PYTHON" -m launch.gpu_smoke rollout-logprobs "$SMOKE_DIR/run
 stage eval 100 bash -c evaluate
 stage packed 40 "$PYTHON" -m launch.gpu_smoke packed "$MODEL"
 stage memory 90 "$PYTHON" -m launch.gpu_smoke memory "$ROOT/data/models/Qwen3.5-0.8B"
+stage judge 120 "$PYTHON" -m launch.gpu_smoke judge "${JUDGE_MODEL_DIR:-$ROOT/data/models/Qwen3.5-0.8B}" "$SMOKE_DIR/judge"
 
 {
   echo

@@ -271,8 +271,9 @@ def check_kernels(cfg: DictConfig, plan: Plan, has_module: Any = None) -> None:
 def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
     """Our reward functions: ``shape`` must name one (a typo otherwise surfaces deep inside verl,
     after start-up, as "no materializable trajectories"); a model-based shape needs its settings
-    (``reward_kwargs``: a judge's URL and model, an encoder that exists). Returns the overrides that
-    make its paths absolute and put a null run file (the judge's verdict cache) in ``run_dir``."""
+    (``reward_kwargs``, given with ``+``: a judge's URL and model, an encoder that exists). Returns
+    the overrides that make its paths absolute and put an unset run file (the judge's verdict
+    cache) in ``run_dir``."""
     fn = cfg.reward.custom_reward_function
     if str(fn.get("path")) != REWARD_PATH:
         return []  # a user's own reward function: verl loads and checks it
@@ -289,16 +290,16 @@ def check_reward(cfg: DictConfig, plan: Plan, run_dir: Path) -> list[str]:
     for key, meaning in shape.settings.items():
         value = kwargs.get(key)
         if not plan.need(
-            value not in (None, ""), f"reward shape {fn.name!r} needs {prefix}.{key}: {meaning}"
+            value not in (None, ""), f"reward shape {fn.name!r} needs +{prefix}.{key}=...: {meaning}"
         ):
             continue
         if key in shape.paths:
             path = repo_path(value)
             if plan.need(path.exists(), f"{prefix}.{key}={value}: {path} does not exist ({meaning})"):
-                overrides.append(f"{prefix}.{key}={path}")
+                overrides.append(f"++{prefix}.{key}={path}")
     for key, name in shape.run_files.items():
         value = kwargs.get(key)
-        overrides.append(f"{prefix}.{key}={repo_path(value) if value else run_dir / name}")
+        overrides.append(f"++{prefix}.{key}={repo_path(value) if value else run_dir / name}")
     return overrides
 
 

@@ -323,8 +323,8 @@ async def ajudge_many(
     made (one per distinct uncached item; retries not counted).
 
     A missing or empty prediction is ``incorrect`` without a call. Items with the same key are asked
-    once; cached keys are not asked. New verdicts are written to ``cache`` once all calls succeeded.
-    Raises :class:`JudgeError` when a call fails after its retries.
+    once; cached keys are not asked. New verdicts are written to ``cache`` when the calls are done,
+    also when some failed (then :class:`JudgeError` is raised after writing the others).
     """
     verdicts: list[Verdict | None] = [None] * len(items)
     todo: dict[str, tuple[str, list[int]]] = {}
@@ -352,19 +352,20 @@ async def ajudge_many(
                 return await _ask(client, cfg, prompt)
 
         async with httpx.AsyncClient(limits=limits, headers=_headers()) as client:
-            tasks = [asyncio.ensure_future(one(client, prompt)) for prompt, _ in todo.values()]
-            try:
-                answers = await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
+            answers = await asyncio.gather(
+                *(one(client, prompt) for prompt, _ in todo.values()), return_exceptions=True
+            )
         fresh = {}
         for (key, (_, indices)), verdict in zip(todo.items(), answers, strict=True):
-            fresh[key] = verdict
-            for i in indices:
-                verdicts[i] = verdict
+            if isinstance(verdict, Verdict):
+                fresh[key] = verdict
+                for i in indices:
+                    verdicts[i] = verdict
         if cache is not None:
-            cache.put_many(fresh)
+            cache.put_many(fresh)  # also when some call failed: a rerun asks only the rest
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed:
+            raise failed[0]
     return [v for v in verdicts if v is not None], len(todo)
 
 

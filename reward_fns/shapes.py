@@ -94,7 +94,8 @@ class BatchShape:
     """(items, settings) -> one score per item, in order; ``settings`` = the reward's ``reward_kwargs``."""
     settings: Mapping[str, str]
     """``reward.custom_reward_function.reward_kwargs`` keys that must be set -> what each is (the
-    preflight names the missing one)."""
+    preflight names the missing one). Recipes declare none (verl would pass them to a user's reward
+    function too): they are given with ``+``."""
     paths: tuple[str, ...] = ()
     """Of :attr:`settings`, the local paths that must exist (the launcher makes them absolute)."""
     run_files: Mapping[str, str] = field(default_factory=dict)
@@ -105,7 +106,7 @@ def setting(settings: Mapping[str, Any], key: str) -> Any:
     """``settings[key]``; ValueError naming the recipe key when it is unset."""
     value = settings.get(key)
     if value is None or value == "":
-        raise ValueError(f"reward.custom_reward_function.reward_kwargs.{key} is not set")
+        raise ValueError(f"+reward.custom_reward_function.reward_kwargs.{key}=... is not set")
     return value
 
 
@@ -165,7 +166,7 @@ SHAPES: dict[str, Shape] = {
     ),
     "semantic": BatchShape(
         semantic_rewards,
-        settings={"encoder": "the E5 encoder's model directory (retriever.encoder)"},
+        settings={"encoder": "the E5 encoder's model directory, e.g. the retriever's data/models/e5-base-v2"},
         paths=("encoder",),
     ),
 }

@@ -230,3 +230,16 @@ def test_config_errors_name_the_field():
         JudgeConfig(url="http://h", model="")
     with pytest.raises(ValueError, match="max_concurrency=0"):
         JudgeConfig(url="http://h", model="m", max_concurrency=0)
+
+
+def test_verdicts_judged_before_a_failure_are_kept(stub, tmp_path):
+    cfg = JudgeConfig(url=stub.url, model="judge-a", retries=0)
+    path = tmp_path / "verdicts.jsonl"
+    items = [("Q1?", ["a"], "a"), ("Q2?", ["x"], "flaky-3"), ("Q3?", ["b"], "c")]
+    with pytest.raises(JudgeError, match="HTTP 503"):
+        judge_many(cfg, items, VerdictCache(path))
+    assert len(path.read_text().splitlines()) == 2  # the two answered verdicts are stored
+    again, calls = judge_many(
+        JudgeConfig(url=stub.url, model="judge-a", retries=2), items, VerdictCache(path)
+    )
+    assert calls == 1 and [v.judgement for v in again] == ["correct", "incorrect", "incorrect"]

@@ -155,7 +155,7 @@ async def _gather_outcomes(fn, rollouts):
 
 
 def test_judge_settings_and_question_missing_name_the_key(stub):
-    with pytest.raises(ValueError, match=rf"{PREFIX}\.judge_url is not set"):
+    with pytest.raises(ValueError, match=rf"\+{PREFIX}\.judge_url=\.\.\. is not set"):
         _step(_verl_fn("judge", judge_model="m"), STEP[:1])
     fn = _verl_fn("judge", judge_url=stub.url, judge_model="m")
     with pytest.raises(ValueError, match=r"extra_info\['question'\]"):
@@ -239,7 +239,7 @@ def test_a_broken_encoder_stops_scoring_naming_the_key(tmp_path):
     fn = _verl_fn("semantic", encoder=str(tmp_path / "no-such-encoder"))
     with pytest.raises(EncoderError, match=rf"no-such-encoder.*{PREFIX}\.encoder"):
         _step(fn, STEP[:2])
-    with pytest.raises(ValueError, match=rf"{PREFIX}\.encoder is not set"):
+    with pytest.raises(ValueError, match=rf"\+{PREFIX}\.encoder=\.\.\. is not set"):
         _step(_verl_fn("semantic", encoder=None), STEP[:1])
 
 
@@ -267,7 +267,7 @@ def _reward_check(cfg, run_dir: Path, shape: str, **reward_kwargs) -> tuple[list
     cfg = cfg.copy()
     cfg.shape = shape
     for key, value in reward_kwargs.items():
-        OmegaConf.update(cfg, f"{PREFIX}.{key}", value)
+        OmegaConf.update(cfg, f"{PREFIX}.{key}", value, force_add=True)
     plan = Plan()
     found = check_reward(cfg, plan, run_dir)
     return plan.problems, found
@@ -278,35 +278,46 @@ def test_preflight_names_a_model_shapes_missing_settings_and_fills_its_paths(
 ):
     problems, _ = _reward_check(demo_config, tmp_path, "judge")
     assert problems == [
-        f"reward shape 'judge' needs {PREFIX}.judge_url: the judge's OpenAI-compatible base URL (launch/serve_judge.sh)",
-        f"reward shape 'judge' needs {PREFIX}.judge_model: the judge's served model name",
+        f"reward shape 'judge' needs +{PREFIX}.judge_url=...: the judge's OpenAI-compatible base URL (launch/serve_judge.sh)",
+        f"reward shape 'judge' needs +{PREFIX}.judge_model=...: the judge's served model name",
     ]
     url = "http://127.0.0.1:8010/v1"
     problems, found = _reward_check(demo_config, tmp_path, "judge", judge_url=url, judge_model="base")
-    assert problems == [] and found == [f"{PREFIX}.judge_cache={tmp_path / 'judge_verdicts.jsonl'}"]
-    problems, _ = _reward_check(demo_config, tmp_path, "semantic")  # the demo's BM25 retriever has no encoder
+    assert problems == [] and found == [f"++{PREFIX}.judge_cache={tmp_path / 'judge_verdicts.jsonl'}"]
+    problems, _ = _reward_check(demo_config, tmp_path, "semantic")
     assert problems == [
-        f"reward shape 'semantic' needs {PREFIX}.encoder: the E5 encoder's model directory (retriever.encoder)"
+        f"reward shape 'semantic' needs +{PREFIX}.encoder=...: the E5 encoder's model directory, "
+        "e.g. the retriever's data/models/e5-base-v2"
     ]
     problems, _ = _reward_check(demo_config, tmp_path, "semantic", encoder="no/such/dir")
     assert len(problems) == 1 and "no/such/dir" in problems[0] and "does not exist" in problems[0]
     problems, found = _reward_check(demo_config, tmp_path, "semantic", encoder=str(tiny_encoder))
-    assert problems == [] and found == [f"{PREFIX}.encoder={tiny_encoder}"]
+    assert problems == [] and found == [f"++{PREFIX}.encoder={tiny_encoder}"]
     assert _reward_check(demo_config, tmp_path, "em_only") == ([], [])
 
 
-def test_recipes_pass_a_judge_url_through_hydra_to_verls_kwargs():
-    """The settings are plain recipe keys (recipes/base.yaml): a URL override needs no quoting or ``+``."""
+def test_recipes_pass_the_settings_to_verl_only_when_given():
+    """Recipes declare no reward_kwargs (verl passes them to any reward function, a user's with
+    verl's plain signature too); ``+`` adds them, a URL needs no quoting, and the preflight's ``++``
+    sets one whether it was given or not."""
     from launch.preflight import compose_recipe
 
+    recipe = REPO_ROOT / "recipes" / "demo_cpu.yaml"
+    assert "reward_kwargs" not in compose_recipe(recipe, []).reward.custom_reward_function
     url = "http://127.0.0.1:8010/v1"
-    cfg = compose_recipe(
-        REPO_ROOT / "recipes" / "demo_cpu.yaml",
-        ["shape=judge", f"{PREFIX}.judge_url={url}", f"{PREFIX}.judge_model=m"],
-    )
-    kwargs = dict(cfg.reward.custom_reward_function.reward_kwargs)
+    given = [
+        "shape=judge",
+        f"+{PREFIX}.judge_url={url}",
+        f"+{PREFIX}.judge_model=m",
+        f"+{PREFIX}.judge_cache=a",
+    ]
+    cfg = compose_recipe(recipe, [*given, f"++{PREFIX}.judge_cache=/run/v.jsonl"])
     assert cfg.reward.custom_reward_function.name == "judge"
-    assert kwargs["judge_url"] == url and kwargs["judge_model"] == "m" and kwargs["judge_cache"] is None
+    assert dict(cfg.reward.custom_reward_function.reward_kwargs) == {
+        "judge_url": url,
+        "judge_model": "m",
+        "judge_cache": "/run/v.jsonl",
+    }
 
 
 def test_study_files_accept_both_shapes():

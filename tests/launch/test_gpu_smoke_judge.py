@@ -1,0 +1,27 @@
+"""gpu_smoke.sh's judge stage (``python -m launch.gpu_smoke judge``): a real judge on a real model,
+GPU only. Without CUDA it exits 2 with a visible reason and starts nothing; the script runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import gpu_smoke
+from search_env.paths import REPO_ROOT
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
+def test_the_judge_stage_exits_2_without_cuda_and_says_why(tmp_path: Path, capsys):
+    work = tmp_path / "judge"
+    assert gpu_smoke.main(["judge", str(REPO_ROOT / "assets" / "demo_base"), str(work)]) == 2
+    assert "no CUDA device: the judge stage needs one (skipped)" in capsys.readouterr().err
+    assert not work.exists(), "no server is started and nothing written without a GPU"
+
+
+def test_the_script_runs_the_judge_stage_and_its_cases_are_balanced():
+    script = (REPO_ROOT / "launch" / "gpu_smoke.sh").read_text()
+    assert '-m launch.gpu_smoke judge "${JUDGE_MODEL_DIR:-$ROOT/data/models/Qwen3.5-0.8B}"' in script
+    right = [case[3] for case in gpu_smoke.JUDGE_CASES]
+    assert right.count("correct") == right.count("incorrect") == len(right) // 2
