@@ -6,6 +6,7 @@ python -m eval run --run-dir RUN --suite SUITE --out OUT [--steps N ...] [--limi
                    [--backend auto|hf|vllm] [--retriever-url URL ...] [--retriever-auth-token-file PATH]
                    [--base-model auto|none|PATH]
                    [--max-in-flight N] [--gpu-memory-utilization F] [--prefix-caching]
+                   [--samples N --temperature T [--top-p P] [--sample-seed S]]   (pass@k, avg@N)
                    [--judge-url URL --judge-model NAME [--judge-concurrency N]]
 python -m eval plan --halfwidth H [--suite SUITE | --results OUT]   (rows for a precision)
 python -m eval select --results OUT [--val-results VALOUT] [--metric em] [--matched-horizon 180]
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from eval import checkpoints as ckpts
 from eval import plan as seq
-from eval.settings import FULL, SEQUENTIAL, eval_settings, judge_setting
+from eval.settings import FULL, SEQUENTIAL, Sampling, eval_settings, judge_setting
 from eval.suite import load_suite
 from search_env import protocol
 from search_env.paths import REPO_ROOT
@@ -108,6 +109,29 @@ def build_run_parser() -> argparse.ArgumentParser:
         "--prefix-caching",
         action="store_true",
         help="vllm: enable prefix caching (off by default, as in training; recorded in run.json)",
+    )
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=1,
+        help="rollouts per question (default 1); > 1 needs --temperature > 0 and adds pass@1..pass@N and "
+        "avg@N to the summaries (docs/evaluation.md, 'Sampling, pass@k and avg@k')",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of every turn (default 0 = greedy, the study's protocol)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (default 1.0)"
+    )
+    p.add_argument(
+        "--sample-seed",
+        type=int,
+        default=0,
+        help="seed of the samples (each sample's seed derives from it and the row: a rerun draws the same "
+        "rollouts; default 0). Not --seed, the run's training seed",
     )
     p.add_argument(
         "--max-turns", type=positive_int, help="assistant turns per rollout (default: run config/10)"
@@ -272,6 +296,7 @@ def prepare(args: argparse.Namespace):
     from eval.limits import limits_for_preset  # yaml, omegaconf: off the report's import path
     from reward_fns.judge import PROMPT_VERSION  # httpx: off the report's import path
 
+    sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
     judge = _judge(args)
     plan_name, _ = _resolve_plan(args.plan, args.limit)
     if plan_name == SEQUENTIAL and args.limit is not None:
@@ -330,9 +355,11 @@ def prepare(args: argparse.Namespace):
             args.prefix_caching,
             plan_name,
             topk=args.top_k,
+            sampling=sampling,
             judge=None if judge is None else judge_setting(judge.model, PROMPT_VERSION),
         ),
         topk=args.top_k,
+        sampling=sampling,
         judge=judge,
         schedule=runner.Schedule(
             plan=plan_name,

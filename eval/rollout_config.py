@@ -1,4 +1,4 @@
-"""verl's composed config for an evaluation's greedy protocol rollouts, and the verl rows of its questions."""
+"""verl's composed config for an evaluation's protocol rollouts (greedy, or sampled), and the verl rows of its questions."""
 
 from __future__ import annotations
 
@@ -58,9 +58,13 @@ def rollout_config(
     folder: Path,
     topk: int = protocol.TOPK,
     auth_token_file: str | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> Any:
-    """verl's composed config for greedy protocol rollouts of ``model_dir`` (YAML files in ``folder``;
-    the search tool sends ``auth_token_file``'s bearer token)."""
+    """verl's composed config for protocol rollouts of ``model_dir`` (YAML files in ``folder``; the
+    search tool sends ``auth_token_file``'s bearer token): greedy at ``temperature`` 0 (the
+    default), else sampled at ``temperature`` and ``top_p`` (verl's ``val_kwargs``, which the
+    ``validate`` rollouts read; per-rollout seeds come from the backend)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir, topk, auth_token_file)
@@ -72,10 +76,10 @@ def rollout_config(
         agent_loop_config_path=loops,
         overrides=[
             f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={limits.max_assistant_turns}",
-            "actor_rollout_ref.rollout.val_kwargs.temperature=0",
-            "actor_rollout_ref.rollout.val_kwargs.top_p=1.0",
+            f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature if temperature else 0}",
+            f"actor_rollout_ref.rollout.val_kwargs.top_p={top_p if temperature else 1.0}",
             "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+            f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if temperature else 'false'}",
             f"actor_rollout_ref.rollout.name={'vllm' if backend == 'vllm' else 'hf'}",
             # a cap in tokens has no character bound: let verl's character cap never cut a passage
             f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={TOOL_TEXT_CHAR_LIMIT}",

@@ -1,4 +1,5 @@
-"""``python -m eval run``: evaluate a run's checkpoints on a suite, greedily, resumably, by a plan.
+"""``python -m eval run``: evaluate a run's checkpoints on a suite, greedily (or N seeded samples
+per question), resumably, by a plan.
 
 Layout, plans and crash safety: docs/evaluation.md. The ``full`` plan evaluates every checkpoint on
 every row; ``sequential`` screens every trained checkpoint on a nested subsample, keeps those that
@@ -29,12 +30,22 @@ from eval.settings import (
     CHECKPOINT_FILE,
     FULL,
     SEQUENTIAL,
+    Sampling,
     checkpoint_fingerprint,
     differences,
     mismatch_message,
     step0_key,
 )
-from eval.store import RowStore, exclusive_lock, read_json, row_key, try_lock, write_json_atomic
+from eval.store import (
+    RowKey,
+    RowStore,
+    exclusive_lock,
+    read_json,
+    row_key,
+    try_lock,
+    unit_key,
+    write_json_atomic,
+)
 from eval.suite import Question, Suite
 from eval.summary import JUDGE, add_judge, score_row, summarize
 from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
@@ -52,6 +63,17 @@ STEP0_DIR = ".step0"
 VERDICTS = Path(".judge") / "verdicts.jsonl"
 """Under OUT: the judge's verdicts, one store for every run and judge of the results root
 (keyed by :func:`reward_fns.judge.verdict_key`: the same prediction is never judged twice)."""
+Unit = tuple[Question, int | None]
+"""One rollout to make: a question and its sample index (None: the greedy rollout)."""
+
+
+def units_of(questions: Sequence[Question], sampling: Sampling) -> list[Unit]:
+    """Every rollout of ``questions`` in row order: each question's samples in turn."""
+    return [(q, i) for q in questions for i in sampling.indices()]
+
+
+def key_of(unit: Unit) -> RowKey:
+    return unit_key(unit[0].key, unit[1])
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,8 @@ class RunPlan:
     retriever_auth_token_file: str | None = None
     """The retrievers' bearer-token file (absolute): probes and search tool send it. Not a setting:
     it changes who may search, not what a search returns (not in ``eval_settings``)."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """Samples per question, temperature, top-p, sample seed (``eval_settings['sampling']``)."""
     judge: JudgeConfig | None = None
     """The LLM judge that scores every non-screening summary's rows (``--judge-url``); its identity
     is ``eval_settings["judge"]``."""
@@ -116,7 +140,8 @@ def write_run_json(plan: RunPlan) -> None:
                     "this command",
                     diffs,
                     "results would not be comparable: use the same --suite/--limit/--plan/--backend/limits, "
-                    "retriever and --judge-model, or another --out",
+                    "sampling (--samples/--temperature/--top-p/--sample-seed), retriever and --judge-model, "
+                    "or another --out",
                 )
             )
     write_json_atomic(path, doc)
@@ -124,24 +149,36 @@ def write_run_json(plan: RunPlan) -> None:
 
 async def _roll_out(
     backend: Any,
-    questions: Sequence[Question],
+    units: Sequence[Unit],
     writer: InOrderWriter,
     question_mark: bool,
     size: int,
     progress: Callable[[Question], None],
-) -> list[Question]:
-    """Roll ``questions`` out through ``backend`` in a steady pool, scoring each into ``writer``;
-    returns the questions held back because their rollout had a failed retrieval (not written)."""
-    rows = to_verl_rows(questions, question_mark)
-    held_back: list[Question] = []
+    sampling: Sampling | None = None,
+) -> list[Unit]:
+    """Roll ``units`` out through ``backend`` in a steady pool, scoring each into ``writer``;
+    returns the units held back because their rollout had a failed retrieval (not written). A
+    sample's rollout gets its seed (:meth:`eval.settings.Sampling.seed_of`); a greedy one none."""
+    sampling = sampling or Sampling()
+    rows = to_verl_rows([q for q, _ in units], question_mark)
+    seeds = [None if i is None else sampling.seed_of(q.benchmark, q.id, i) for q, i in units]
+
+    def rollout(index: int) -> Any:
+        seed = seeds[index]
+        return (
+            backend.rollout_one(rows[index]) if seed is None else backend.rollout_one(rows[index], seed=seed)
+        )
+
+    held_back: list[Unit] = []
     try:
-        async for i, record in rollout_pool(rows, backend.rollout_one, size):
+        async for i, record in rollout_pool(range(len(units)), rollout, size):
+            q, sample = units[i]
             if int(record.get("retrieval_failures") or 0):
-                held_back.append(questions[i])
+                held_back.append(units[i])
                 writer.add(i, None)
                 continue
-            writer.add(i, score_row(questions[i], record))
-            progress(questions[i])
+            writer.add(i, score_row(q, record, sample))
+            progress(q)
     finally:
         writer.flush()  # whatever finished in order is kept, also when a rollout failed
     return held_back
@@ -216,7 +253,7 @@ def _roll_out_rows(
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None],
     store: RowStore,
-    todo: list[Question],
+    todo: list[Unit],
     fingerprint: str,
 ) -> None:
     """Roll ``todo`` out with checkpoint ``ckpt`` and append the scored rows to ``store``; rows held
@@ -231,6 +268,8 @@ def _roll_out_rows(
             store.path.parent,
             plan.topk,
             plan.retriever_auth_token_file,
+            temperature=plan.sampling.temperature,
+            top_p=plan.sampling.top_p,
         ),
         str(model_dir),
     )
@@ -262,6 +301,7 @@ def _roll_out_rows(
                         plan.limits.rules.question_mark,
                         plan.max_in_flight,
                         progress,
+                        plan.sampling,
                     )
                 )
                 if not pending:
@@ -280,7 +320,7 @@ def _roll_out_step0(
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None],
     store: RowStore,
-    todo: list[Question],
+    todo: list[Unit],
     fingerprint: str,
 ) -> None:
     """Step 0's missing rows: rolled out into the rows every run of the same base model and settings
@@ -289,12 +329,12 @@ def _roll_out_step0(
     with exclusive_lock(shared_dir, wait=True):
         shared = RowStore(shared_dir / "rows.jsonl")
         have = shared.recover()
-        missing = [q for q in todo if q.key not in have]
+        missing = [u for u in todo if key_of(u) not in have]
         log(f"step 0: {len(todo) - len(missing)} rows from {shared_dir}, {len(missing)} to roll out")
         if missing:
             _roll_out_rows(plan, ckpt, make_backend, log, shared, missing, fingerprint)
         by_key = {row_key(r): r for r in shared.rows()}
-    store.append(by_key[q.key] for q in todo if q.key in by_key)
+    store.append(by_key[key_of(u)] for u in todo if key_of(u) in by_key)
 
 
 def evaluate_step(
@@ -315,7 +355,8 @@ def evaluate_step(
     _check_checkpoint(step_dir, ckpt.step, fingerprint, log)
     if questions is None:
         questions = [q for qs in plan.suite.benchmarks.values() for q in qs]
-    wanted = {q.key for q in questions}
+    units = units_of(questions, plan.sampling)
+    wanted = {key_of(u) for u in units}
     rows_wanted = dict(Counter(q.benchmark for q in questions))
     summary_path = step_dir / "summary.json"
     store = RowStore(step_dir / "rows.jsonl")
@@ -326,7 +367,7 @@ def evaluate_step(
         old = read_json(summary_path)
         if _still_valid(old, plan, fingerprint, rows_wanted, stage):
             return old
-    todo = [q for q in questions if q.key not in done]
+    todo = [u for u in units if key_of(u) not in done]
     log(f"step {ckpt.step}: {len(done)} rows done, {len(todo)} to go")
     if todo:
         roll = _roll_out_step0 if ckpt.step == 0 else _roll_out_rows
@@ -334,7 +375,9 @@ def evaluate_step(
     rows = [r for r in store.rows() if row_key(r) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
-    summary = summarize(rows, list(rows_wanted), ckpt.step, plan.limits.preset)
+    summary = summarize(
+        rows, list(rows_wanted), ckpt.step, plan.limits.preset, plan.sampling.samples, plan.run_name
+    )
     if _wants_judge(plan, stage):
         add_judge(summary, rows, judge_rows(plan, ckpt.step, rows, log), plan.eval_settings["judge"])
     summary["eval"] = {**plan.eval_settings, "rows": rows_wanted, "stage": stage, "checkpoint": fingerprint}
@@ -376,14 +419,17 @@ def _evaluate_all(
 
 
 def _scores(plan: RunPlan, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
-    """EM of one checkpoint's stored rows on ``questions``: benchmark -> scores in question order."""
+    """EM of one checkpoint's stored rows on ``questions`` (a sampled run: each question's mean
+    over its samples): benchmark -> scores in question order."""
     em = {
         row_key(r): float(r["em"])
         for r in RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows()
     }
     out: dict[str, list[float]] = {}
     for q in questions:
-        out.setdefault(q.benchmark, []).append(em[q.key])
+        out.setdefault(q.benchmark, []).append(
+            float(np.mean([em[unit_key(q.key, i)] for i in plan.sampling.indices()]))
+        )
     return {b: np.asarray(v) for b, v in out.items()}
 
 

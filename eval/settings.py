@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+import struct
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,66 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model_world_size_*_ra
 """The saved files a checkpoint's fingerprint reads (not optimizer state, which greedy rollouts ignore)."""
 _WHOLE_FILE = 4 << 20
 _SAMPLES, _SAMPLE = 16, 64 << 10
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
+"""The ``sampling`` setting of a greedy single-sample evaluation (the default; as recorded before
+sampling existed, so greedy results stay comparable with older ones)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each question is rolled out: ``samples`` rollouts (``--samples``) at ``temperature``
+    (0 = greedy) and ``top_p``, seeded from ``seed`` (``--sample-seed``) and the row.
+
+    ValueError (naming the flag) for ``samples`` < 1, a negative temperature, ``top_p`` outside
+    (0, 1], or several samples at temperature 0 (greedy rollouts would all be the same).
+    """
+
+    samples: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {self.samples}")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"--samples {self.samples} needs --temperature > 0 (e.g. --temperature 0.7): greedy "
+                "decoding (--temperature 0, the default) gives every sample the same answer"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: one deterministic rollout per question, rows without a ``sample`` index."""
+        return self.temperature == 0
+
+    def settings(self) -> dict[str, Any]:
+        """The ``sampling`` evaluation setting: :data:`GREEDY` when greedy (seed and top-p unused),
+        else temperature, top-p, top-k, samples and the sample seed."""
+        if self.greedy:
+            return dict(GREEDY)
+        return {
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": -1,
+            "samples": self.samples,
+            "seed": self.seed,
+        }
+
+    def indices(self) -> list[int | None]:
+        """Sample indices of one question: ``[None]`` when greedy (no ``sample`` field), else 0..N-1."""
+        return [None] if self.greedy else list(range(self.samples))
+
+    def seed_of(self, benchmark: str, qid: str, sample: int) -> int:
+        """The 63-bit seed of one sample of a question, from ``seed`` and the row (a rerun draws the
+        same rollouts; samples and questions draw independent ones)."""
+        digest = hashlib.blake2b(struct.pack("<qq", self.seed, sample), digest_size=8)
+        digest.update(json.dumps([benchmark, qid]).encode())
+        return int.from_bytes(digest.digest(), "little") >> 1
 
 
 def eval_settings(
@@ -39,13 +100,15 @@ def eval_settings(
     plan: str = FULL,
     retriever: dict[str, Any] | None = None,
     topk: int = protocol.TOPK,
+    sampling: Sampling | None = None,
     judge: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The settings stored in run.json and every summary.json of an evaluation.
 
     vLLM's prefix caching is recorded for the vllm backend (it may change greedy outputs); the
     pool size and the memory fraction are not (they change speed, not rows). ``retriever`` is
-    :func:`eval.retrievers.check_retrievers`'s identity, filled in when the run starts. ``judge``
+    :func:`eval.retrievers.check_retrievers`'s identity, filled in when the run starts.
+    ``sampling``: :class:`Sampling` (default greedy, one sample). ``judge``
     (:func:`judge_setting`) is recorded only when a judge scores the rows (its URL and concurrency
     are not: they change where and how fast, not the verdicts).
     """
@@ -57,7 +120,7 @@ def eval_settings(
         "subsample_seed": subsample_seed,
         "plan": plan,
         "backend": backend,
-        "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1},
+        "sampling": (sampling or Sampling()).settings(),
         "limits": asdict(limits),
         "retriever": retriever or {},
         "topk": topk,

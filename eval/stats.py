@@ -154,6 +154,31 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[np.nd
     return low, high
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one question with ``c`` correct among ``n`` samples (Chen et al. 2021):
+    1 - C(n-c, k) / C(n, k), the chance that k of the n samples drawn without replacement hold a
+    correct one; computed as 1 - prod(1 - k / (n-c+1 .. n)) (no large binomials); 1 when
+    n - c < k. ValueError unless 0 <= c <= n and 1 <= k <= n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_ks(correct: np.ndarray) -> np.ndarray:
+    """Per question, pass@1..pass@n and avg@n from an (questions x n samples) 0/1 array:
+    (questions x (n + 1)); pass@1 equals avg@n (the mean correctness)."""
+    correct = np.asarray(correct, dtype=float)
+    n = correct.shape[1]
+    counts = correct.sum(axis=1).round().astype(int)
+    out = np.empty((correct.shape[0], n + 1))
+    for i, c in enumerate(counts):
+        out[i, :n] = [pass_at_k(n, int(c), k) for k in range(1, n + 1)]
+    out[:, n] = correct.mean(axis=1)
+    return out
+
+
 AGREEMENT = ("em1_judge1", "em1_judge0", "em0_judge1", "em0_judge0")
 """A summary's ``judge_agreement`` keys per benchmark: rows by EM pass (1) or fail (0) and judge
 correct (1) or not (0); in this order they are :func:`agreement`'s ``a, b, c, d``."""

@@ -2,7 +2,7 @@
 
 ``rows.jsonl`` survives a SIGKILL at any instant: every batch of rows is written, flushed and
 fsynced before the next batch starts; a torn last line (a crash mid-write) is cut off before
-anything is appended again; duplicate keys (same benchmark and id) keep their first row.
+anything is appended again; duplicate keys (same benchmark, id and sample) keep their first row.
 JSON documents (``summary.json``, ``run.json``) are written to a temporary file in the same
 directory and renamed over the target, so readers see the old or the new file, never half.
 Several processes (one per GPU) may share one results folder: each checkpoint folder has its own
@@ -22,12 +22,19 @@ from typing import Any
 
 from search_env.safe_fs import fsync_dir, open_lock, write_atomic
 
-RowKey = tuple[str, str]
-"""(benchmark, question id): the identity of one row."""
+RowKey = tuple[str, ...]
+"""(benchmark, question id) of a greedy row, (benchmark, question id, sample index) of a sampled
+one: the identity of one row."""
+
+
+def unit_key(question: tuple[str, str], sample: int | None) -> RowKey:
+    """The key of one rollout of a question (``Question.key``): greedy (``sample`` None) or a sample."""
+    return question if sample is None else (*question, str(sample))
 
 
 def row_key(row: dict[str, Any]) -> RowKey:
-    return (str(row["benchmark"]), str(row["id"]))
+    sample = row.get("sample")
+    return unit_key((str(row["benchmark"]), str(row["id"])), None if sample is None else int(sample))
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -78,7 +85,7 @@ class RowStore:
         return rows, good
 
     def rows(self) -> list[dict[str, Any]]:
-        """Complete rows in file order, first occurrence of each (benchmark, id) only."""
+        """Complete rows in file order, first occurrence of each :func:`row_key` only."""
         seen: set[RowKey] = set()
         out = []
         for row in self._good_prefix()[0]:

@@ -28,6 +28,9 @@ HELP = """environment (defaults in brackets):
   LIMIT          rows per benchmark (seeded subsample); empty = all; full plan only [4 for fixtures, else all]
   OUT            results root; the run goes to OUT/<run>                         [results/eval_<suite>]
   BACKEND        auto | hf | vllm                                                 [auto]
+  SAMPLES        rollouts per question; > 1 adds pass@1..pass@N and avg@N, needs TEMPERATURE > 0 [1]
+  TEMPERATURE    sampling temperature (0 = greedy)                               [0]
+  SAMPLE_SEED    seed of the samples (not the run's training seed)               [0]
   GPUS           comma-separated GPU ids, one evaluation process each; empty = one []
   RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start one  []
   RETRIEVER_PORT port of the retriever started here                             [8010]
@@ -82,6 +85,8 @@ class Settings:
     judge_url: str = ""
     judge_model: str = ""
     """JUDGE_URL, JUDGE_MODEL: both or neither (empty: no judge)."""
+    sampling: list[str] = field(default_factory=list)
+    """``--samples``/``--temperature``/``--sample-seed`` for SAMPLES/TEMPERATURE/SAMPLE_SEED (given ones only)."""
     extra: list[str] = field(default_factory=list)
 
     @classmethod
@@ -108,6 +113,17 @@ class Settings:
         judge_url, judge_model = env.get("JUDGE_URL") or "", env.get("JUDGE_MODEL") or ""
         if bool(judge_url) != bool(judge_model):
             raise EvalError("JUDGE_URL and JUDGE_MODEL go together: set both (or neither)")
+        sampling = []
+        for var, flag, kind in (
+            ("SAMPLES", "--samples", int),
+            ("TEMPERATURE", "--temperature", float),
+            ("SAMPLE_SEED", "--sample-seed", int),
+        ):
+            if env.get(var):
+                try:
+                    sampling += [flag, str(kind(env[var]))]
+                except ValueError:
+                    raise EvalError(f"{var} must be a number ({kind.__name__}), got {env[var]!r}") from None
         return cls(
             suite=suite,
             plan=plan,
@@ -125,6 +141,7 @@ class Settings:
             auth_token_file=token_file,
             judge_url=judge_url,
             judge_model=judge_model,
+            sampling=sampling,
         )
 
 
@@ -199,7 +216,7 @@ def eval_command(run_dir: Path, s: Settings) -> list[str]:
         cmd += ["--retriever-auth-token-file", s.auth_token_file]
     if s.judge_url:
         cmd += ["--judge-url", s.judge_url, "--judge-model", s.judge_model]
-    return cmd + (["--limit", s.limit] if s.limit else []) + s.extra
+    return cmd + (["--limit", s.limit] if s.limit else []) + s.sampling + s.extra
 
 
 def _wait(process: subprocess.Popen, timeout_s: float) -> int:
