@@ -8,8 +8,8 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
   (vLLM's own request counter does not move; the run says "0 calls");
 - a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting.
 
-Measured 200 s on 2 cores shared with three other jobs (load ~9): the server starts in ~50 s,
-three `launch/eval.sh` runs, one row per question type, 32-token verdicts.
+Measured 77 s on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s
+beside three other jobs at load ~9): one row per question type, 32-token verdicts.
 """
 
 from __future__ import annotations
