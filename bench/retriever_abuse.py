@@ -30,7 +30,7 @@ together; all clients share the machine with the server, so run it on an otherwi
 load average is printed) and compare ratios within a run.
 
     .venv/bin/python bench/retriever_abuse.py [--clients 8] [--seconds 15] [--abuse-seconds 30]
-                                                              # ~2.5 min on 2 shared cores
+                                                              # ~2.5-3.5 min on 2 shared cores
 Last line: `retriever_abuse: good_p99_ratio=R good_errors=E refused=K/N` (the all-abuse phase).
 """
 
