@@ -265,6 +265,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=key)  # stable: the rest keep their order
 
 
+def token_file(path: Path, token: str, mode: int = 0o600) -> Path:
+    """A retriever bearer-token file holding ``token``: created at mode 600 (never readable by others
+    first), then given ``mode``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"# bearer token of the test retriever\n{token}\n")
+    os.chmod(path, mode)
+    return path
+
+
 HEAVY_SLOT = (sys.executable, str(Path(__file__).with_name("heavy_slot.py")))
 """Prefix of a heavy command: run it holding a heavy-run slot (``tests/heavy_slot.py``)."""
 

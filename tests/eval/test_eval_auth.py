@@ -4,11 +4,11 @@ and without it stay comparable; an unusable file is refused naming the flag and 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import token_file
 
 from eval.__main__ import build_run_parser, prepare
 from eval.rollout_config import tool_and_loop_files
@@ -22,11 +22,7 @@ MODEL = REPO_ROOT / "assets" / "demo_base"
 
 
 def _token_file(path: Path, mode: int = 0o600) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"{TOKEN}\n")
-    os.chmod(path, mode)
-    return path
+    return token_file(path, TOKEN, mode)
 
 
 def _plan(out: Path, *extra: str):

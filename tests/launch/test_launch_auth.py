@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import token_file
 
 from launch import preflight, train
 from launch.evaluate import EvalError, Settings, eval_command, serve_args, start_retriever
@@ -21,11 +22,7 @@ TOKEN = "launch-token-0123456789abcdef"
 
 
 def _token_file(path: Path, mode: int = 0o600) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"{TOKEN}\n")
-    os.chmod(path, mode)
-    return path
+    return token_file(path, TOKEN, mode)
 
 
 def _requires_the_token(url: str, token: Path) -> None:

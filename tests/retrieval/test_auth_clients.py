@@ -6,13 +6,13 @@ verl builds it from a run's tools.yaml). A missing or wrong token is a 401 that 
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import token_file
 from verl.tools.tool_registry import initialize_tools_from_config
 
 from eval.retrievers import check_retrievers
@@ -27,15 +27,6 @@ from search_env.verl_glue import write_tool_config
 
 TOKEN = "right-token-0123456789abcdef"
 WRONG = "wrong-token-0123456789abcdef"
-
-
-def token_file(path: Path, token: str, mode: int = 0o600) -> Path:
-    """A token file holding ``token``, created with ``mode`` (never readable by others first)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(f"# bearer token of the test retriever\n{token}\n")
-    os.chmod(path, mode)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_import_graph import PACKAGES
 
 from search_env.paths import REPO_ROOT
 from search_env.safe_fs import (
@@ -101,18 +102,7 @@ def test_open_lock_neither_truncates_nor_follows_a_symlink(tmp_path):
     assert own.read_text() == "kept" and victim.read_text() == "precious"
 
 
-SCANNED = (
-    "search_env",
-    "search_demo",
-    "cpu_engine",
-    "eval",
-    "reward_fns",
-    "patches",
-    "cpu_compat",
-    "launch",
-    "study",
-    "bench",
-)
+SCANNED = (*PACKAGES, "bench")
 """Every product package and bench/ (tests/ may delete and rename freely inside tmp_path)."""
 BANNED = {
     ("shutil", "rmtree"),
