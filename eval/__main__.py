@@ -295,6 +295,7 @@ def prepare(args: argparse.Namespace):
     from eval import runner  # httpx (rich), yaml: off the report's import path
     from eval.limits import limits_for_preset  # yaml, omegaconf: off the report's import path
     from reward_fns.judge import PROMPT_VERSION  # httpx: off the report's import path
+    from reward_fns.shapes import SHAPES  # the judge client (httpx): off the report's import path
 
     sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
     judge = _judge(args)
@@ -323,7 +324,7 @@ def prepare(args: argparse.Namespace):
     if info["shape"] is None or info["seed"] is None:
         raise ValueError(
             f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
-            "'shape'/'seed' found): pass --shape em_only|f1_only|f1_format and --seed N"
+            f"'shape'/'seed' found): pass --shape {'|'.join(SHAPES)} and --seed N"
         )
     limits = limits_for_preset(args.limits_preset, info["config"])
     overrides = {

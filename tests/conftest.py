@@ -234,6 +234,9 @@ LONG_FILES_FIRST = (
     "e2e/test_run_killed.py",
     "e2e/test_retriever_faults_e2e.py",
     "e2e/test_demo_e2e.py",
+    "e2e/test_judge_semantic_training_e2e.py",
+    "e2e/test_judge_e2e.py",
+    "e2e/test_eval_sampling_e2e.py",
     "study/test_study.py",
     "retrieval/test_index.py",
     "launch/test_recipes.py",
@@ -241,6 +244,7 @@ LONG_FILES_FIRST = (
     "retrieval/test_client.py",
     "patches/test_patches.py",
     "retrieval/test_server.py",
+    "retrieval/test_server_limits.py",
 )
 """The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``),
 then every other file in collection order. The longest first, so that no long file starts last:
