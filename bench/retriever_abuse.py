@@ -11,8 +11,9 @@ Good clients: `--clients` closed-loop keep-alive clients, each sending one disti
 200 with one result or 429, or none within `--good-timeout-s`; a 429 is retried after its
 Retry-After, as the project's client does, and its wait counts in the latency.
 
-Abuse, from one client in its own process (so its work never stalls the good clients' event loop;
-N = requests sent, K = those answered 4xx):
+Abuse, from one client in its own process (so its work never stalls the good clients' event loop)
+whose sockets are bound to 127.0.0.2 (another machine to the server, which shares its batches out per
+client address; the good clients connect from 127.0.0.1; N = requests sent, K = those answered 4xx):
   huge    one ~7.9 MB query per request, one request at a time
   amplify 1,024 copies of one query at topk 100 (a 30 kB body), one at a time
   slow    `--slow-connections` connections that send Content-Length 100, 10 bytes, then nothing
@@ -57,6 +58,8 @@ QUESTIONS = REPO_ROOT / "tests" / "fixtures" / "r1-searcher-evalset" / "hotpotqa
 TYPES = ("huge", "amplify", "slow", "badtext", "flood")
 HUGE_CHARS = 7_900_000
 TOPK = 5
+ABUSER_ADDRESS = "127.0.0.2"
+"""the abusive client's source address (Linux routes all of 127.0.0.0/8 to the loopback device)."""
 
 
 def load_questions() -> list[str]:
@@ -91,8 +94,8 @@ class Answer:
 class Connection:
     """One keep-alive HTTP/1.1 connection; reopened after any failure or `Connection: close`."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, local: str | None = None) -> None:
+        self.host, self.port, self.local = host, port, local
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -112,7 +115,9 @@ class Connection:
 
     async def _post(self, body: bytes) -> Answer:
         if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            self.reader, self.writer = await asyncio.open_connection(
+                self.host, self.port, limit=1 << 20, local_addr=(self.local, 0) if self.local else None
+            )
         assert self.reader is not None
         self.writer.write(self.head(len(body)) + body)
         await self.writer.drain()
@@ -245,7 +250,7 @@ async def abusive_requests(
 ) -> None:
     """One abusive request at a time until `stop_at`; each outcome counted (a request cut by the end of
     the phase counts as 'cut')."""
-    connection, n = Connection(host, port), 0
+    connection, n = Connection(host, port, ABUSER_ADDRESS), 0
     try:
         while time.perf_counter() < stop_at:
             body = make_body(n)
@@ -267,7 +272,7 @@ async def slow_body(host: str, port: int, stop_at: float, outcomes: Counter) -> 
     while time.perf_counter() < stop_at:
         writer = None
         try:
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ABUSER_ADDRESS, 0))
             head = Connection(host, port).head(100)
             writer.write(head + b'{"queries"')
             await writer.drain()

@@ -29,11 +29,13 @@ from search_env.retrieval.server import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_ENTRIES,
+    DEFAULT_FAIR_BATCH,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HITS,
     DEFAULT_MAX_QUERY_CHARS,
+    DEFAULT_MAX_QUEUED_PER_CLIENT,
     DEFAULT_MAX_QUEUED_QUERIES,
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_STATS_INTERVAL_S,
@@ -186,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_QUEUED_QUERIES,
         help="most queries waiting for a search; a request that would pass it gets 429 with Retry-After "
         f"(default {DEFAULT_MAX_QUEUED_QUERIES})",
+    )
+    serve.add_argument(
+        "--max-queued-per-client",
+        type=_positive(int),
+        default=DEFAULT_MAX_QUEUED_PER_CLIENT,
+        help="most queries of one client (a token of --auth-token-file, else an IP address) waiting for a "
+        "search; its request that would pass it gets 429 with Retry-After, other clients are still "
+        f"admitted (default {DEFAULT_MAX_QUEUED_PER_CLIENT})",
+    )
+    serve.add_argument(
+        "--fair-batch",
+        type=_positive(int),
+        default=DEFAULT_FAIR_BATCH,
+        help="while several clients are active, most queries of one client per batch, so another "
+        f"client's request waits at most about one short batch; one client alone gets full batches "
+        f"(default {DEFAULT_FAIR_BATCH})",
     )
     serve.add_argument(
         "--max-connections",
@@ -392,6 +410,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         prewarm=prewarm,
         limits=Limits(args.max_query_chars, args.max_hits),
         max_queued_queries=args.max_queued_queries,
+        max_queued_per_client=args.max_queued_per_client,
+        fair_batch=args.fair_batch,
         body_timeout_s=args.body_timeout_s,
         auth_tokens=tokens,
         loopback=is_loopback(args.host),

@@ -12,13 +12,14 @@ Mechanisms, limits and measurements: docs/retrieval.md ("HTTP API", "Limits", "M
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,10 +56,19 @@ DEFAULT_MAX_HITS = 8192
 request fit; an answer holds at most this many passages (wiki-18 rows: ~0.7 KB each with JSON, so
 ~6 MB; docs/retrieval.md "Limits and authentication")."""
 DEFAULT_MAX_QUEUED_QUERIES = 16384
+DEFAULT_MAX_QUEUED_PER_CLIENT = 1024
+"""queries one client may have waiting: one training node's 512 concurrent one-query rollouts pass twice."""
+DEFAULT_FAIR_BATCH = 32
+"""most queries of one client in a batch while several clients are active (docs/retrieval.md)."""
+ACTIVE_WINDOW_S = 1.0
+"""a client that sent a request or had queries queued within this many seconds counts as active."""
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_BODY_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 1
-"""`Retry-After` of a 429 (seconds)."""
+"""`Retry-After` of a 429 (seconds); a request past --max-queued-per-client waits this long for room
+before its 429, so a client that retries at once is not answered in a busy loop."""
+ROOM_POLL_S = 0.02
+"""How often such a request looks for room (seconds)."""
 HIDDEN_HEALTH_KEYS = frozenset({"search_process"})
 """`/health` keys shown only to callers the server trusts (process ids)."""
 PATH_NAME_KEYS = frozenset({"corpus", "encoder"})
@@ -182,18 +192,27 @@ class BackendFailure(RuntimeError):
     """The backend raised while searching one request's queries alone; that request gets HTTP 500."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
-    """One request: its queries, topk, future, and per query the answer found so far (None = search)."""
+    """One request: its queries, topk, future, client key, per query the answer found so far (None =
+    search), the indices to search (`todo`, in order) and how many of them are in a batch (`taken`)."""
 
     queries: list[str]
     topk: int
     future: asyncio.Future = field(repr=False)
     answers: list[list[Hit] | None] = field(repr=False)
+    client: Hashable = None
+    todo: list[int] = field(default_factory=list, repr=False)
+    taken: int = 0
 
     @property
     def pending(self) -> int:
-        return sum(answer is None for answer in self.answers)
+        """Queries not yet in a batch."""
+        return len(self.todo) - self.taken
+
+
+_Slice = tuple[_Job, list[int]]
+"""Part of a batch: a job and the indices of its queries searched in that batch."""
 
 
 @dataclass
@@ -214,8 +233,17 @@ class MicroBatcher:
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
     own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside). When a batch's search
     raises, each of its requests is searched alone, so only a request that fails alone gets the error.
-    max_queued: most queries waiting for a search; a request that would pass it while others wait is
-    refused with `Overloaded` (None = no bound; a request alone in the queue is always taken).
+
+    Fairness: each request carries a client key (a token, an IP address). With one client active, a
+    batch takes its requests first come first served, whole, up to `max_batch` queries (the first one
+    always). When several clients were active within `ACTIVE_WINDOW_S`, each client with queued
+    queries gets an equal share of the batch, at most `fair_batch` queries, taken from its requests in
+    arrival order (a request may then be split over batches); clients take turns at being first. So a
+    request of one client waits at most about one short batch behind another client's backlog.
+    max_queued: most queries waiting for a search; max_queued_per_client: most of one client's. A
+    request that would pass either while others (of that client) wait is refused with `Overloaded`
+    naming the flag (past the per-client bound after waiting up to `RETRY_AFTER_S` for room) (None = no bound; a request alone in the queue is always taken). A request whose
+    `submit` is cancelled (its client went away) leaves the queue with its queries not yet searched.
     """
 
     def __init__(
@@ -225,6 +253,8 @@ class MicroBatcher:
         max_wait_ms: float,
         cache: QueryCache | None = None,
         max_queued: int | None = None,
+        max_queued_per_client: int | None = None,
+        fair_batch: int = DEFAULT_FAIR_BATCH,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
@@ -232,7 +262,13 @@ class MicroBatcher:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         if max_queued is not None and max_queued < 1:
             raise ValueError(f"--max-queued-queries must be >= 1, got {max_queued}")
+        if max_queued_per_client is not None and max_queued_per_client < 1:
+            raise ValueError(f"--max-queued-per-client must be >= 1, got {max_queued_per_client}")
+        if fair_batch < 1:
+            raise ValueError(f"--fair-batch must be >= 1 query, got {fair_batch}")
         self.max_queued = max_queued
+        self.max_queued_per_client = max_queued_per_client
+        self.fair_batch = fair_batch
         self.search_fn = search_fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -240,7 +276,11 @@ class MicroBatcher:
         self.stats = BatchStats()
         self.busy = False
         """Whether a batch is being searched now (the index pre-warm gives way meanwhile)."""
-        self._jobs: deque[_Job] = deque()
+        self._queues: dict[Hashable, deque[_Job]] = {}
+        """Per client with queued queries, its requests in arrival order; dict order = turn order."""
+        self._client_queued: dict[Hashable, int] = {}
+        self._seen: dict[Hashable, float] = {}
+        """Per recently active client, when it last sent a request or had queries queued (monotonic s)."""
         self._queued_queries = 0
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -259,64 +299,154 @@ class MicroBatcher:
                 pass
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def submit(self, queries: list[str], topk: int) -> list[list[Hit]]:
+    async def submit(self, queries: list[str], topk: int, client: Hashable = None) -> list[list[Hit]]:
+        """Per query its hits (at most `topk`); `client`: who sent it (fair shares; None = one client).
+        Raises `Overloaded` (429) past a queue bound; cancelling it drops the unsearched queries."""
         if self._wakeup is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
         answers = [self.cache.get(query, topk) for query in queries]
         cached = sum(answer is not None for answer in answers)
         self.cache.stats.hits += cached
+        self._seen[client] = time.monotonic()
         if cached == len(queries):
             self.stats.served += len(queries)
             return answers  # type: ignore[return-value]  # every entry is set
-        job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers)
+        todo = [i for i, answer in enumerate(answers) if answer is None]
+        job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers, client, todo)
+        if self._client_full(client, job.pending):  # hold it a while: a client that ignores
+            deadline = time.monotonic() + RETRY_AFTER_S  # Retry-After gets one refusal a second
+            while self._client_full(client, job.pending) and time.monotonic() < deadline:
+                await asyncio.sleep(ROOM_POLL_S)
+            if self._client_full(client, job.pending):
+                raise Overloaded(
+                    f"{self._client_queued[client]} queries of this client wait for a search and this "
+                    f"request's {job.pending} would pass --max-queued-per-client "
+                    f"{self.max_queued_per_client}; retry after {RETRY_AFTER_S} s"
+                )
         queued = self._queued_queries
         if self.max_queued is not None and queued and queued + job.pending > self.max_queued:
             raise Overloaded(
                 f"{queued} queries wait for a search and this request's {job.pending} would pass "
                 f"--max-queued-queries {self.max_queued}; retry after {RETRY_AFTER_S} s"
             )
-        self._jobs.append(job)
-        self._queued_queries += job.pending
+        self._queues.setdefault(client, deque()).append(job)
+        self._count(client, job.pending)
         self._wakeup.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            self._withdraw(job)
+            raise
 
-    def _take_batch(self) -> list[_Job]:
-        batch = [self._jobs.popleft()]
-        size = batch[0].pending
-        while self._jobs and size + self._jobs[0].pending <= self.max_batch:
-            job = self._jobs.popleft()
-            batch.append(job)
-            size += job.pending
-        self._queued_queries -= size
+    def _client_full(self, client: Hashable, queries: int) -> bool:
+        """Whether `queries` more of `client` would pass --max-queued-per-client while some wait."""
+        mine = self._client_queued.get(client, 0)
+        bound = self.max_queued_per_client
+        return bound is not None and mine > 0 and mine + queries > bound
+
+    def _count(self, client: Hashable, queries: int) -> None:
+        """Add `queries` (may be negative) to the queued counts of `client` and of all."""
+        self._queued_queries += queries
+        left = self._client_queued.get(client, 0) + queries
+        if left:
+            self._client_queued[client] = left
+        else:
+            self._client_queued.pop(client, None)
+
+    def _withdraw(self, job: _Job) -> None:
+        """Take `job`'s queries not yet in a batch out of the queue (its answer is no longer wanted)."""
+        queue = self._queues.get(job.client)
+        if queue is None or job not in queue:
+            return
+        queue.remove(job)
+        if not queue:
+            del self._queues[job.client]
+        self._count(job.client, -job.pending)
+        job.taken = len(job.todo)
+
+    def _active_clients(self, now: float) -> int:
+        """Clients active within `ACTIVE_WINDOW_S` of `now` (older ones are forgotten)."""
+        for client in self._queues:
+            self._seen[client] = now
+        for client in [c for c, t in self._seen.items() if now - t > ACTIVE_WINDOW_S]:
+            del self._seen[client]
+        return len(self._seen)
+
+    def _take_batch(self) -> list[_Slice]:
+        """The next batch (see the class docstring); jobs whose future is done (cancelled) are dropped."""
+        for job in [j for queue in self._queues.values() for j in queue if j.future.done()]:
+            self._withdraw(job)
+        if not self._queues:
+            return []
+        if self._active_clients(time.monotonic()) <= 1:
+            return self._take_in_order()
+        cap = min(self.fair_batch, self.max_batch)
+        want = {client: min(self._client_queued[client], cap) for client in self._queues}
+        budget, share = self.max_batch, {}
+        for n, client in enumerate(sorted(want, key=want.__getitem__)):  # water-filling, smallest first
+            share[client] = min(want[client], max(1, budget // (len(want) - n))) if budget > 0 else 0
+            budget -= share[client]
+        batch: list[_Slice] = []
+        for client in list(self._queues):
+            queue, left = self._queues[client], share[client]
+            while left and queue:
+                job = queue[0]
+                n = min(left, job.pending)
+                batch.append((job, job.todo[job.taken : job.taken + n]))
+                job.taken += n
+                left -= n
+                self._count(client, -n)
+                if not job.pending:
+                    queue.popleft()
+            if not queue:
+                del self._queues[client]
+        if self._queues:  # the next client in turn goes first next time
+            first = next(iter(self._queues))
+            self._queues[first] = self._queues.pop(first)
         return batch
 
-    def _plan(self, batch: list[_Job]) -> tuple[list[str], int, list[list[int | None]]]:
-        """The texts to search for `batch`, the topk to search them with (the largest topk of a job
-        with a query to search; 0 when none) and, per job and query, its position in that list (None =
-        answered). Looks the unanswered queries up in the cache again; with the cache on, identical
-        texts share one position (counted as hits)."""
+    def _take_in_order(self) -> list[_Slice]:
+        """One client's batch: whole requests in arrival order up to `max_batch` queries (the first
+        one always)."""
+        client, queue = next(iter(self._queues.items()))
+        batch: list[_Slice] = []
+        size = 0
+        while queue and (not batch or size + queue[0].pending <= self.max_batch):
+            job = queue.popleft()
+            batch.append((job, job.todo[job.taken :]))
+            size += job.pending
+            job.taken = len(job.todo)
+        self._count(client, -size)
+        if not queue:
+            del self._queues[client]
+        return batch
+
+    def _plan(self, batch: list[_Slice]) -> tuple[list[str], int, list[list[tuple[int, int]]]]:
+        """The texts to search for `batch`, the topk to search them with (the largest topk of a slice
+        with a query to search; 0 when none) and, per slice, (query index, position in that list) for
+        each query to search. Looks the slice's queries up in the cache again; with the cache on,
+        identical texts share one position (counted as hits)."""
         topk = 0
         searched: list[str] = []
         position: dict[str, int] = {}
-        plan: list[list[int | None]] = []
+        plan: list[list[tuple[int, int]]] = []
         stats = self.cache.stats
-        for job in batch:
-            where: list[int | None] = []
-            for i, query in enumerate(job.queries):
-                if job.answers[i] is None and self.cache.enabled:
+        for job, indices in batch:
+            where: list[tuple[int, int]] = []
+            for i in indices:
+                query = job.queries[i]
+                if self.cache.enabled:
                     job.answers[i] = self.cache.get(query, job.topk)
                     if job.answers[i] is not None:
                         stats.hits += 1
-                if job.answers[i] is not None:
-                    where.append(None)
-                    continue
+                        continue
                 if self.cache.enabled and query in position:
                     stats.hits += 1
                 else:
                     stats.misses += 1
                     position[query] = len(searched)
                     searched.append(query)
-                where.append(position[query])
+                where.append((i, position[query]))
                 topk = max(topk, job.topk)
             plan.append(where)
         return searched, topk, plan
@@ -326,20 +456,21 @@ class MicroBatcher:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            if not self._jobs:
+            if not self._queues:
                 continue
             if self.max_wait_s > 0 and self._queued_queries < self.max_batch:
                 await asyncio.sleep(self.max_wait_s)
-            batch = [job for job in self._take_batch() if not job.future.cancelled()]
-            if self._jobs:
+            batch = self._take_batch()
+            if self._queues:
                 self._wakeup.set()
             if batch:
                 await self._answer(batch)
 
-    async def _answer(self, batch: list[_Job], retry: bool = False) -> None:
-        """Search `batch` in one backend call and answer its jobs. When the call raises, a batch of
-        several jobs is searched again job by job; a job that fails alone gets `BackendFailure`
-        (`retry`: this is such a second search; it logs one line instead of a traceback)."""
+    async def _answer(self, batch: list[_Slice], retry: bool = False) -> None:
+        """Search `batch` in one backend call and answer its jobs whose queries all have answers. When
+        the call raises, a batch of several slices is searched again slice by slice; a slice that fails
+        alone gets its job `BackendFailure` (and the job's queued queries are dropped) (`retry`: this
+        is such a second search; it logs one line instead of a traceback)."""
         searched, topk, plan = self._plan(batch)
         hits: list[list[Hit]] = []
         if searched:
@@ -355,22 +486,24 @@ class MicroBatcher:
                 else:
                     log.exception("retrieval batch of %d queries failed", len(searched))
                 if len(batch) > 1:
-                    for job in batch:  # only the request(s) that fail alone get the error
-                        if not job.future.done():
-                            await self._answer([job], retry=True)
-                elif not batch[0].future.done():
-                    batch[0].future.set_exception(BackendFailure(failure))
+                    for part in batch:  # only the request(s) that fail alone get the error
+                        if not part[0].future.done():
+                            await self._answer([part], retry=True)
+                elif not batch[0][0].future.done():
+                    self._withdraw(batch[0][0])
+                    batch[0][0].future.set_exception(BackendFailure(failure))
                 return
             finally:
                 self.busy = False
             self.stats.batches += 1
             self.stats.searched += len(searched)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
-        for job, where in zip(batch, plan, strict=True):
-            for i, pos in enumerate(where):
-                if pos is not None:
-                    job.answers[i] = hits[pos][: job.topk]
-                    self.cache.put(job.queries[i], job.topk, job.answers[i])
+        for (job, _), where in zip(batch, plan, strict=True):
+            for i, pos in where:
+                job.answers[i] = hits[pos][: job.topk]
+                self.cache.put(job.queries[i], job.topk, job.answers[i])
+            if job.pending or any(answer is None for answer in job.answers):
+                continue  # the rest of its queries are in a later batch
             self.stats.served += len(job.queries)
             if not job.future.done():
                 job.future.set_result(job.answers)
@@ -380,7 +513,10 @@ class MicroBatcher:
         return {
             "max_batch": self.max_batch,
             "max_queued_queries": self.max_queued,
+            "max_queued_per_client": self.max_queued_per_client,
+            "fair_batch": self.fair_batch,
             "queued_queries": self._queued_queries,
+            "clients_queued": len(self._queues),
             "max_wait_ms": self.max_wait_s * 1000.0,
             "batches": self.stats.batches,
             "queries_served": self.stats.served,
@@ -420,6 +556,43 @@ async def log_stats_every(batcher: MicroBatcher, interval_s: float) -> None:
             len(batcher.cache),
             batcher.cache.bytes / 2**20,
         )
+
+
+def client_key(request: Request, tokens: list[str] | None) -> Hashable:
+    """Who sent `request`, for fair shares of the batches: the index of its bearer token when the
+    server has tokens (one per user), else the peer's IP address ("" when unknown)."""
+    if tokens is not None:
+        header = request.headers.get("authorization")
+        for i, token in enumerate(tokens):  # RequestGuard already checked that one matches
+            if token_matches(header, [token]):
+                return ("token", i)
+    return request.client.host if request.client is not None else ""
+
+
+async def submit_while_connected(
+    batcher: MicroBatcher, request: Request, queries: list[str], topk: int, client: Hashable
+) -> list[list[Hit]]:
+    """`batcher.submit`, cancelled (its queries not yet searched leave the queue) when the client
+    disconnects first: uvicorn does not cancel a handler whose client went away, it only answers
+    `http.disconnect` to the next `receive()` once the body has been read."""
+    search = asyncio.ensure_future(batcher.submit(queries, topk, client))
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({search, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not search.done():
+            search.cancel()  # on our own cancellation too; the batcher then drops the queued queries
+    if search not in done:
+        with contextlib.suppress(asyncio.CancelledError, Refused):
+            await search
+        raise Refused(499, None, "the client disconnected before its answer was ready")
+    return search.result()
 
 
 def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[list[Hit]]:
@@ -764,13 +937,17 @@ def create_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     auth_tokens: list[str] | None = None,
     loopback: bool = True,
+    max_queued_per_client: int | None = DEFAULT_MAX_QUEUED_PER_CLIENT,
+    fair_batch: int = DEFAULT_FAIR_BATCH,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
     micro-batching); max_wait_ms: how long a non-full batch waits for more requests; cache_entries /
     cache_bytes: bounds of the query cache (0 entries = off); stats_interval_s: how often the
     traffic and cache hit rate are logged (0 = never); prewarm: the index pre-warm already started
     (shown by `/health`, stopped on shutdown). limits: characters per query and queries x topk;
-    max_queued_queries: the 429 bound (None = none); body_timeout_s: the 408 deadline; auth_tokens:
+    max_queued_queries: the 429 bound (None = none); max_queued_per_client: the same per client (a
+    token of `auth_tokens`, else a peer IP address); fair_batch: most queries of one client per batch
+    while several are active (`MicroBatcher`); body_timeout_s: the 408 deadline; auth_tokens:
     bearer tokens every POST must carry (None = no auth); loopback: the server binds a loopback
     address (Host header checked; without tokens `/health` is shown in full to any caller)."""
     if not 1 <= default_topk <= MAX_TOPK:
@@ -786,6 +963,8 @@ def create_app(
         max_wait_ms,
         QueryCache(cache_entries, cache_bytes),
         max_queued=max_queued_queries,
+        max_queued_per_client=max_queued_per_client,
+        fair_batch=fair_batch,
     )
 
     @asynccontextmanager
@@ -864,11 +1043,14 @@ def create_app(
         shown = doc if trusted(request) else public_health(doc)
         return Response(content=encode_json(shown), media_type="application/json")
 
+    async def submit(request: Request, queries: list[str], topk: int) -> list[list[Hit]]:
+        return await submit_while_connected(batcher, request, queries, topk, client_key(request, auth_tokens))
+
     @app.post("/retrieve")
-    async def retrieve(body: RetrieveRequest) -> Response:
+    async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         topk = body.topk or default_topk
         limits.check(body.queries, topk, "queries", "topk")
-        hits = await batcher.submit(body.queries, topk)
+        hits = await submit(request, body.queries, topk)
         if body.return_scores:
             return await _json_answer(
                 lambda: {
@@ -879,16 +1061,16 @@ def create_app(
         return await _json_answer(lambda: {"result": [[d for d, _ in per_query] for per_query in hits]})
 
     @app.post("/search")
-    async def search(body: SearchRequest) -> Response:
+    async def search(body: SearchRequest, request: Request) -> Response:
         limits.check([body.query], body.top_n, "query", "top_n", one=True)
-        (per_query,) = await batcher.submit([body.query], body.top_n)
+        (per_query,) = await submit(request, [body.query], body.top_n)
         docs = [doc for doc, _ in per_query]
         return await _json_answer(lambda: [docs, [s for _, s in per_query]] if body.return_score else docs)
 
     @app.post("/batch_search")
-    async def batch_search(body: BatchSearchRequest) -> Response:
+    async def batch_search(body: BatchSearchRequest, request: Request) -> Response:
         limits.check(body.query, body.top_n, "query", "top_n")
-        hits = await batcher.submit(body.query, body.top_n)
+        hits = await submit(request, body.query, body.top_n)
 
         def build() -> object:
             docs = [[doc for doc, _ in per_query] for per_query in hits]

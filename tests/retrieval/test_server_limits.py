@@ -415,3 +415,184 @@ def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, 
     assert [a.status_code for a in answers] == [200] * 4, [a.text[:200] for a in answers]
     assert all(len(a.json()["result"][0]) == 3 for a in answers)
     assert health["status"] == "healthy" and health["queries_served"] == 4
+
+
+# ---------------------------------------------------------------- fairness between clients (#41 flood)
+
+
+class _Recorder:
+    """search_fn for a MicroBatcher: records each batch's queries; the first call blocks until `gate`."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def __call__(self, queries: list[str], topk: int) -> list:
+        self.calls.append(list(queries))
+        self.entered.set()
+        assert self.gate.wait(WAIT_S)
+        return [[({"id": q, "contents": q}, 1.0)] for q in queries]
+
+
+def _flood(n: int = 64, per: int = 64) -> list[list[str]]:
+    return [[f"flood {r}.{j}" for j in range(per)] for r in range(n)]
+
+
+def _with_first_batch_blocked(recorder: _Recorder, batcher: MicroBatcher, then) -> object:
+    """Start `batcher`, let a first one-query batch (client "flood") block in the search, run
+    `await then()` (which queues more work and returns awaitables), release the search, gather."""
+
+    async def run() -> object:
+        await batcher.start()
+        try:
+            first = asyncio.create_task(batcher.submit(["first"], 1, "flood"))
+            assert await asyncio.to_thread(recorder.entered.wait, WAIT_S)
+            waiting = await then()
+            recorder.gate.set()
+            return await asyncio.gather(first, *waiting, return_exceptions=True)
+        finally:
+            await batcher.stop()
+
+    return asyncio.run(run())
+
+
+def test_a_flood_clients_backlog_delays_another_clients_request_by_one_fair_batch_only() -> None:
+    recorder = _Recorder()
+    batcher = MicroBatcher(recorder, max_batch=256, max_wait_ms=0, fair_batch=32)
+
+    async def then() -> list:
+        flood = [asyncio.create_task(batcher.submit(qs, 5, "flood")) for qs in _flood()]  # 4,096 queries
+        await asyncio.sleep(0)  # all queued
+        good = asyncio.create_task(batcher.submit(["good"], 5, "good"))
+        await asyncio.sleep(0)
+        assert batcher._queued_queries == 4097
+        return [*flood, good]
+
+    *_, good = _with_first_batch_blocked(recorder, batcher, then)
+    assert good[0][0][0]["id"] == "good"
+    assert recorder.calls[0] == ["first"]
+    assert "good" in recorder.calls[1]  # the batch right after the one being searched
+    assert len(recorder.calls[1]) == 33  # 32 flood queries (--fair-batch) + the good one
+    assert all(len(c) <= 32 for c in recorder.calls[2:])  # the flood's own batches stay short meanwhile
+    assert sorted(q for c in recorder.calls for q in c) == sorted(["first", "good", *sum(_flood(), [])])
+
+
+def test_a_lone_client_still_gets_full_batches_of_whole_requests() -> None:
+    recorder = _Recorder()
+    batcher = MicroBatcher(recorder, max_batch=256, max_wait_ms=0, fair_batch=32)
+
+    async def then() -> list:
+        flood = [asyncio.create_task(batcher.submit(qs, 5, "flood")) for qs in _flood()]
+        await asyncio.sleep(0)
+        return flood
+
+    results = _with_first_batch_blocked(recorder, batcher, then)
+    assert not [r for r in results if isinstance(r, BaseException)]
+    assert [len(c) for c in recorder.calls] == [1] + [256] * 16  # 4 whole 64-query requests each
+
+
+def test_past_max_queued_per_client_that_client_gets_429_while_another_is_admitted() -> None:
+    recorder = _Recorder()
+    batcher = MicroBatcher(recorder, max_batch=256, max_wait_ms=0, max_queued_per_client=4)
+    refused: list[Overloaded] = []
+
+    async def then() -> list:
+        queued = asyncio.create_task(batcher.submit(["a", "b", "c"], 1, "flood"))
+        await asyncio.sleep(0)
+        try:
+            await batcher.submit(["d", "e"], 1, "flood")  # 3 + 2 > 4
+        except Overloaded as err:
+            refused.append(err)
+        other = asyncio.create_task(batcher.submit(["x", "y", "z"], 1, "good"))  # its own bound
+        await asyncio.sleep(0)
+        return [queued, other]
+
+    _, queued, other = _with_first_batch_blocked(recorder, batcher, then)
+    assert len(refused) == 1 and "--max-queued-per-client 4" in refused[0].message
+    assert refused[0].headers == {"Retry-After": "1"}
+    assert len(queued) == 3 and [hits[0][0]["id"] for hits in other] == ["x", "y", "z"]
+    with pytest.raises(ValueError, match="--max-queued-per-client"):
+        MicroBatcher(recorder, 4, 0, max_queued_per_client=0)
+    with pytest.raises(ValueError, match="--fair-batch"):
+        MicroBatcher(recorder, 4, 0, fair_batch=0)
+
+
+def test_a_cancelled_request_leaves_the_queue_before_its_queries_are_searched() -> None:
+    recorder = _Recorder()
+    batcher = MicroBatcher(recorder, max_batch=256, max_wait_ms=0)
+
+    async def then() -> list:
+        gone = asyncio.create_task(batcher.submit(["gone 1", "gone 2"], 1, "flood"))
+        stays = asyncio.create_task(batcher.submit(["stays"], 1, "flood"))
+        await asyncio.sleep(0)
+        assert batcher._queued_queries == 3
+        gone.cancel()
+        await asyncio.sleep(0)
+        assert batcher._queued_queries == 1 and batcher.describe()["queued_queries"] == 1
+        return [gone, stays]
+
+    _, gone, stays = _with_first_batch_blocked(recorder, batcher, then)
+    assert isinstance(gone, asyncio.CancelledError) and stays[0][0][0]["id"] == "stays"
+    assert recorder.calls == [["first"], ["stays"]]
+
+
+def test_per_client_bound_on_a_real_server_keys_clients_by_token_and_drops_disconnected_requests() -> None:
+    """uvicorn on a loopback socket, in process (the stub's search is gated): two tokens are two
+    clients; a request whose client hangs up while queued is never searched."""
+    import uvicorn
+
+    from search_env.retrieval.process import free_port
+
+    stub, searched = _Stub(), []
+    stub.gate.clear()
+    search_rows = stub.search_rows
+    stub.search_rows = lambda qs, k: (searched.extend(qs), search_rows(qs, k))[1]  # type: ignore[method-assign]
+    app = create_app(stub, max_wait_ms=0, auth_tokens=["tok-a", "tok-b"], max_queued_per_client=3)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    a, b = ({"Authorization": f"Bearer {t}"} for t in ("tok-a", "tok-b"))
+
+    async def wait_for(condition) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not condition():
+            assert time.monotonic() < deadline, "condition not reached"
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        serving = asyncio.create_task(server.serve())
+        await wait_for(lambda: server.started)
+        batcher = app.state.batcher
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as client:
+                first = asyncio.create_task(client.post("/retrieve", json={"queries": ["q1"]}, headers=a))
+                await wait_for(lambda: batcher.busy)
+                second = asyncio.create_task(
+                    client.post("/retrieve", json={"queries": ["q2", "q3"]}, headers=a)
+                )
+                await wait_for(lambda: batcher._queued_queries == 2)
+                refused = await client.post("/retrieve", json={"queries": ["q4", "q5"]}, headers=a)
+                _refused(refused, 429, None, "--max-queued-per-client 3")
+                assert refused.headers["retry-after"] == "1"
+                other = asyncio.create_task(client.post("/retrieve", json={"queries": ["b1"]}, headers=b))
+                await wait_for(lambda: batcher._queued_queries == 3)
+                body = json.dumps({"queries": ["hung 1", "hung 2"]}).encode()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-b\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+                await wait_for(lambda: batcher._queued_queries == 5)
+                writer.close()  # hangs up while its queries are queued
+                await wait_for(lambda: batcher._queued_queries == 3)
+                stub.gate.set()
+                assert [(await t).status_code for t in (first, second, other)] == [200, 200, 200]
+            assert sorted(searched) == ["b1", "q1", "q2", "q3"]
+        finally:
+            stub.gate.set()
+            server.should_exit = True
+            await asyncio.wait_for(serving, WAIT_S)
+
+    asyncio.run(run())
