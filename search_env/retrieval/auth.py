@@ -37,7 +37,7 @@ def load_tokens(path: str | os.PathLike[str]) -> list[str]:
     tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not tokens:
         raise AuthFileError(
-            f"auth token file {p} holds no token; write one, e.g. `python -c \"import secrets; "
+            f'auth token file {p} holds no token; write one, e.g. `python -c "import secrets; '
             f'print(secrets.token_urlsafe(32))" > {p}`'
         )
     short = [i for i, t in enumerate(tokens) if len(t) < MIN_TOKEN_CHARS or any(c.isspace() for c in t)]
