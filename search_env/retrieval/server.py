@@ -44,7 +44,10 @@ MAX_TOPK = 100
 DEFAULT_TOPK = 5
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_WAIT_MS = 2.0
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+"""1 MiB: a Search-R1 batch of 512 short queries is ~0.5 MB, 256 queries of --max-query-chars 4,096
+chars fit, the search tool and eval send one query per request; a bigger body is refused (413) by
+its Content-Length before it is parsed."""
 DEFAULT_CACHE_ENTRIES = 65536
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 DEFAULT_DRAIN_BYTES = 64 * 1024 * 1024
@@ -58,8 +61,10 @@ request fit; an answer holds at most this many passages (wiki-18 rows: ~0.7 KB e
 DEFAULT_MAX_QUEUED_QUERIES = 16384
 DEFAULT_MAX_QUEUED_PER_CLIENT = 1024
 """queries one client may have waiting: one training node's 512 concurrent one-query rollouts pass twice."""
-DEFAULT_FAIR_BATCH = 32
-"""most queries of one client in a batch while several clients are active (docs/retrieval.md)."""
+DEFAULT_FAIR_BATCH = 8
+"""most queries of one client in a batch while several clients are active (docs/retrieval.md); a lone
+client still gets full --max-batch batches. 8 halves a flood's effect on others vs 32
+(bench/retriever_abuse.py)."""
 ACTIVE_WINDOW_S = 1.0
 """a client that sent a request or had queries queued within this many seconds counts as active."""
 DEFAULT_MAX_CONNECTIONS = 1024

@@ -341,13 +341,13 @@ def test_cache_gives_identical_answers_under_64_concurrent_clients(server, uncac
 
 # ---------------------------------------------------------------- oversized bodies
 
-BIG_BODY = b'{"queries": ["' + b"x" * (30 * 1000 * 1000) + b'"]}'  # 30 MB > the default 8 MiB limit
+BIG_BODY = b'{"queries": ["' + b"x" * (30 * 1000 * 1000) + b'"]}'  # 30 MB > the default 1 MiB limit
 
 
 def _assert_413_json(status: int, body: bytes) -> None:
     assert status == 413
     error = json.loads(body)["error"]
-    assert error.startswith("body: request body of") and "exceeds the limit of 8388608 bytes" in error
+    assert error.startswith("body: request body of") and "exceeds the limit of 1048576 bytes" in error
 
 
 def test_30mb_body_from_urllib_gets_the_413_json(server) -> None:
