@@ -6,8 +6,15 @@ over the bundled 1,000-passage wiki-18 sample, with a locally built random-weigh
 (`--dim`-d, 2 layers) and a real faiss IVF16,SQ8 index, `--threads 1`, every other setting its
 default (extra ones: `--serve-arg`).
 
-Good clients: `--clients` closed-loop keep-alive clients, each sending one distinct question per
-/retrieve request at topk 5. A good request fails (`good_errors`) when it gets an answer other than
+Good clients: `--clients` clients, each sending one distinct question per /retrieve request at
+topk 5, in OPEN LOOP: on a fixed schedule of `--good-rate` requests/s each, whether or not the
+earlier ones were answered (a keep-alive connection per request in flight), latency counted from the
+scheduled send time (so queueing delay counts: no coordinated omission). Real good clients are a
+training node's rollout workers searching between generations, not a loop that keeps the server
+busy by itself; closed-loop clients that saturate the server measure how throughput is shared, not
+how they are protected. The default rate is `--good-load` (1/3) of the capacity measured in a
+closed-loop calibration phase (`--calibrate-seconds`; printed); `--good-rate 0` = closed loop.
+A good request fails (`good_errors`) when it gets an answer other than
 200 with one result or 429, or none within `--good-timeout-s`; a 429 is retried after its
 Retry-After, as the project's client does, and its wait counts in the latency.
 
@@ -22,7 +29,7 @@ client address; the good clients connect from 127.0.0.1; N = requests sent, K = 
   flood   `--flood-connections` connections, each sending `--flood-queries` distinct questions per
           request in a closed loop, ignoring Retry-After
 
-Phases: good clients alone (`--seconds`), with all five abuse types at once (`--abuse-seconds`),
+Phases: closed-loop warm-up and calibration, good clients alone (`--seconds`), with all five abuse types at once (`--abuse-seconds`),
 alone again (`--seconds`), then (unless `--no-per-type`) with each type alone (`--type-seconds`),
 so the type that hurts can be read off (with each phase's slowest good requests and when they were
 sent). After each abusive phase the server is given time to settle (a probe answered in a few
@@ -58,6 +65,8 @@ QUESTIONS = REPO_ROOT / "tests" / "fixtures" / "r1-searcher-evalset" / "hotpotqa
 TYPES = ("huge", "amplify", "slow", "badtext", "flood")
 HUGE_CHARS = 7_900_000
 TOPK = 5
+IDLE_CLOSE_S = 2.0
+"""a good client closes a keep-alive connection idle this long (uvicorn closes them after 5 s)."""
 ABUSER_ADDRESS = "127.0.0.2"
 """the abusive client's source address (Linux routes all of 127.0.0.0/8 to the loopback device)."""
 
@@ -196,48 +205,79 @@ class Abuse:
 # ---------------------------------------------------------------- clients
 
 
-async def good_client(
-    k: int,
-    host: str,
-    port: int,
-    stop_at: float,
-    questions: list[str],
-    tag: str,
-    out: Good,
-    timeout_s: float,
-    origin: float,
-) -> None:
-    connection, i = Connection(host, port), 0
+async def good_request(connection: Connection, body: bytes, started: float, timeout_s: float, out: Good,
+                       origin: float) -> None:  # fmt: skip
+    """POST one good request on `connection`, retrying a 429 after its Retry-After; its latency is
+    counted from `started` (its scheduled send time in open loop, so time spent waiting counts)."""
+    deadline = started + timeout_s
+    error = None
+    while True:
+        try:
+            answer = await connection.post(body, max(0.001, deadline - time.perf_counter()))
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as err:
+            error = type(err).__name__
+            break
+        if answer.status == 429 and time.perf_counter() < deadline:
+            out.retried_429 += 1
+            wait = float(answer.headers.get("retry-after", "1"))
+            await asyncio.sleep(min(wait, max(0.0, deadline - time.perf_counter())))
+            continue
+        if answer.status != 200:
+            error = f"HTTP {answer.status}"
+        elif len(json.loads(answer.body)["result"]) != 1:
+            error = "wrong result count"
+        break
+    out.latencies.append(time.perf_counter() - started)
+    out.sent_at.append(started - origin)
+    if error:
+        out.errors[error] += 1
+
+
+def good_body(questions: list[str], k: int, i: int, tag: str) -> bytes:
+    query = f"{questions[(k * 7919 + i) % len(questions)]} [{tag} {k}.{i}]"
+    return json.dumps({"queries": [query], "topk": TOPK, "return_scores": True}).encode()
+
+
+async def good_client(k: int, host: str, port: int, stop_at: float, questions: list[str], tag: str, out: Good,
+                      timeout_s: float, origin: float, rate: float | None, clients: int) -> None:  # fmt: skip
+    """Good client `k` until `stop_at`. Closed loop (`rate` None: the next request as soon as the last
+    is answered, on one connection) or open loop: requests scheduled every 1/`rate` s (client k offset
+    by k/(clients x rate)), each sent at its time whether or not earlier ones were answered (an idle
+    keep-alive connection of the client, else a new one), latency from the scheduled time."""
+    if rate is None:
+        connection, i = Connection(host, port), 0
+        try:
+            while time.perf_counter() < stop_at:
+                await good_request(connection, good_body(questions, k, i, tag), time.perf_counter(), timeout_s,
+                                   out, origin)  # fmt: skip
+                i += 1
+        finally:
+            connection.close()
+        return
+    idle: list[tuple[Connection, float]] = []  # (keep-alive connection, idle since), newest last
+    pending: set[asyncio.Task] = set()
+
+    async def send(i: int, scheduled: float) -> None:
+        while idle and time.perf_counter() - idle[0][1] > IDLE_CLOSE_S:  # before the server's keep-alive
+            idle.pop(0)[0].close()  # timeout closes it under a request (a race, not the server's fault)
+        connection = idle.pop()[0] if idle else Connection(host, port)
+        try:
+            await good_request(connection, good_body(questions, k, i, tag), scheduled, timeout_s, out, origin)
+        finally:
+            idle.append((connection, time.perf_counter()))
+
+    first, i = origin + k / (clients * rate), 0
     try:
-        while time.perf_counter() < stop_at:
-            query = f"{questions[(k * 7919 + i) % len(questions)]} [{tag} {k}.{i}]"
-            body = json.dumps({"queries": [query], "topk": TOPK, "return_scores": True}).encode()
-            started = time.perf_counter()
-            deadline = started + timeout_s
-            error = None
-            while True:
-                try:
-                    answer = await connection.post(body, max(0.001, deadline - time.perf_counter()))
-                except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as err:
-                    error = type(err).__name__
-                    break
-                if answer.status == 429 and time.perf_counter() < deadline:
-                    out.retried_429 += 1
-                    wait = float(answer.headers.get("retry-after", "1"))
-                    await asyncio.sleep(min(wait, max(0.0, deadline - time.perf_counter())))
-                    continue
-                if answer.status != 200:
-                    error = f"HTTP {answer.status}"
-                elif len(json.loads(answer.body)["result"]) != 1:
-                    error = "wrong result count"
-                break
-            out.latencies.append(time.perf_counter() - started)
-            out.sent_at.append(started - origin)
-            if error:
-                out.errors[error] += 1
+        while (scheduled := first + i / rate) < stop_at:
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            task = asyncio.ensure_future(send(i, scheduled))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
             i += 1
+        await asyncio.gather(*pending)
     finally:
-        connection.close()
+        for connection, _ in idle:
+            connection.close()
 
 
 async def abusive_requests(
@@ -388,14 +428,16 @@ class Abuser:
 
 
 async def phase(server: ServerProcess, abuser: Abuser, seconds: float, kinds: tuple[str, ...], tag: str,
-                opts, questions: list[str]) -> tuple[Good, Abuse]:  # fmt: skip
-    """Good clients for `seconds`, with the abusive client's `kinds` beside them (in its process)."""
+                opts, questions: list[str], rate: float | None) -> tuple[Good, Abuse]:  # fmt: skip
+    """Good clients for `seconds` (open loop at `rate` requests/s each, closed loop when None), with the
+    abusive client's `kinds` beside them (in its process)."""
     host, port = server.url.removeprefix("http://").split(":")
     good = Good()
     stop_at = time.perf_counter() + seconds
     abused = asyncio.ensure_future(abuser.run(kinds, seconds)) if kinds else None
     await asyncio.gather(
-        *(good_client(k, host, int(port), stop_at, questions, tag, good, opts.good_timeout_s, stop_at - seconds)
+        *(good_client(k, host, int(port), stop_at, questions, tag, good, opts.good_timeout_s, stop_at - seconds,
+                      rate, opts.clients)
           for k in range(opts.clients))
     )  # fmt: skip
     return good, (await abused if abused is not None else Abuse())
@@ -444,16 +486,28 @@ def outcome_text(counts: Counter) -> str:
 
 
 async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str]) -> None:
-    await phase(server, abuser, opts.warmup, (), "warm", opts, questions)
-    base_a, _ = await phase(server, abuser, opts.seconds, (), "base-a", opts, questions)
+    await phase(server, abuser, opts.warmup, (), "warm", opts, questions, None)
+    calibration, _ = await phase(server, abuser, opts.calibrate_seconds, (), "cal", opts, questions, None)
+    capacity = len(calibration.latencies) / opts.calibrate_seconds
+    rate = opts.good_rate if opts.good_rate is not None else capacity * opts.good_load / opts.clients
+    if opts.good_rate == 0:
+        rate = None
+    load = "closed loop" if rate is None else (
+        f"open loop at {rate:.1f} requests/s per client = {opts.clients * rate:.0f}/s, "
+        f"{100 * opts.clients * rate / capacity:.0f} % of that capacity")  # fmt: skip
+    print(f"capacity (good clients alone, closed loop, {opts.calibrate_seconds:.0f} s): {capacity:.0f} "
+          f"requests/s (p50 {1000 * calibration.p(0.5):.1f} ms); good load: {load}", flush=True)  # fmt: skip
+    base_a, _ = await phase(server, abuser, opts.seconds, (), "base-a", opts, questions, rate)
     typical = base_a.p(0.5)
-    mixed, abuse = await phase(server, abuser, opts.abuse_seconds, opts.types, "mixed", opts, questions)
+    mixed, abuse = await phase(server, abuser, opts.abuse_seconds, opts.types, "mixed", opts, questions, rate)
     settled = {"mixed": await settle(server, typical)}
-    base_b, _ = await phase(server, abuser, opts.seconds, (), "base-b", opts, questions)
+    base_b, _ = await phase(server, abuser, opts.seconds, (), "base-b", opts, questions, rate)
     per_type = {}
     if not opts.no_per_type:
         for kind in TYPES:
-            per_type[kind] = await phase(server, abuser, opts.type_seconds, (kind,), kind, opts, questions)
+            per_type[kind] = await phase(
+                server, abuser, opts.type_seconds, (kind,), kind, opts, questions, rate
+            )
             settled[kind] = await settle(server, typical)
     base = Good(base_a.latencies + base_b.latencies, base_a.errors + base_b.errors,
                 base_a.retried_429 + base_b.retried_429, base_a.sent_at + base_b.sent_at)  # fmt: skip
@@ -502,6 +556,17 @@ def main() -> None:
         default=TYPES,
         help=f"abuse types of the all-abuse phase (default {','.join(TYPES)})",
     )
+    parser.add_argument(
+        "--good-rate",
+        type=float,
+        default=None,
+        help="requests/s per good client, sent on a fixed schedule (open loop); 0: closed loop; "
+        "default: --good-load x the capacity measured in the calibration phase / --clients",
+    )
+    parser.add_argument(
+        "--good-load", type=float, default=1 / 3, help="default good load, fraction of capacity (default 1/3)"
+    )
+    parser.add_argument("--calibrate-seconds", type=float, default=5.0, help="closed-loop capacity phase (s)")
     parser.add_argument("--warmup", type=float, default=3.0, help="good-only warm-up, not counted (s)")
     parser.add_argument("--good-timeout-s", type=float, default=60.0, help="a good request's deadline")
     parser.add_argument("--slow-connections", type=int, default=32, help="slow-body connections held")
