@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from launch.serve_judge import wait_ready
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port, spawn_server
@@ -462,17 +463,11 @@ def cmd_judge(args: argparse.Namespace) -> int:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.monotonic()
-        while True:
-            if server.poll() is not None or time.monotonic() - t0 > JUDGE_STARTUP_S:
-                return result(False, f"the judge server did not start (log: {work / 'serve_judge.log'})")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        row("server start", f"{time.monotonic() - t0:.0f} s")
+        try:
+            took = wait_ready(url, server, JUDGE_STARTUP_S)
+        except (RuntimeError, TimeoutError) as err:
+            return result(False, f"{err} (log: {work / 'serve_judge.log'})")
+        row("server start", f"{took:.0f} s")
         cfg = JudgeConfig(url=f"{url}/v1", model="smoke-judge", timeout_s=120.0)
         store = VerdictCache(work / "verdicts.jsonl")
         items = [(q, golds, pred) for q, golds, pred, _ in JUDGE_CASES]

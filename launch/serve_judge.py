@@ -14,7 +14,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Protocol
+
+import httpx
 
 HELP = """usage: bash launch/serve_judge.sh MODEL_DIR [extra vllm serve flags ...]
 environment (defaults in brackets):
@@ -53,6 +57,27 @@ def command(model_dir: Path, env: dict[str, str], extra: list[str], cpu: bool) -
     else:
         cmd += ["--gpu-memory-utilization", env.get("GPU_MEMORY_UTILIZATION") or "0.85"]
     return cmd + extra
+
+
+class _Process(Protocol):
+    def poll(self) -> int | None: ...
+
+
+def wait_ready(url: str, process: _Process, timeout_s: float) -> float:
+    """Poll ``url``/v1/models (``url`` without ``/v1``) until it answers 200; the seconds it took.
+    RuntimeError when ``process`` (the server's) exits first, TimeoutError after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the judge server exited before {url} answered")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"the judge server at {url} did not answer within {timeout_s:g} s")
+        time.sleep(1)
 
 
 def main(argv: list[str] | None = None) -> int:

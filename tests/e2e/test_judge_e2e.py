@@ -20,13 +20,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from conftest import demo_eval, free_port
 
+from launch.serve_judge import wait_ready
 from search_env.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -65,16 +65,10 @@ def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        try:
+            wait_ready(url, server, 300)
+        except (RuntimeError, TimeoutError) as err:
+            raise AssertionError(f"{err}: {log.read_text()[-3000:]}") from None
         yield url
     finally:
         server.send_signal(signal.SIGTERM)  # exec'd: the PID is vLLM's API server

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_steps
 
+from launch.serve_judge import wait_ready
 from patches import vllm_cpu_version
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.encoder import build_tiny_encoder
@@ -80,15 +80,10 @@ def judge_server(tmp_path) -> Iterator[str]:
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + JUDGE_START_TIMEOUT_S
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "the judge did not start: " + log.read_text()[-3000:]
-                time.sleep(1)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc, JUDGE_START_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as err:
+            raise AssertionError(f"the judge did not start: {err}: {log.read_text()[-3000:]}") from None
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its engine process
