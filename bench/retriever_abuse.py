@@ -59,6 +59,7 @@ from pathlib import Path
 
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.heap import freeze_heap
 from search_env.retrieval.process import ServerProcess, spawn_server
 
 QUESTIONS = REPO_ROOT / "tests" / "fixtures" / "r1-searcher-evalset" / "hotpotqa_500.jsonl"
@@ -169,6 +170,8 @@ class Good:
     retried_429: int = 0
     sent_at: list[float] = field(default_factory=list)
     """Per request, seconds from the phase's start to its send (the slowest are printed)."""
+    cpu: dict[str, float] = field(default_factory=dict)
+    """Per process (server, abuser, good clients), CPU seconds per second of the phase."""
 
     def slowest(self, n: int = 3) -> str:
         worst = sorted(zip(self.latencies, self.sent_at, strict=True), reverse=True)[:n]
@@ -389,7 +392,11 @@ async def abuse_for(url: str, kinds: list[str], seconds: float, opts: dict, ques
 
 def abuser_main(url: str, opts: dict) -> None:
     """The abusive client's own process (its work never delays the good clients' event loop): per stdin
-    line `{"kinds", "seconds"}`, abuse for that long, then print the outcomes as one JSON line."""
+    line `{"kinds", "seconds"}`, abuse for that long, then print the outcomes as one JSON line. At the
+    lowest CPU priority when `opts["nice"]`: a remote abuser's own work does not take the good
+    clients' CPU."""
+    if opts.get("nice"):
+        os.nice(19)
     questions = load_questions()
     for line in sys.stdin:
         spec = json.loads(line)
@@ -402,6 +409,7 @@ class Abuser:
 
     def __init__(self, url: str, opts) -> None:
         knobs = {k: getattr(opts, k) for k in ("flood_queries", "flood_connections", "slow_connections")}
+        knobs["nice"] = not opts.no_nice
         command = [sys.executable, __file__, "--abuser", url, "--abuser-opts", json.dumps(knobs)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -427,12 +435,37 @@ class Abuser:
             self.process.wait(timeout=30)
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its live descendants."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:  # exited
+        return []
+    return [pid, *(p for child in children for p in process_tree(int(child)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its live descendants (the
+    server's search process)."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited
+            continue
+        total += sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 async def phase(server: ServerProcess, abuser: Abuser, seconds: float, kinds: tuple[str, ...], tag: str,
                 opts, questions: list[str], rate: float | None) -> tuple[Good, Abuse]:  # fmt: skip
     """Good clients for `seconds` (open loop at `rate` requests/s each, closed loop when None), with the
     abusive client's `kinds` beside them (in its process)."""
     host, port = server.url.removeprefix("http://").split(":")
     good = Good()
+    pids = {"server": server.process.pid, "abuser": abuser.process.pid}
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cpu["good clients"] = time.process_time()
     stop_at = time.perf_counter() + seconds
     abused = asyncio.ensure_future(abuser.run(kinds, seconds)) if kinds else None
     await asyncio.gather(
@@ -440,6 +473,8 @@ async def phase(server: ServerProcess, abuser: Abuser, seconds: float, kinds: tu
                       rate, opts.clients)
           for k in range(opts.clients))
     )  # fmt: skip
+    good.cpu = {name: (cpu_seconds(pid) - cpu[name]) / seconds for name, pid in pids.items()}
+    good.cpu["good clients"] = (time.process_time() - cpu["good clients"]) / seconds
     return good, (await abused if abused is not None else Abuse())
 
 
@@ -524,6 +559,8 @@ async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str])
             line += f"  {abused.sent(kind):6d} {abused.refused(kind):6d}  {outcome_text(counts)}"
         if good.errors:
             line += f"  good errors: {outcome_text(good.errors)}"
+        if good.cpu:
+            line += "  CPU " + ", ".join(f"{k} {v:.2f}" for k, v in good.cpu.items())
         print(line)
 
     row("good alone (before)", base_a, None)
@@ -579,6 +616,12 @@ def main() -> None:
         default=[],
         help="extra `serve` argument (repeatable), e.g. --serve-arg=--max-hits=4096",
     )
+    parser.add_argument(
+        "--no-nice",
+        action="store_true",
+        help="run the abusive client at normal priority (default: nice 19, so its own CPU use, which a "
+        "remote abuser's would not be, does not take the server's or the good clients')",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep/reuse the built assets here")
     parser.add_argument("--abuser", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--abuser-opts", default="{}", help=argparse.SUPPRESS)
@@ -592,17 +635,22 @@ def main() -> None:
         work = opts.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         assets = build_assets(work, opts.dim)
+        freeze_heap()  # torch's ~1M objects: a full collection would pause the good clients ~150 ms
         serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(assets["index"]),
                  "--encoder", str(assets["encoder"]), "--nprobe", "4", "--gpu", "off", "--threads", "1",
                  "--stats-interval-s", "0", *opts.serve_arg]  # fmt: skip
         load_before = os.getloadavg()
         started = time.perf_counter()
         with spawn_server(serve, startup_timeout_s=300, log_path=work / "server.log") as server:
+            placement = (
+                "abusive client at nice 0 (--no-nice)" if opts.no_nice else "abusive client at nice 19"
+            )
             print(f"retriever abuse benchmark: dense server (tiny BERT {opts.dim}-d, IVF16,SQ8 over "
                   f"{SAMPLE_CORPUS.name}), {opts.clients} good clients, abuse: huge {HUGE_CHARS / 1e6:.1f} MB "
                   f"query, amplify 1024 x topk 100, slow bodies x {opts.slow_connections}, lone surrogates, "
                   f"flood {opts.flood_connections} x {opts.flood_queries} queries; {os.cpu_count()} CPUs, "
-                  f"load average {load_before[0]:.1f}; server args after the assets: {' '.join(serve[8:])}",
+                  f"load average {load_before[0]:.1f}; {placement}; server args after the assets: "
+                  f"{' '.join(serve[8:])}",
                   flush=True)  # fmt: skip
             abuser = Abuser(server.url, opts)
             try:

@@ -29,7 +29,7 @@ from search_env.retrieval.server import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_ENTRIES,
-    DEFAULT_FAIR_BATCH,
+    DEFAULT_FAIR_BATCH_MS,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -37,6 +37,7 @@ from search_env.retrieval.server import (
     DEFAULT_MAX_QUERY_CHARS,
     DEFAULT_MAX_QUEUED_PER_CLIENT,
     DEFAULT_MAX_QUEUED_QUERIES,
+    DEFAULT_MAX_REFUSAL_RATE,
     DEFAULT_MAX_WAIT_MS,
     DEFAULT_STATS_INTERVAL_S,
     DEFAULT_TOPK,
@@ -97,11 +98,13 @@ def _gpu_flag(parser: argparse.ArgumentParser, kind: str) -> None:
     )
 
 
-def _positive(kind: type) -> object:
+def _positive(kind: type, zero: bool = False) -> object:
+    """An argparse type: `kind` > 0 (`zero`: >= 0)."""
+
     def parse(text: str) -> object:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if zero else '>'} 0, got {text}")
         return value
 
     return parse
@@ -198,12 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
         f"admitted (default {DEFAULT_MAX_QUEUED_PER_CLIENT})",
     )
     serve.add_argument(
-        "--fair-batch",
-        type=_positive(int),
-        default=DEFAULT_FAIR_BATCH,
-        help="while several clients are active, most queries of one client per batch, so another "
-        f"client's request waits at most about one short batch; one client alone gets full batches "
-        f"(default {DEFAULT_FAIR_BATCH})",
+        "--fair-batch-ms",
+        type=_positive(float),
+        default=DEFAULT_FAIR_BATCH_MS,
+        help="while several clients are active, the most estimated search time of one batch (ms), "
+        "filled from the least recently served clients first, so a light client's request waits about "
+        f"two such batches behind a heavy one's backlog; one client alone gets full batches (default "
+        f"{DEFAULT_FAIR_BATCH_MS:g})",
+    )
+    serve.add_argument(
+        "--max-refusal-rate",
+        type=_positive(float, zero=True),
+        default=DEFAULT_MAX_REFUSAL_RATE,
+        help="4xx answers per second to one client address (after a 2 s burst) before each further one "
+        f"is held up to 1 s, so a client repeating bad requests cannot busy the server (0 = off; default "
+        f"{DEFAULT_MAX_REFUSAL_RATE:g})",
     )
     serve.add_argument(
         "--max-connections",
@@ -411,7 +423,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         limits=Limits(args.max_query_chars, args.max_hits),
         max_queued_queries=args.max_queued_queries,
         max_queued_per_client=args.max_queued_per_client,
-        fair_batch=args.fair_batch,
+        fair_batch_ms=args.fair_batch_ms,
+        max_refusal_rate=args.max_refusal_rate,
         body_timeout_s=args.body_timeout_s,
         auth_tokens=tokens,
         loopback=is_loopback(args.host),

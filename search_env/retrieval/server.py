@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from search_env.retrieval.auth import token_matches
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.cache import Hit, QueryCache
+from search_env.retrieval.heap import freeze_heap
 from search_env.retrieval.prewarm import Prewarm
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,27 @@ request fit; an answer holds at most this many passages (wiki-18 rows: ~0.7 KB e
 DEFAULT_MAX_QUEUED_QUERIES = 16384
 DEFAULT_MAX_QUEUED_PER_CLIENT = 1024
 """queries one client may have waiting: one training node's 512 concurrent one-query rollouts pass twice."""
-DEFAULT_FAIR_BATCH = 8
-"""most queries of one client in a batch while several clients are active (docs/retrieval.md); a lone
-client still gets full --max-batch batches. 8 halves a flood's effect on others vs 32
-(bench/retriever_abuse.py)."""
+DEFAULT_FAIR_BATCH_MS = 5.0
+"""while several clients are active, the search time one batch aims at (ms), at least
+`FIXED_COST_FACTOR` x the quickest batch's, so a request waits about one such batch behind another
+client's backlog (docs/retrieval.md "Micro-batching"); a lone client still gets full --max-batch
+batches."""
+FIXED_COST_FACTOR = 1.5
+"""a shared batch may take this many times the quickest recent batch (the search's fixed cost, e.g. a
+GPU flat index's full scan), so batching keeps at least 2/3 of its throughput."""
+QUICKEST_RISE = 1.01
+"""the quickest recent batch time rises by this factor per batch searched (so it follows a slowdown)."""
+USAGE_HALF_LIFE_S = 1.0
+"""half-life of a client's recent usage (queries taken into batches), by which batches are shared."""
+SHARED_GROWTH = 1.25
+"""after a shared batch searched within --fair-batch-ms, the next may hold this factor more queries
+(at least one more); after a slower one, 1/this factor as many (at least one)."""
+DEFAULT_MAX_REFUSAL_RATE = 10.0
+"""4xx answers per second to one client address before further ones are held (`RefusalThrottle`)."""
+REFUSAL_BURST_S = 2.0
+"""seconds' worth of --max-refusal-rate answered without delay after a quiet spell."""
+MAX_TRACKED_ADDRESSES = 65536
+"""client addresses whose refusal count is kept; past it, addresses back to a full allowance are forgotten."""
 ACTIVE_WINDOW_S = 1.0
 """a client that sent a request or had queries queued within this many seconds counts as active."""
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -72,8 +90,6 @@ DEFAULT_BODY_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 1
 """`Retry-After` of a 429 (seconds); a request past --max-queued-per-client waits this long for room
 before its 429, so a client that retries at once is not answered in a busy loop."""
-ROOM_POLL_S = 0.02
-"""How often such a request looks for room (seconds)."""
 HIDDEN_HEALTH_KEYS = frozenset({"search_process"})
 """`/health` keys shown only to callers the server trusts (process ids)."""
 PATH_NAME_KEYS = frozenset({"corpus", "encoder"})
@@ -241,10 +257,13 @@ class MicroBatcher:
 
     Fairness: each request carries a client key (a token, an IP address). With one client active, a
     batch takes its requests first come first served, whole, up to `max_batch` queries (the first one
-    always). When several clients were active within `ACTIVE_WINDOW_S`, each client with queued
-    queries gets an equal share of the batch, at most `fair_batch` queries, taken from its requests in
-    arrival order (a request may then be split over batches); clients take turns at being first. So a
-    request of one client waits at most about one short batch behind another client's backlog.
+    always). When several clients were active within `ACTIVE_WINDOW_S`, a batch holds at most
+    `shared_batch()` queries, a number adapted so that a batch searches in about `shared_batch_s()`.
+    The client with the largest backlog waits while others have queued queries, unless it was served
+    least of late (queries taken into batches, halving every `USAGE_HALF_LIFE_S`: so no client
+    starves). The others each get an equal share, then what is left goes to the smallest backlogs
+    first; each client's queries in arrival order (a request may be split over batches). So a light
+    client's request waits about one short batch behind a heavy client's backlog.
     max_queued: most queries waiting for a search; max_queued_per_client: most of one client's. A
     request that would pass either while others (of that client) wait is refused with `Overloaded`
     naming the flag (past the per-client bound after waiting up to `RETRY_AFTER_S` for room) (None = no bound; a request alone in the queue is always taken). A request whose
@@ -259,7 +278,7 @@ class MicroBatcher:
         cache: QueryCache | None = None,
         max_queued: int | None = None,
         max_queued_per_client: int | None = None,
-        fair_batch: int = DEFAULT_FAIR_BATCH,
+        fair_batch_ms: float = DEFAULT_FAIR_BATCH_MS,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 query, got {max_batch}")
@@ -269,11 +288,17 @@ class MicroBatcher:
             raise ValueError(f"--max-queued-queries must be >= 1, got {max_queued}")
         if max_queued_per_client is not None and max_queued_per_client < 1:
             raise ValueError(f"--max-queued-per-client must be >= 1, got {max_queued_per_client}")
-        if fair_batch < 1:
-            raise ValueError(f"--fair-batch must be >= 1 query, got {fair_batch}")
+        if not fair_batch_ms > 0:
+            raise ValueError(f"--fair-batch-ms must be > 0 ms, got {fair_batch_ms}")
         self.max_queued = max_queued
         self.max_queued_per_client = max_queued_per_client
-        self.fair_batch = fair_batch
+        self.fair_batch_s = fair_batch_ms / 1000.0
+        self._shared = 1
+        """Queries of the next batch while several clients are active (`shared_batch`)."""
+        self._quickest_s: float | None = None
+        """The quickest recent batch's search time (a minimum rising by `QUICKEST_RISE` per batch)."""
+        self._sharing = False
+        """Whether the batch just taken was a shared one (its search time adapts `_shared`)."""
         self.search_fn = search_fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -286,7 +311,11 @@ class MicroBatcher:
         self._client_queued: dict[Hashable, int] = {}
         self._seen: dict[Hashable, float] = {}
         """Per recently active client, when it last sent a request or had queries queued (monotonic s)."""
+        self._usage: dict[Hashable, tuple[float, float]] = {}
+        """Per recently active client, (queries taken into batches, decayed; when it was last updated)."""
         self._queued_queries = 0
+        self._waiting: dict[Hashable, deque[tuple[int, asyncio.Future]]] = {}
+        """Per client, its requests waiting for room under --max-queued-per-client: (queries, future)."""
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-batch")
@@ -319,9 +348,7 @@ class MicroBatcher:
         todo = [i for i, answer in enumerate(answers) if answer is None]
         job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers, client, todo)
         if self._client_full(client, job.pending):  # hold it a while: a client that ignores
-            deadline = time.monotonic() + RETRY_AFTER_S  # Retry-After gets one refusal a second
-            while self._client_full(client, job.pending) and time.monotonic() < deadline:
-                await asyncio.sleep(ROOM_POLL_S)
+            await self._room_for(client, job.pending)  # Retry-After gets one refusal a second
             if self._client_full(client, job.pending):
                 raise Overloaded(
                     f"{self._client_queued[client]} queries of this client wait for a search and this "
@@ -343,6 +370,36 @@ class MicroBatcher:
             self._withdraw(job)
             raise
 
+    async def _room_for(self, client: Hashable, queries: int) -> None:
+        """Wait up to `RETRY_AFTER_S` until `queries` more of `client` fit --max-queued-per-client;
+        waiting requests are woken in arrival order as batches take the client's queries."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RETRY_AFTER_S
+        while self._client_full(client, queries) and loop.time() < deadline:
+            waiter = (queries, loop.create_future())
+            waiting = self._waiting.setdefault(client, deque())
+            waiting.append(waiter)
+            try:
+                await asyncio.wait_for(waiter[1], deadline - loop.time())
+            except TimeoutError:
+                pass
+            finally:
+                if waiter in waiting:
+                    waiting.remove(waiter)
+                if not waiting:
+                    self._waiting.pop(client, None)
+
+    def _wake(self, client: Hashable) -> None:
+        """Wake the waiting requests of `client` that now fit its bound, in arrival order."""
+        free = (self.max_queued_per_client or 0) - self._client_queued.get(client, 0)
+        for queries, future in self._waiting.get(client, ()):
+            if future.done():
+                continue
+            if queries > free and client in self._client_queued:
+                break
+            future.set_result(None)
+            free -= queries
+
     def _client_full(self, client: Hashable, queries: int) -> bool:
         """Whether `queries` more of `client` would pass --max-queued-per-client while some wait."""
         mine = self._client_queued.get(client, 0)
@@ -357,6 +414,8 @@ class MicroBatcher:
             self._client_queued[client] = left
         else:
             self._client_queued.pop(client, None)
+        if queries < 0 and client in self._waiting:
+            self._wake(client)
 
     def _withdraw(self, job: _Job) -> None:
         """Take `job`'s queries not yet in a batch out of the queue (its answer is no longer wanted)."""
@@ -375,7 +434,39 @@ class MicroBatcher:
             self._seen[client] = now
         for client in [c for c, t in self._seen.items() if now - t > ACTIVE_WINDOW_S]:
             del self._seen[client]
+            self._usage.pop(client, None)
         return len(self._seen)
+
+    def usage(self, client: Hashable, now: float) -> float:
+        """`client`'s queries taken into batches, each weighted by 1/2 per `USAGE_HALF_LIFE_S` since."""
+        value, at = self._usage.get(client, (0.0, now))
+        return value * 0.5 ** ((now - at) / USAGE_HALF_LIFE_S)
+
+    def _charge(self, client: Hashable, queries: int, now: float) -> None:
+        self._usage[client] = (self.usage(client, now) + queries, now)
+
+    def shared_batch(self) -> int:
+        """Most queries in a batch while several clients are active, 1..`max_batch`: grown after each
+        such batch searched within `shared_batch_s()`, shrunk after a slower one (`SHARED_GROWTH`)."""
+        return self._shared
+
+    def shared_batch_s(self) -> float:
+        """The search time a shared batch aims at: `fair_batch_ms`, or `FIXED_COST_FACTOR` x the
+        quickest recent batch if that is longer."""
+        quickest = self._quickest_s or 0.0
+        return max(self.fair_batch_s, FIXED_COST_FACTOR * quickest)
+
+    def _timed(self, queries: int, seconds: float, shared: bool) -> None:
+        """Note a batch of `queries` that searched in `seconds`; after a `shared` one, adapt
+        `shared_batch` to it."""
+        quickest = self._quickest_s
+        self._quickest_s = seconds if quickest is None else min(quickest * QUICKEST_RISE, seconds)
+        if not shared:
+            return
+        if seconds > self.shared_batch_s():
+            self._shared = max(1, int(self._shared / SHARED_GROWTH))
+        elif queries >= self._shared:  # a batch short of work says nothing about a full one
+            self._shared = min(self.max_batch, max(self._shared + 1, int(self._shared * SHARED_GROWTH)))
 
     def _take_batch(self) -> list[_Slice]:
         """The next batch (see the class docstring); jobs whose future is done (cancelled) are dropped."""
@@ -383,34 +474,45 @@ class MicroBatcher:
             self._withdraw(job)
         if not self._queues:
             return []
-        if self._active_clients(time.monotonic()) <= 1:
-            return self._take_in_order()
-        cap = min(self.fair_batch, self.max_batch)
-        want = {client: min(self._client_queued[client], cap) for client in self._queues}
-        budget, share = self.max_batch, {}
-        for n, client in enumerate(sorted(want, key=want.__getitem__)):  # water-filling, smallest first
-            share[client] = min(want[client], max(1, budget // (len(want) - n))) if budget > 0 else 0
-            budget -= share[client]
-        batch: list[_Slice] = []
-        for client in list(self._queues):
-            queue, left = self._queues[client], share[client]
-            while left and queue:
-                job = queue[0]
-                n = min(left, job.pending)
-                batch.append((job, job.todo[job.taken : job.taken + n]))
-                job.taken += n
-                left -= n
-                self._count(client, -n)
-                if not job.pending:
-                    queue.popleft()
-            if not queue:
-                del self._queues[client]
-        if self._queues:  # the next client in turn goes first next time
-            first = next(iter(self._queues))
-            self._queues[first] = self._queues.pop(first)
-        return batch
+        now = time.monotonic()
+        self._sharing = False
+        if self._active_clients(now) <= 1:
+            return self._take_in_order(now)
+        size = self.shared_batch()
+        order = sorted(self._queues, key=self._client_queued.__getitem__)  # smallest backlog first
+        if order[-1] != min(order, key=lambda c: self.usage(c, now)):
+            order.pop()  # the largest backlog waits, unless its client was served least of late
+        share = max(1, size // len(order))
+        slices: dict[Hashable, list[_Slice]] = {}
+        for client in order:  # each its equal share, then what is left to the least used
+            size -= self._take_from(client, min(share, size), slices, now)
+        for client in order:
+            size -= self._take_from(client, size, slices, now)
+        self._sharing = True
+        return [part for client in order for part in slices.get(client, [])]
 
-    def _take_in_order(self) -> list[_Slice]:
+    def _take_from(
+        self, client: Hashable, most: int, slices: dict[Hashable, list[_Slice]], now: float
+    ) -> int:
+        """Move up to `most` of `client`'s queued queries, in arrival order, into `slices[client]`;
+        how many were taken."""
+        queue, taken = self._queues.get(client), 0
+        while queue and taken < most:
+            job = queue[0]
+            n = min(most - taken, job.pending)
+            slices.setdefault(client, []).append((job, job.todo[job.taken : job.taken + n]))
+            job.taken += n
+            taken += n
+            if not job.pending:
+                queue.popleft()
+        if taken:
+            self._count(client, -taken)
+            self._charge(client, taken, now)
+        if queue is not None and not queue:
+            del self._queues[client]
+        return taken
+
+    def _take_in_order(self, now: float) -> list[_Slice]:
         """One client's batch: whole requests in arrival order up to `max_batch` queries (the first
         one always)."""
         client, queue = next(iter(self._queues.items()))
@@ -422,6 +524,7 @@ class MicroBatcher:
             size += job.pending
             job.taken = len(job.todo)
         self._count(client, -size)
+        self._charge(client, size, now)
         if not queue:
             del self._queues[client]
         return batch
@@ -476,10 +579,12 @@ class MicroBatcher:
         the call raises, a batch of several slices is searched again slice by slice; a slice that fails
         alone gets its job `BackendFailure` (and the job's queued queries are dropped) (`retry`: this
         is such a second search; it logs one line instead of a traceback)."""
+        sharing, self._sharing = self._sharing and not retry, False
         searched, topk, plan = self._plan(batch)
         hits: list[list[Hit]] = []
         if searched:
             self.busy = True
+            started = time.perf_counter()
             try:
                 hits = await asyncio.get_running_loop().run_in_executor(
                     self._executor, self.search_fn, searched, topk
@@ -500,6 +605,8 @@ class MicroBatcher:
                 return
             finally:
                 self.busy = False
+            if not retry:
+                self._timed(sum(len(i) for _, i in batch), time.perf_counter() - started, sharing)
             self.stats.batches += 1
             self.stats.searched += len(searched)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
@@ -519,7 +626,9 @@ class MicroBatcher:
             "max_batch": self.max_batch,
             "max_queued_queries": self.max_queued,
             "max_queued_per_client": self.max_queued_per_client,
-            "fair_batch": self.fair_batch,
+            "fair_batch_ms": self.fair_batch_s * 1000.0,
+            "shared_batch_ms": round(self.shared_batch_s() * 1000.0, 3),
+            "shared_batch": self.shared_batch(),
             "queued_queries": self._queued_queries,
             "clients_queued": len(self._queues),
             "max_wait_ms": self.max_wait_s * 1000.0,
@@ -927,6 +1036,57 @@ class JsonBodyGuard:
         await self.app(scope, replay, send)
 
 
+class RefusalThrottle:
+    """ASGI middleware: past `rate` 4xx answers per second to one client address (a burst of
+    `REFUSAL_BURST_S` x `rate` allowed after a quiet spell), each further 4xx answer to that address is
+    held before it is sent, up to `RETRY_AFTER_S` (a token bucket that may run into debt). A client that
+    repeats refused requests in a loop is slowed to about `rate` per second plus one per connection
+    and second, instead of taking the event loop from others; only refusals are slowed (`rate` 0: off).
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], rate: float) -> None:
+        if rate < 0:
+            raise ValueError(f"--max-refusal-rate must be >= 0 answers/s (0 = off), got {rate}")
+        self.app = app
+        self.rate = rate
+        self.burst = max(1.0, REFUSAL_BURST_S * rate)
+        self._allowance: dict[str, tuple[float, float]] = {}
+        """Per address, (refusals it may still get at once, may be negative; when that was computed)."""
+
+    def delay(self, address: str, now: float) -> float:
+        """Seconds to hold one more refusal to `address` at `now` (monotonic s); counts it."""
+        left, at = self._allowance.get(address, (self.burst, now))
+        left = min(self.burst, left + (now - at) * self.rate) - 1.0
+        left = max(left, -self.rate * RETRY_AFTER_S)
+        if len(self._allowance) >= MAX_TRACKED_ADDRESSES and address not in self._allowance:
+            self._forget_rested(now)
+        self._allowance[address] = (left, now)
+        return 0.0 if left >= 0 else min(RETRY_AFTER_S, -left / self.rate)
+
+    def _forget_rested(self, now: float) -> None:
+        for address, (left, at) in list(self._allowance.items()):
+            if left + (now - at) * self.rate >= self.burst:
+                del self._allowance[address]
+
+    async def __call__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
+    ) -> None:
+        if scope["type"] != "http" or not self.rate:
+            await self.app(scope, receive, send)
+            return
+        peer = scope.get("client")
+        address = peer[0] if peer else ""
+
+        async def send_after_delay(message: dict) -> None:
+            if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+                held = self.delay(address, time.monotonic())
+                if held > 0:
+                    await asyncio.sleep(held)
+            await send(message)
+
+        await self.app(scope, receive, send_after_delay)
+
+
 def create_app(
     retriever: Retriever,
     default_topk: int = DEFAULT_TOPK,
@@ -943,7 +1103,8 @@ def create_app(
     auth_tokens: list[str] | None = None,
     loopback: bool = True,
     max_queued_per_client: int | None = DEFAULT_MAX_QUEUED_PER_CLIENT,
-    fair_batch: int = DEFAULT_FAIR_BATCH,
+    fair_batch_ms: float = DEFAULT_FAIR_BATCH_MS,
+    max_refusal_rate: float = DEFAULT_MAX_REFUSAL_RATE,
 ) -> FastAPI:
     """The FastAPI app serving `retriever`. max_batch: queries per backend call (1 disables
     micro-batching); max_wait_ms: how long a non-full batch waits for more requests; cache_entries /
@@ -951,8 +1112,9 @@ def create_app(
     traffic and cache hit rate are logged (0 = never); prewarm: the index pre-warm already started
     (shown by `/health`, stopped on shutdown). limits: characters per query and queries x topk;
     max_queued_queries: the 429 bound (None = none); max_queued_per_client: the same per client (a
-    token of `auth_tokens`, else a peer IP address); fair_batch: most queries of one client per batch
-    while several are active (`MicroBatcher`); body_timeout_s: the 408 deadline; auth_tokens:
+    token of `auth_tokens`, else a peer IP address); fair_batch_ms: most estimated search time of a
+    batch while several clients are active (`MicroBatcher`); max_refusal_rate: 4xx answers per second
+    to one address before further ones are held (`RefusalThrottle`; 0 = never); body_timeout_s: the 408 deadline; auth_tokens:
     bearer tokens every POST must carry (None = no auth); loopback: the server binds a loopback
     address (Host header checked; without tokens `/health` is shown in full to any caller)."""
     if not 1 <= default_topk <= MAX_TOPK:
@@ -969,7 +1131,7 @@ def create_app(
         QueryCache(cache_entries, cache_bytes),
         max_queued=max_queued_queries,
         max_queued_per_client=max_queued_per_client,
-        fair_batch=fair_batch,
+        fair_batch_ms=fair_batch_ms,
     )
 
     @asynccontextmanager
@@ -990,9 +1152,8 @@ def create_app(
 
     app = FastAPI(title="rlvr-search retrieval server", lifespan=lifespan)
     app.add_middleware(JsonBodyGuard, max_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
-    app.add_middleware(
-        RequestGuard, tokens=auth_tokens, loopback_hosts_only=loopback
-    )  # added last: runs first
+    app.add_middleware(RequestGuard, tokens=auth_tokens, loopback_hosts_only=loopback)
+    app.add_middleware(RefusalThrottle, rate=max_refusal_rate)  # added last: runs first
     app.state.batcher = batcher
     app.state.limits = limits
     if prewarm is not None:
@@ -1096,7 +1257,9 @@ def serve(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Run `app` with uvicorn until interrupted (SIGINT/SIGTERM); past `max_connections` open
-    connections or requests in flight uvicorn answers 503."""
+    connections or requests in flight uvicorn answers 503. The heap built so far is frozen
+    (`heap.freeze_heap`)."""
+    freeze_heap()
     uvicorn.run(
         app, host=host, port=port, log_level=log_level, access_log=False, limit_concurrency=max_connections
     )

@@ -22,6 +22,7 @@ import numpy as np
 
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.heap import freeze_heap
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def _build(factory: Callable[..., Retriever], args: tuple, log_level: int) -> No
         _retriever = factory(*args)
     except BaseException as err:  # an initializer that raises would only break the pool, message lost
         _build_error = err
+    freeze_heap()
 
 
 def _describe() -> tuple[str, int, dict]:

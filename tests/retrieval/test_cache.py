@@ -32,10 +32,20 @@ def test_replacing_an_entry_keeps_the_byte_count_exact() -> None:
     cache = QueryCache(max_entries=10, max_bytes=10**9)
     small, large = [({"id": "1", "contents": "x"}, 1.0)], [({"id": "1", "contents": "x" * 5000}, 1.0)]
     cache.put("q", 1, small)
+    small_bytes = cache.bytes
     cache.put("q", 1, large)
-    assert len(cache) == 1 and cache.bytes == entry_bytes("q", large)
+    assert len(cache) == 1 and cache.bytes == small_bytes + 4999
     cache.put("q", 1, small)
-    assert cache.bytes == entry_bytes("q", small)
+    assert cache.bytes == small_bytes == entry_bytes("1:q", b'[[{"id": "1", "contents": "x"}, 1.0]]')
+
+
+def test_cached_answers_come_back_equal_and_are_never_scanned_by_the_garbage_collector() -> None:
+    corpus = Corpus(SAMPLE_CORPUS)
+    cache = QueryCache(max_entries=100, max_bytes=10**9)
+    hits = _hits(corpus, 3, 5) + [({"id": "u", "contents": "Zoë \u2014 naïve"}, -0.25)]
+    cache.put("query", 6, hits)
+    assert cache.get("query", 6) == hits
+    assert not any(gc.is_tracked(part) for entry in cache._entries.items() for part in (entry[0], *entry[1]))
 
 
 def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
