@@ -80,9 +80,11 @@ def _by_shape(frame: pd.DataFrame, shapes: Sequence[str]) -> list[tuple[tuple[st
     return [(key, groups[key]) for key in sorted(groups, key=lambda k: (order.get(k[0], len(order)), k[1]))]
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _save(fig: plt.Figure, path: Path, laid_out: bool = False) -> Path:
+    """Write `fig` as PNG and close it; cropped to its content unless it was `laid_out` already (a
+    crop draws the figure twice)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches=None if laid_out else "tight")
     plt.close(fig)
     return path
 
@@ -132,20 +134,17 @@ def plot_training(
     smooth: int,
     title: str,
     path: Path,
-) -> tuple[Path, list[str]]:
+) -> Path:
     """Grid of training-metric panels for one seed, one line per run (raw thin, moving average of
-    ``smooth`` steps bold). A panel whose metrics are all absent says so and is listed in the
-    returned missing names."""
+    ``smooth`` steps bold). A panel whose metrics are all absent says so (``missing_panels``)."""
     cols = 4 if len(panels) > 6 else 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     sub = logs[logs["seed"] == seed]
     runs_per_shape = sub.groupby("shape")["run"].nunique()
-    missing = []
     for ax, panel in zip(axes.flat, panels, strict=False):
         metric = next((m for m in panel.metrics if (sub["metric"] == m).any()), None)
         if metric is None:
-            missing.append(" / ".join(panel.metrics))
             ax.text(
                 0.5,
                 0.5,
@@ -187,7 +186,14 @@ def plot_training(
         fig.legend(handles, labels, loc="upper right", fontsize=9)
     fig.suptitle(f"{title}, seed {seed} (moving average over {smooth} steps; raw series faint)")
     fig.tight_layout(rect=(0, 0, 0.93, 0.95))
-    return _save(fig, path), missing
+    return _save(fig, path, laid_out=True)
+
+
+def missing_panels(logs: pd.DataFrame, seed: int, panels: Sequence[Panel]) -> list[str]:
+    """The panels of ``plot_training`` at ``seed`` whose metrics are all absent from ``logs``, each as
+    its metric names joined by " / "."""
+    logged = set(logs.loc[logs["seed"] == seed, "metric"])
+    return [" / ".join(p.metrics) for p in panels if not logged.intersection(p.metrics)]
 
 
 def plot_search_profile(

@@ -427,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder of every sparse cell's <cell>/metrics.jsonl, e.g. the runs folder (default: SPARSE/logs and SPARSE/g10/logs)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder to write")
+    p.add_argument("--no-figures", action="store_true", help="write the tables only: no PNG is drawn")
     p.add_argument(
         "--last-place", required=True, help="the shape stated in advance to rank last (C2: em_only)"
     )
@@ -487,7 +488,9 @@ def write_regimes(args: argparse.Namespace) -> list[Path]:
         (out / "group_size.md").write_text(
             f"# Group size (seeds {', '.join(map(str, seeds))})\n\n{gs}\n", encoding="utf-8"
         )
-    fig = figures.plot_zero_variance_gain(frame, out / "fig_zero_variance_gain.png")
+    fig = out / "fig_zero_variance_gain.png"
+    if not args.no_figures:
+        figures.plot_zero_variance_gain(frame, fig)
     index = [
         "# The micro study's two reward regimes side by side",
         "",

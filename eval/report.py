@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ci-level", type=float, default=0.95, help="confidence level of the intervals")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     parser.add_argument("--smooth", type=int, default=10, help="moving-average window of training curves")
+    parser.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="write the tables, statistics and index only: no PNG is drawn (each is still listed)",
+    )
     return parser
 
 
@@ -272,6 +277,11 @@ class Report:
     avg_text: dict[str, str]
     notes: list[str]
     files: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def draw(self) -> bool:
+        """Whether figures are drawn (not `--no-figures`)."""
+        return not self.args.no_figures
 
     @property
     def out(self) -> Path:
@@ -538,7 +548,8 @@ def emit_trajectories(r: Report) -> None:
     """``fig_trajectories_seed<S>.png``: average EM vs step, one figure per seed."""
     for seed in sorted(r.results.scores["seed"].unique()):
         name = f"fig_trajectories_seed{seed}.png"
-        figures.plot_trajectories(r.results.scores, int(seed), r.shapes, r.matched, r.out / name)
+        if r.draw:
+            figures.plot_trajectories(r.results.scores, int(seed), r.shapes, r.matched, r.out / name)
         r.listed(name, f"Average EM vs training step at seed {seed}, one line per shape (paper Figs 2-4).")
 
 
@@ -553,9 +564,9 @@ def emit_training_figures(r: Report) -> None:
             ("health", figures.HEALTH_PANELS, "Training health"),
         ):
             name = f"fig_{kind}_seed{seed}.png"
-            _, missing = figures.plot_training(
-                r.logs, int(seed), r.shapes, panels, r.args.smooth, title, r.out / name
-            )
+            if r.draw:
+                figures.plot_training(r.logs, int(seed), r.shapes, panels, r.args.smooth, title, r.out / name)
+            missing = figures.missing_panels(r.logs, int(seed), panels)
             if missing:
                 r.notes.append(f"{name}: not in the logs, panel left empty: {'; '.join(missing)}.")
             paper = "Figs 5-8" if kind == "dynamics" else "Fig 11"
@@ -593,7 +604,8 @@ def emit_zero_variance(r: Report) -> None:
         ["shape", "seed"], key=lambda c: c.map(order) if c.name == "shape" else c
     )
     per_shape = frame.groupby("shape", sort=False)[["mean", "first_half", "second_half"]].mean().reset_index()
-    figures.plot_zero_variance(r.logs, r.shapes, r.args.smooth, r.out / "fig_zero_variance.png")
+    if r.draw:
+        figures.plot_zero_variance(r.logs, r.shapes, r.args.smooth, r.out / "fig_zero_variance.png")
     r.listed(
         "fig_zero_variance.png",
         "Zero-variance GRPO group fraction per step and its mean, per reward shape, all seeds.",
@@ -742,7 +754,8 @@ def emit_search_profile(r: Report) -> None:
         )
         return
     profile, aborts = search_profile(rows[rows["benchmark"].isin(multi)])
-    figures.plot_search_profile(profile, aborts, r.shapes, r.out / "fig13_search_profile.png")
+    if r.draw:
+        figures.plot_search_profile(profile, aborts, r.shapes, r.out / "fig13_search_profile.png")
     r.listed(
         "fig13_search_profile.png",
         f"Search-count profile, completed-rollout EM and abort rate per "

@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="hydra overrides for every cell (after its own)",
     )
     sub.choices["report"].add_argument("--out", type=Path, help="report folder (default EXPORT/report)")
+    sub.choices["report"].add_argument(
+        "--no-figures",
+        action="store_true",
+        help="tables and statistics only: no PNG is drawn (each is listed)",
+    )
     return p
 
 
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.no_report or args.train_only:
                 return 0
-        for path in write_study_report(study, where, getattr(args, "out", None)):
+        for path in write_study_report(study, where, args.out, draw=not args.no_figures):
             print(path)
         return 0
     except (StudyError, ResultsError) as err:

@@ -222,8 +222,10 @@ def _report_args(root: Path, logs: list[str], n_boot: int, horizon: str) -> list
     return args
 
 
-def write_study_report(study: Study, where: Layout, out: Path | None = None) -> list[Path]:
-    """Write every report of the study under ``out`` (default ``EXPORT/report``, else ``results/<name>/report``)."""
+def write_study_report(study: Study, where: Layout, out: Path | None = None, draw: bool = True) -> list[Path]:
+    """Write every report of the study under ``out`` (default ``EXPORT/report``, else
+    ``results/<name>/report``); ``draw`` False: tables only, no PNG drawn (each still listed)."""
+    no_figures = [] if draw else ["--no-figures"]
     spec = study.spec.report
     default = (where.export / "report") if where.export else where.results / "report"
     out = out or default
@@ -251,7 +253,7 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None) -> 
                 where.export / f"report_args{'_' + tree if tree else ''}.txt", shlex.join(args) + "\n"
             )
         target = out / tree if tree else out
-        if eval_report([*args, "--out", rel(target)]) != 0:
+        if eval_report([*args, "--out", rel(target), *no_figures]) != 0:
             raise ResultsError(
                 f"tree {tree or 'main'}: `python -m eval report {' '.join(args)}` failed (above)"
             )
@@ -272,7 +274,7 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None) -> 
             args += ["--gap-meaning", gap.label]
         if record:
             write_atomic(where.export / "report_args_regimes.txt", shlex.join(args) + "\n")
-        if regimes.main([*args, "--out", rel(out / "regimes")]) != 0:
+        if regimes.main([*args, "--out", rel(out / "regimes"), *no_figures]) != 0:
             raise ResultsError(f"`python -m eval regimes {' '.join(args)}` failed (above)")
         written.append(out / "regimes" / "index.md")
     horizons = [c.cap for c in study.cells if c.name in found]

@@ -383,38 +383,30 @@ def test_past_max_connections_new_requests_get_503(tmp_path) -> None:
 
 
 def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, tiny_bert) -> None:
-    """The review's M1 reproduction: tiny local BERT + a real faiss index; a lone-surrogate request
-    sent with concurrent good requests (batched together: 200 ms wait) is refused with 422 and
-    every good request is answered."""
+    """The review's M1 reproduction: tiny local BERT + a real faiss index (the dense retriever in this
+    process); a lone-surrogate request sent with concurrent good requests (batched together: 200 ms
+    wait) is refused with 422 and every good request is answered."""
     from search_env.retrieval.encoder import Encoder
-    from search_env.retrieval.index import build_index
+    from search_env.retrieval.index import DenseRetriever, build_index, load_index
 
-    encoder_dir = tiny_bert
+    corpus, encoder = Corpus(SAMPLE_CORPUS), Encoder(tiny_bert, use_gpu=False)
     index_path = tmp_path / "demo_flat.index"
-    build_index(Corpus(SAMPLE_CORPUS), Encoder(encoder_dir, use_gpu=False), index_path, "Flat", use_gpu=False)
-    serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index_path)]
-    serve += ["--encoder", str(encoder_dir), "--gpu", "off", "--max-wait-ms", "200", "--cache-size", "0"]
+    build_index(corpus, encoder, index_path, "Flat", use_gpu=False)
+    retriever = DenseRetriever(corpus, encoder, load_index(index_path, use_gpu=False))
     questions = ["who won the world cup", "Evan Morris lobbyist", "American football", "first novel"]
 
-    async def ask(client: httpx.AsyncClient, url: str, body: bytes) -> httpx.Response:
-        return await client.post(
-            f"{url}/retrieve", content=body, headers={"Content-Type": "application/json"}
-        )
-
-    async def run(url: str) -> list[httpx.Response]:
+    async def check(client: httpx.AsyncClient, _app) -> None:
         bodies = [json.dumps({"queries": [q], "topk": 3}).encode() for q in questions]
         bodies.insert(2, b'{"queries": ["\\ud800 x"], "topk": 3}')
-        async with httpx.AsyncClient(timeout=WAIT_S * 4) as client:
-            return await asyncio.gather(*(ask(client, url, b) for b in bodies))
+        answers = await asyncio.gather(*(client.post("/retrieve", content=body) for body in bodies))
+        bad = answers.pop(2)
+        _refused(bad, 422, "queries", "query 0", "Unicode")
+        assert [a.status_code for a in answers] == [200] * 4, [a.text[:200] for a in answers]
+        assert all(len(a.json()["result"][0]) == 3 for a in answers)
+        health = (await client.get("/health")).json()
+        assert health["status"] == "healthy" and health["queries_served"] == 4
 
-    with spawn_server(serve, startup_timeout_s=120, log_path=tmp_path / "server.log") as server:
-        answers = asyncio.run(run(server.url))
-        health = httpx.get(f"{server.url}/health").json()
-    bad = answers.pop(2)
-    _refused(bad, 422, "queries", "query 0", "Unicode")
-    assert [a.status_code for a in answers] == [200] * 4, [a.text[:200] for a in answers]
-    assert all(len(a.json()["result"][0]) == 3 for a in answers)
-    assert health["status"] == "healthy" and health["queries_served"] == 4
+    _in_process(check, retriever, max_wait_ms=200, cache_entries=0)
 
 
 # ---------------------------------------------------------------- fairness between clients (#41 flood)

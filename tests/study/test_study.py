@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -172,15 +173,19 @@ def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
 def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_path, name, export):
     """Every table of the committed report (each tree's, the regimes', the study's) from the raw results."""
     out = tmp_path / "report"
-    assert study_main(["report", str(STUDIES / f"{name}.yaml"), "--out", str(out)]) == 0
+    assert study_main(["report", str(STUDIES / f"{name}.yaml"), "--out", str(out), "--no-figures"]) == 0
     committed = REPO_ROOT / "docs" / export / "report"
     tables = [p.relative_to(committed) for p in committed.rglob("*") if p.suffix in {".md", ".csv"}]
     assert len(tables) > (2 if name == "mechanism" else 20)
     for rel in tables:
         assert (out / rel).read_text() == (committed / rel).read_text(), f"{rel} differs when regenerated"
-    assert {p.relative_to(committed) for p in committed.rglob("*.png")} == {
-        p.relative_to(out) for p in out.rglob("*.png")
+    assert not list(out.rglob("*.png"))  # --no-figures draws none; each is still linked from its page:
+    linked = {
+        (page.parent / link).relative_to(out)
+        for page in out.rglob("*.md")
+        for link in re.findall(r"\]\(([^)\s]+\.png)\)", page.read_text())
     }
+    assert linked == {p.relative_to(committed) for p in committed.rglob("*.png")}
 
 
 def _frame(gaps: dict[int, float]) -> pd.DataFrame:
