@@ -432,8 +432,9 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
     index_path = tmp_path / "demo_IVF16_SQ8.index"
     build_index(Corpus(SAMPLE_CORPUS), encoder, index_path, "IVF16,SQ8", use_gpu=False)
     serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index_path)]
-    serve += ["--encoder", str(encoder_dir), "--nprobe", "4", "--gpu", "off"]
-    queries = ["Evan Morris lobbyist", "who won the world cup", "American football"]
+    serve += ["--encoder", str(encoder_dir), "--nprobe", "4", "--gpu", "off", "--search-process", "off"]
+    queries = ["Evan Morris lobbyist", "who won the world cup", "American football"]  # (the search
+    # process has its own tests in test_server.py: here the index is searched in the server process)
     with spawn_server(serve, log_path=tmp_path / "server.log") as server:
         body = {"queries": queries, "topk": 5, "return_scores": True}
         served = httpx.post(f"{server.url}/retrieve", json=body, timeout=60).json()["result"]
@@ -561,7 +562,7 @@ def test_server_accepts_the_studys_kind_of_index(tmp_path) -> None:
     faiss.write_index(study, str(path))
     assert not path.with_name(path.name + ".meta.json").exists()
     serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(path), "--encoder"]
-    serve += [str(encoder_dir), "--nprobe", "4", "--gpu", "off", "--prewarm", "on"]
+    serve += [str(encoder_dir), "--nprobe", "4", "--gpu", "off", "--prewarm", "on", "--search-process", "off"]
     queries = ["Evan Morris lobbyist", "American football"]
     with spawn_server(serve, log_path=tmp_path / "server.log") as server:
         body = {"queries": queries, "topk": 5, "return_scores": True}
