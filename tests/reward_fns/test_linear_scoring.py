@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from study_reference import (
     study_extract_answer,
@@ -228,14 +228,18 @@ def test_property_parse_query_is_the_study_regex(text):
     assert tool_response_contents(text) == study_tool_response_contents(text)
 
 
+@given(texts, st.text(max_size=20))
+def test_property_closed_answer_is_found(prefix, value):
+    """After a prefix without ``<answer>``, a closed answer is the answer."""
+    assume("<answer>" not in prefix and "</answer>" not in value)
+    assert extract_answer(f"{prefix}<answer>{value}</answer>") == value.strip()
+
+
 @given(texts, st.text(max_size=20), texts)
-def test_property_closed_answer_and_call_are_found(prefix, value, noise):
-    """After a prefix without ``<answer>``, a closed answer is the answer; a query in the first
-    closed call is the query, whatever follows."""
-    if "<answer>" not in prefix and "</answer>" not in value:
-        assert extract_answer(f"{prefix}<answer>{value}</answer>") == value.strip()
-    if not any(tag in prefix + value for tag in ("<tool_call>", "<parameter=query>", "</parameter>")):
-        assert parse_query(prefix + render_search_call(value) + noise) == (value.strip() or None)
+def test_property_closed_call_is_found(prefix, value, noise):
+    """After a prefix without a call, a query in the first closed call is the query, whatever follows."""
+    assume(not any(tag in prefix + value for tag in ("<tool_call>", "<parameter=query>", "</parameter>")))
+    assert parse_query(prefix + render_search_call(value) + noise) == (value.strip() or None)
 
 
 # --- 200 kB floods: the results, not the time -------------------------------------------------

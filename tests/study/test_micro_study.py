@@ -6,6 +6,7 @@ outputs, the search profile of a suite without the paper's multi-hop benchmarks)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -118,7 +119,7 @@ def test_matched_horizon_auto_is_the_smallest_known_cap():
     with pytest.raises(ValueError, match="known horizon"):
         resolve_matched_horizon("auto", [None])
     for bad in ("0", "-3", "x"):
-        with pytest.raises(Exception, match="positive step count"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive step count"):
             horizon_arg(bad)
 
 
