@@ -29,7 +29,6 @@ from launch import resume
 from launch.resume import TRACKER, complete_torch_file, problems
 from search_env.paths import REPO_ROOT
 
-
 # ---- e2e: killed in a step, killed in a save, resumed ----------------------------------------------
 
 
