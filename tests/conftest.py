@@ -240,17 +240,25 @@ LONG_FILES_FIRST = (
     "study/test_study.py",
     "retrieval/test_index.py",
     "launch/test_recipes.py",
-    "test_heavy_slot.py",
+    "launch/test_resume.py",
     "retrieval/test_client.py",
     "patches/test_patches.py",
     "retrieval/test_server.py",
+    "test_heavy_slot.py",
+    "eval/test_eval_pool.py",
     "retrieval/test_server_limits.py",
+    "search_demo/test_study_world.py",
+    "search_demo/test_base_model.py",
+    "search_env/test_checkpoint_policy.py",
+    "launch/test_train_cluster.py",
+    "eval/test_eval_plan.py",
+    "cpu_engine/test_hf_generate.py",
 )
 """The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``),
 then every other file in collection order. The longest first, so that no long file starts last:
 the vLLM file (~17 min; its two training runs hold every heavy-run slot) beside files of minutes
 that take no slot, then the files of CPU demo runs (one slot each), side by side, then the
-longest of ``make test-fast`` (10-50 s each)."""
+longest of ``make test-fast`` (7-35 s each), so that the two workers end together."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
