@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from search_env.checkpoint_layout import step_dir_name
+
 TARGET = 0.95
 
 
@@ -43,8 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("b", type=Path, help="results of backend B, same run")
     args = parser.parse_args(argv)
     steps = sorted(
-        {p.parent.name for p in args.a.glob("global_step_*/rows.jsonl")}
-        & {p.parent.name for p in args.b.glob("global_step_*/rows.jsonl")},
+        {p.parent.name for p in args.a.glob(f"{step_dir_name('*')}/rows.jsonl")}
+        & {p.parent.name for p in args.b.glob(f"{step_dir_name('*')}/rows.jsonl")},
         key=lambda name: int(name.rsplit("_", 1)[1]),
     )
     if not steps:

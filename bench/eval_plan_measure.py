@@ -28,6 +28,7 @@ from eval.results import load_results
 from eval.select import selection_document
 from eval.store import RowStore, row_key
 from eval.suite import Suite, load_suite
+from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
 
 SEEDS = (42, 43, 44)
@@ -80,7 +81,7 @@ def _run(cmd: list[str], log: Path, timeout: int, env: dict[str, str]) -> float:
 def train(work: Path, seed: int, steps: int, port: int) -> Path:
     """One sparse micro-study run (``SHAPE``, ``seed``, ``steps``, a checkpoint every 2 steps)."""
     run_dir = work / "runs" / f"{SHAPE}_s{seed}"
-    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    latest = run_dir / "checkpoints" / TRACKER
     if latest.is_file() and latest.read_text().strip() == str(steps):
         return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,10 @@ def train(work: Path, seed: int, steps: int, port: int) -> Path:
 def rollouts(out: Path) -> int:
     """Rows rolled out into a results folder: every run's trained steps, plus step 0's shared rows once."""
     count = sum(
-        1 for f in out.glob("*/global_step_*/rows.jsonl") if f.parent.name != "global_step_0" for _ in open(f)
+        1
+        for f in out.glob(f"*/{step_dir_name('*')}/rows.jsonl")
+        if f.parent.name != step_dir_name(0)
+        for _ in open(f)
     )
     return count + sum(1 for f in out.glob(".step0/*/rows.jsonl") for _ in open(f))
 
@@ -121,7 +125,7 @@ def replay(
     rollouts for the trained checkpoints, confirm rows, which step 0 takes once per sweep)."""
     em = {}
     for step in steps:
-        rows = RowStore(out_full / run / f"global_step_{step}" / "rows.jsonl").rows()
+        rows = RowStore(out_full / run / step_dir_name(step) / "rows.jsonl").rows()
         em[step] = {row_key(r): float(r["em"]) for r in rows}
 
     def scores(step: int, n: dict[str, int]) -> dict[str, np.ndarray]:

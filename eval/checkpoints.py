@@ -19,9 +19,9 @@ from typing import Any, Literal
 from omegaconf import OmegaConf
 
 from reward_fns import REWARD_PATH, SHAPES
+from search_env.checkpoint_layout import TRACKER, step_dir_name, step_of
 from search_env.safe_fs import remove_tree, replace_durably
 
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
 CONFIG_CANDIDATES = (
     "config.yaml",
@@ -75,12 +75,12 @@ def discover(run_dir: Path) -> list[Checkpoint]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"--run-dir {run_dir} is not a folder")
-    found = {int(m.group(1)): p for p in run_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))}
+    found = {s: p for p in run_dir.iterdir() if p.is_dir() and (s := step_of(p.name)) is not None}
     if not found:
         if is_hf_model_dir(run_dir):
             return [Checkpoint(0, run_dir, "hf")]
         raise ValueError(f"--run-dir {run_dir} holds no global_step_N folders and is not an HF model folder")
-    latest_file = run_dir / "latest_checkpointed_iteration.txt"
+    latest_file = run_dir / TRACKER
     if latest_file.is_file() and latest_file.read_text().strip().isdigit():
         latest = int(latest_file.read_text().strip())
         found = {s: p for s, p in found.items() if s <= latest}
@@ -92,14 +92,14 @@ def materialize(ckpt: Checkpoint, cache_dir: Path, fingerprint: str | None = Non
     ``cache_dir/global_step_N[.fingerprint]`` (a checkpoint saved again gets a new merge)."""
     if ckpt.kind == "hf":
         return ckpt.path
-    target = cache_dir / (f"global_step_{ckpt.step}" + (f".{fingerprint}" if fingerprint else ""))
+    target = cache_dir / (step_dir_name(ckpt.step) + (f".{fingerprint}" if fingerprint else ""))
     if is_hf_model_dir(target):
         return target
     from verl.model_merger.base_model_merger import ModelMergerConfig  # heavy: verl/torch, FSDP merge only
     from verl.model_merger.fsdp_model_merger import FSDPModelMerger  # heavy: verl/torch, FSDP merge only
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{ckpt.step}.", dir=cache_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{step_dir_name(ckpt.step)}.", dir=cache_dir))
     try:
         config = ModelMergerConfig(
             operation="merge",

@@ -23,9 +23,9 @@ import pandas as pd
 from eval.settings import FULL, differences, mismatch_message
 from eval.store import RowStore
 from reward_fns import SHAPES, metric_names, normalize_answer
+from search_env.checkpoint_layout import step_dir_name, step_of
 from search_env.jsonl import iter_jsonl
 
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RECIPE_STEM = re.compile(r"^(?P<shape>[A-Za-z0-9_]+?)_s(?P<seed>\d+)$")
 AVG_ALL = "avg_all"
 AVG_HELDOUT = "avg_heldout"
@@ -139,7 +139,7 @@ class Results:
 
     def rows_path(self, run: str, step: int) -> Path:
         """Path of the per-question rows of one checkpoint (may not exist)."""
-        return self.runs[run].path / f"global_step_{step}" / "rows.jsonl"
+        return self.runs[run].path / step_dir_name(step) / "rows.jsonl"
 
     def evaluated_runs(self) -> list[Run]:
         """The runs with at least one checkpoint in ``scores``, in folder-name order."""
@@ -228,8 +228,8 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
         raise ResultsError(f"{path}: 'benchmarks' is empty. Fix: {SUMMARY_FIX}")
     if "step" in summary and summary["step"] != step:
         raise ResultsError(
-            f"{path}: 'step' is {summary['step']!r} but the folder is global_step_{step}. "
-            f"Fix: move the file to global_step_{summary['step']} or {SUMMARY_FIX}"
+            f"{path}: 'step' is {summary['step']!r} but the folder is {step_dir_name(step)}. "
+            f"Fix: move the file to {step_dir_name(summary['step'])} or {SUMMARY_FIX}"
         )
     records = []
     for name, entry in benchmarks.items():
@@ -265,7 +265,7 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
 
 
 def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    found = [(s, p) for p in run_dir.iterdir() if p.is_dir() and (s := step_of(p.name)) is not None]
     return sorted(found)
 
 
@@ -388,7 +388,7 @@ def load_results(root: Path | str) -> Results:
     for run, step in partial.index:
         have = set(frame[(frame["run"] == run) & (frame["step"] == step)]["benchmark"])
         missing = ", ".join(benchmark_label(b) for b in suite if b not in have)
-        notes.append(f"{runs[run].path / f'global_step_{step}'}: lacks {missing} - skipped from every table.")
+        notes.append(f"{runs[run].path / step_dir_name(step)}: lacks {missing} - skipped from every table.")
         del summaries[(run, step)]
         del stages[(run, step)]
     if len(partial):
@@ -415,7 +415,7 @@ def load_results(root: Path | str) -> Results:
 def _questions(run_dir: Path) -> set[str]:
     """Normalised questions of every ``global_step_*/rows.jsonl`` under ``run_dir``."""
     out: set[str] = set()
-    for rows_path in run_dir.glob("global_step_*/rows.jsonl"):
+    for rows_path in run_dir.glob(f"{step_dir_name('*')}/rows.jsonl"):
         out |= {
             normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")
         }

@@ -50,6 +50,7 @@ from eval.suite import Question, Suite
 from eval.summary import JUDGE, add_judge, score_row, summarize
 from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
 from search_env import protocol
+from search_env.checkpoint_layout import step_dir_name
 
 DEFAULT_IN_FLIGHT = {"hf": 32, "vllm": 512}
 """Rollouts kept in flight per backend (``--max-in-flight``). ``hf``: the CPU generator batches
@@ -350,7 +351,7 @@ def evaluate_step(
     then write and return its summary (its settings, rows per benchmark, ``stage`` and checkpoint
     fingerprint under ``eval``). The caller holds the checkpoint folder's lock. ValueError when the
     folder holds another checkpoint's results; RuntimeError when rows stay missing."""
-    step_dir = plan.run_root / f"global_step_{ckpt.step}"
+    step_dir = plan.run_root / step_dir_name(ckpt.step)
     fingerprint = fingerprint or checkpoint_fingerprint(ckpt.path)
     _check_checkpoint(step_dir, ckpt.step, fingerprint, log)
     if questions is None:
@@ -402,7 +403,7 @@ def _evaluate_all(
     busy: list[Item] = []
     for item in items:
         ckpt, questions, stage = item
-        with try_lock(plan.run_root / f"global_step_{ckpt.step}") as held:
+        with try_lock(plan.run_root / step_dir_name(ckpt.step)) as held:
             if held:
                 summaries[ckpt.step] = evaluate_step(
                     plan, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
@@ -411,7 +412,7 @@ def _evaluate_all(
                 log(f"step {ckpt.step}: another process is evaluating it; going on with the next")
                 busy.append(item)
     for ckpt, questions, stage in busy:
-        with exclusive_lock(plan.run_root / f"global_step_{ckpt.step}", wait=True):
+        with exclusive_lock(plan.run_root / step_dir_name(ckpt.step), wait=True):
             summaries[ckpt.step] = evaluate_step(
                 plan, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
             )
@@ -423,7 +424,7 @@ def _scores(plan: RunPlan, step: int, questions: Sequence[Question]) -> dict[str
     over its samples): benchmark -> scores in question order."""
     em = {
         row_key(r): float(r["em"])
-        for r in RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows()
+        for r in RowStore(plan.run_root / step_dir_name(step) / "rows.jsonl").rows()
     }
     out: dict[str, list[float]] = {}
     for q in questions:
@@ -439,8 +440,8 @@ def _validation_choices(plan: RunPlan, rules: dict[str, list[int]]) -> dict[str,
         return {}
     root = plan.schedule.val_results / plan.run_name
     val = {}
-    for path in root.glob("global_step_*/summary.json"):
-        step = int(path.parent.name.removeprefix("global_step_"))
+    for path in root.glob(f"{step_dir_name('*')}/summary.json"):
+        step = int(path.parent.name.removeprefix(step_dir_name("")))
         val[step] = float(read_json(path)["macro"]["em"])
     choices = {}
     for rule, steps in rules.items():

@@ -26,6 +26,7 @@ import httpx
 import numpy as np
 
 from launch.serve_judge import wait_ready
+from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port, spawn_server
@@ -358,17 +359,17 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from search_env.checkpoint_policy import has_hf_weights  # heavy: verl/torch, only this stage
 
     root = Path(args.ckpt_dir)
-    latest = int((root / "latest_checkpointed_iteration.txt").read_text())
-    steps = sorted(int(p.name.split("_")[-1]) for p in root.glob("global_step_*"))
+    latest = int((root / TRACKER).read_text())
+    steps = sorted(int(p.name.split("_")[-1]) for p in root.glob(step_dir_name("*")))
     ok = bool(steps)
     for step in steps:
-        actor = root / f"global_step_{step}" / "actor"
+        actor = root / step_dir_name(step) / "actor"
         optim = sorted(actor.glob("optim_*.pt"))
         shards = sorted(actor.glob("model_world_size_*.pt"))
         weights = has_hf_weights(actor / "huggingface")
-        row(f"global_step_{step}", f"hf weights {weights}, shards {len(shards)}, optimizer {len(optim)}")
+        row(step_dir_name(step), f"hf weights {weights}, shards {len(shards)}, optimizer {len(optim)}")
         ok = ok and weights and (bool(optim) == (step == latest)) and (bool(shards) == (step == latest))
-    return result(ok, f"only global_step_{latest} keeps optimizer + shards; every step has HF weights")
+    return result(ok, f"only {step_dir_name(latest)} keeps optimizer + shards; every step has HF weights")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 import zipfile
@@ -23,12 +22,11 @@ from pathlib import Path
 
 import psutil
 
+from search_env.checkpoint_layout import TRACKER, step_dir_name, step_of
 from search_env.safe_fs import write_atomic
 
-TRACKER = "latest_checkpointed_iteration.txt"
 MARKER = "RLVR_LAUNCH_RUN_DIR"
 """Environment variable the launcher gives (the absolute run directory) to everything it starts."""
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
 SHARD_PREFIX = {"model": "model", "optimizer": "optim", "extra": "extra_state"}
 """verl's ``checkpoint.load_contents`` item -> FSDP file prefix (``{prefix}_world_size_W_rank_R.pt``)."""
 DEFAULT_CONTENTS = ("model", "optimizer", "extra")
@@ -98,7 +96,7 @@ def step_dirs(ckpt_dir: Path) -> dict[int, Path]:
     """``global_step_N`` folders under ``ckpt_dir`` by step (empty when ``ckpt_dir`` is missing)."""
     if not ckpt_dir.is_dir():
         return {}
-    return {int(m.group(1)): p for p in ckpt_dir.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()}
+    return {s: p for p in ckpt_dir.iterdir() if (s := step_of(p.name)) is not None and p.is_dir()}
 
 
 def write_tracker(ckpt_dir: Path, step: int) -> None:
@@ -131,7 +129,7 @@ def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) 
         write_tracker(ckpt_dir, best)
         return Resume(
             best,
-            f"{TRACKER} was missing: resuming from global_step_{best}, the newest complete checkpoint",
+            f"{TRACKER} was missing: resuming from {step_dir_name(best)}, the newest complete checkpoint",
             True,
         )
 
@@ -140,12 +138,12 @@ def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) 
     if named is None:
         why = f"{TRACKER} holds {text[:40]!r}, not a step (a kill while it was written)"
     elif named not in steps:
-        why = f"{TRACKER} names global_step_{named}, which does not exist"
+        why = f"{TRACKER} names {step_dir_name(named)}, which does not exist"
     elif bad := problems(steps[named], contents):
         more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-        why = f"global_step_{named}, which {TRACKER} names, is incomplete: {bad[0]}{more}"
+        why = f"{step_dir_name(named)}, which {TRACKER} names, is incomplete: {bad[0]}{more}"
     else:
-        return Resume(named, f"resuming from global_step_{named}")
+        return Resume(named, f"resuming from {step_dir_name(named)}")
     best = newest_complete(named)
     if best is None:
         raise ResumeError(
@@ -154,7 +152,7 @@ def choose(ckpt_dir: Path, contents: Mapping[str, Sequence[str]] | None = None) 
             f"scratch, move {ckpt_dir} away (or pass trainer.resume_mode=disable)"
         )
     write_tracker(ckpt_dir, best)
-    return Resume(best, f"{why}; resuming from global_step_{best}, the newest complete checkpoint", True)
+    return Resume(best, f"{why}; resuming from {step_dir_name(best)}, the newest complete checkpoint", True)
 
 
 def recipe_contents(config: Path) -> tuple[str | None, dict[str, list[str]]]:
@@ -249,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("run_dir", type=Path)
     s.add_argument("--exclude-tree", type=int, required=True, help="PID of the asking launcher")
     s.add_argument("--wait-s", type=float, default=10.0, help="seconds to wait for them to exit (default 10)")
-    c = sub.add_parser("checkpoint", help="make latest_checkpointed_iteration.txt name a complete checkpoint")
+    c = sub.add_parser("checkpoint", help=f"make {TRACKER} name a complete checkpoint")
     c.add_argument("ckpt_dir", type=Path, help="trainer.default_local_dir")
     c.add_argument("--config", type=Path, help="the composed recipe (RUN_DIR/recipe.yaml)")
     args = parser.parse_args(argv)

@@ -30,6 +30,7 @@ from launch import preflight, progress, resume
 from launch.procs import exit_status, stop_group, stop_on_sigterm
 from launch.retriever import LocalRetriever
 from search_env import safe_fs
+from search_env.checkpoint_layout import step_dir_name
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
@@ -386,7 +387,7 @@ def summary(rc: int, plan: preflight.Plan, run: RunDir) -> None:
     ]
     if latest:
         text.append(
-            f"  checkpoint: {run.ckpt}/global_step_{latest}/actor   (resume: run the same command again)"
+            f"  checkpoint: {run.ckpt}/{step_dir_name(latest)}/actor   (resume: run the same command again)"
         )
     else:
         text.append(f"  checkpoint: none written yet under {run.ckpt}")

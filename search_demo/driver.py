@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_demo import world as world_mod
+from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
@@ -152,7 +153,7 @@ def report(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": steps, "evaluations": {}}
     for eval_root in sorted(run_dir.glob("eval*")):
         step_dirs = sorted(
-            (p for p in eval_root.glob("*/global_step_*") if (p / "summary.json").is_file()),
+            (p for p in eval_root.glob(f"*/{step_dir_name('*')}") if (p / "summary.json").is_file()),
             key=lambda p: int(p.name.rsplit("_", 1)[1]),
         )
         if len(step_dirs) < 2:
@@ -223,7 +224,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _composed(run_dir)
     world_dir = Path(cfg["launch"]["assets"]["world"])
     world_dir = world_dir if world_dir.is_absolute() else REPO_ROOT / world_dir
-    last = int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip())
+    last = int((run_dir / "checkpoints" / TRACKER).read_text().strip())
     seed = cfg["launch"]["assets"]["world_seed"]
     evaluate(
         run_dir,

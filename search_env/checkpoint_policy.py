@@ -11,7 +11,6 @@ and the disk arithmetic: docs/training.md "Checkpoint disk".
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
+from search_env.checkpoint_layout import step_dir_name, step_of
+
 RESUME_ONLY = ("optim_world_size_*_rank_*.pt", "extra_state_world_size_*_rank_*.pt")
 """Per-rank files only a resume reads."""
 SHARDS = "model_world_size_*_rank_*.pt"
@@ -38,7 +38,7 @@ class PruneReport:
         freed = self.freed_bytes
         size = f"{freed / 1e9:.2f} GB" if freed >= 1e9 else f"{freed / 1e6:.1f} MB"
         text = (
-            f"checkpoint policy: saved global_step_{step}; removed {len(self.removed)} optimizer/extra/"
+            f"checkpoint policy: saved {step_dir_name(step)}; removed {len(self.removed)} optimizer/extra/"
             f"duplicate-weight files of older checkpoints ({size} freed)"
         )
         return text + "".join(f"\n  could not remove {e}" for e in self.errors)
@@ -53,8 +53,8 @@ def files_to_prune(root: Path, latest_step: int) -> list[Path]:
     """Files the policy removes from the checkpoints under ``root`` older than ``latest_step``."""
     doomed: list[Path] = []
     for step_dir in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
-        match = STEP_DIR.match(step_dir.name)
-        if not (match and step_dir.is_dir() and int(match.group(1)) < latest_step):
+        step = step_of(step_dir.name)
+        if not (step is not None and step_dir.is_dir() and step < latest_step):
             continue
         for role in sorted(p for p in step_dir.iterdir() if p.is_dir()):
             for pattern in RESUME_ONLY:

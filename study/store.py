@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import repo_relative
 from search_env.safe_fs import fsync_tree, remove_tree, replace_durably, write_atomic
 from study.spec import Cell, Study, StudyError, repo_path
@@ -53,14 +54,14 @@ def latest_checkpoint(run_dir: Path) -> int | None:
     if marker.is_file():
         return int(marker.read_text().split()[0])
     try:
-        return int((run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip())
+        return int((run_dir / "checkpoints" / TRACKER).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
 
 
 def cell_complete(results: Path, cap: int) -> bool:
     """Whether ``results`` (``OUT/<cell>``) holds a complete summary of the cap's checkpoint."""
-    path = results / f"global_step_{cap}" / "summary.json"
+    path = results / step_dir_name(cap) / "summary.json"
     try:
         return bool(json.loads(path.read_text()).get("complete"))
     except (FileNotFoundError, json.JSONDecodeError):
@@ -89,7 +90,7 @@ def _copy_results(src: Path, dst: Path) -> None:
     """``OUT/<cell>`` without merged weights or locks: run.json and each step's summary and rows."""
     dst.mkdir(parents=True)
     shutil.copy(src / "run.json", dst / "run.json")
-    for step in sorted(src.glob("global_step_*")):
+    for step in sorted(src.glob(step_dir_name("*"))):
         if (step / "summary.json").is_file():
             (dst / step.name).mkdir()
             for name in ("summary.json", "rows.jsonl"):
@@ -158,7 +159,7 @@ def local_copy(where: Layout, cell: Cell) -> list[str]:
     for split in SPLITS:
         dst = where.results_of(cell) / split / cell.name
         if dst.exists():
-            steps = sorted(int(p.name.split("_")[-1]) for p in dst.glob("global_step_*") if p.is_dir())
+            steps = sorted(int(p.name.split("_")[-1]) for p in dst.glob(step_dir_name("*")) if p.is_dir())
             held.append(f"{split} results {dst} (steps {steps or 'none'})")
     return held
 
