@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.no_report or args.train_only:
                 return 0
-        for path in write_study_report(study, where, args.out, draw=not args.no_figures):
+        draw = not getattr(args, "no_figures", False)  # `run` writes the report too, with figures
+        for path in write_study_report(study, where, getattr(args, "out", None), draw=draw):
             print(path)
         return 0
     except (StudyError, ResultsError) as err:
