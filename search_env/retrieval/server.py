@@ -82,7 +82,7 @@ DEFAULT_MAX_REFUSAL_RATE = 10.0
 REFUSAL_BURST_S = 2.0
 """seconds' worth of --max-refusal-rate answered without delay after a quiet spell."""
 MAX_TRACKED_ADDRESSES = 65536
-"""client addresses whose refusal count is kept; past it, addresses back to a full allowance are forgotten."""
+"""client addresses whose refusal count is kept; past it, the one refused least recently is forgotten."""
 ACTIVE_WINDOW_S = 1.0
 """a client that sent a request or had queries queued within this many seconds counts as active."""
 DEFAULT_MAX_CONNECTIONS = 1024
@@ -297,8 +297,6 @@ class MicroBatcher:
         """Queries of the next batch while several clients are active (`shared_batch`)."""
         self._quickest_s: float | None = None
         """The quickest recent batch's search time (a minimum rising by `QUICKEST_RISE` per batch)."""
-        self._sharing = False
-        """Whether the batch just taken was a shared one (its search time adapts `_shared`)."""
         self.search_fn = search_fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
@@ -468,16 +466,16 @@ class MicroBatcher:
         elif queries >= self._shared:  # a batch short of work says nothing about a full one
             self._shared = min(self.max_batch, max(self._shared + 1, int(self._shared * SHARED_GROWTH)))
 
-    def _take_batch(self) -> list[_Slice]:
-        """The next batch (see the class docstring); jobs whose future is done (cancelled) are dropped."""
+    def _take_batch(self) -> tuple[list[_Slice], bool]:
+        """The next batch (see the class docstring) and whether it is shared by several active
+        clients; jobs whose future is done (cancelled) are dropped."""
         for job in [j for queue in self._queues.values() for j in queue if j.future.done()]:
             self._withdraw(job)
         if not self._queues:
-            return []
+            return [], False
         now = time.monotonic()
-        self._sharing = False
         if self._active_clients(now) <= 1:
-            return self._take_in_order(now)
+            return self._take_in_order(now), False
         size = self.shared_batch()
         order = sorted(self._queues, key=self._client_queued.__getitem__)  # smallest backlog first
         if order[-1] != min(order, key=lambda c: self.usage(c, now)):
@@ -488,8 +486,7 @@ class MicroBatcher:
             size -= self._take_from(client, min(share, size), slices, now)
         for client in order:
             size -= self._take_from(client, size, slices, now)
-        self._sharing = True
-        return [part for client in order for part in slices.get(client, [])]
+        return [part for client in order for part in slices.get(client, [])], True
 
     def _take_from(
         self, client: Hashable, most: int, slices: dict[Hashable, list[_Slice]], now: float
@@ -568,18 +565,18 @@ class MicroBatcher:
                 continue
             if self.max_wait_s > 0 and self._queued_queries < self.max_batch:
                 await asyncio.sleep(self.max_wait_s)
-            batch = self._take_batch()
+            batch, shared = self._take_batch()
             if self._queues:
                 self._wakeup.set()
             if batch:
-                await self._answer(batch)
+                await self._answer(batch, shared=shared)
 
-    async def _answer(self, batch: list[_Slice], retry: bool = False) -> None:
+    async def _answer(self, batch: list[_Slice], retry: bool = False, shared: bool = False) -> None:
         """Search `batch` in one backend call and answer its jobs whose queries all have answers. When
         the call raises, a batch of several slices is searched again slice by slice; a slice that fails
         alone gets its job `BackendFailure` (and the job's queued queries are dropped) (`retry`: this
-        is such a second search; it logs one line instead of a traceback)."""
-        sharing, self._sharing = self._sharing and not retry, False
+        is such a second search; it logs one line instead of a traceback; `shared`: taken while several
+        clients were active, so its search time adapts `shared_batch`)."""
         searched, topk, plan = self._plan(batch)
         hits: list[list[Hit]] = []
         if searched:
@@ -606,7 +603,7 @@ class MicroBatcher:
             finally:
                 self.busy = False
             if not retry:
-                self._timed(sum(len(i) for _, i in batch), time.perf_counter() - started, sharing)
+                self._timed(sum(len(i) for _, i in batch), time.perf_counter() - started, shared)
             self.stats.batches += 1
             self.stats.searched += len(searched)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
@@ -1051,22 +1048,19 @@ class RefusalThrottle:
         self.rate = rate
         self.burst = max(1.0, REFUSAL_BURST_S * rate)
         self._allowance: dict[str, tuple[float, float]] = {}
-        """Per address, (refusals it may still get at once, may be negative; when that was computed)."""
+        """Per address, (refusals it may still get at once, may be negative; when that was computed), in
+        order of last refusal; at most `MAX_TRACKED_ADDRESSES`."""
 
     def delay(self, address: str, now: float) -> float:
         """Seconds to hold one more refusal to `address` at `now` (monotonic s); counts it."""
         left, at = self._allowance.get(address, (self.burst, now))
         left = min(self.burst, left + (now - at) * self.rate) - 1.0
         left = max(left, -self.rate * RETRY_AFTER_S)
-        if len(self._allowance) >= MAX_TRACKED_ADDRESSES and address not in self._allowance:
-            self._forget_rested(now)
+        self._allowance.pop(address, None)  # re-inserted last: the dict is in order of last refusal
+        if len(self._allowance) >= MAX_TRACKED_ADDRESSES:
+            del self._allowance[next(iter(self._allowance))]
         self._allowance[address] = (left, now)
         return 0.0 if left >= 0 else min(RETRY_AFTER_S, -left / self.rate)
-
-    def _forget_rested(self, now: float) -> None:
-        for address, (left, at) in list(self._allowance.items()):
-            if left + (now - at) * self.rate >= self.burst:
-                del self._allowance[address]
 
     async def __call__(
         self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]

@@ -559,7 +559,7 @@ def test_usage_halves_every_half_life() -> None:
     assert batcher.usage("b", 100.0) == 0
 
 
-def test_refusals_past_the_rate_are_held_up_to_retry_after_per_address() -> None:
+def test_refusals_past_the_rate_are_held_up_to_retry_after_per_address(monkeypatch) -> None:
     throttle = server_module.RefusalThrottle(app=None, rate=10.0)  # burst: 2 s x 10 = 20 refusals
     delays = [throttle.delay("10.0.0.1", 0.0) for _ in range(20)]
     assert delays == [0.0] * 20
@@ -568,6 +568,11 @@ def test_refusals_past_the_rate_are_held_up_to_retry_after_per_address() -> None
     assert max(held) == server_module.RETRY_AFTER_S  # never longer than Retry-After
     assert throttle.delay("10.0.0.2", 0.0) == 0.0  # another address has its own allowance
     assert throttle.delay("10.0.0.1", 60.0) == 0.0  # a quiet spell restores the allowance
+    monkeypatch.setattr(server_module, "MAX_TRACKED_ADDRESSES", 2)
+    small = server_module.RefusalThrottle(app=None, rate=10.0)
+    for address in ("10.1.0.1", "10.1.0.2", "10.1.0.1", "10.1.0.3"):
+        small.delay(address, 0.0)
+    assert list(small._allowance) == ["10.1.0.1", "10.1.0.3"]  # bounded: the least recently refused goes
     with pytest.raises(ValueError, match="--max-refusal-rate"):
         server_module.RefusalThrottle(app=None, rate=-1)
 
