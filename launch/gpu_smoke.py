@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from launch.doctor.cuda import driver_version, no_cuda_reason
 from launch.serve_judge import wait_ready
 from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
@@ -65,8 +66,6 @@ def cmd_cuda(_: argparse.Namespace) -> int:
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return 0
-    from launch.preflight import no_cuda_reason  # hydra (preflight): this stage only
-
     print(f"no CUDA device: {no_cuda_reason()}", file=sys.stderr)
     return 2
 
@@ -80,8 +79,6 @@ def _version(dist: str) -> str:
 
 def cmd_versions(_: argparse.Namespace) -> int:
     import torch  # heavy: this stage only
-
-    from launch.preflight import driver_version  # hydra (preflight): this stage only
 
     row("driver", driver_version() or "unknown")
     row("torch", f"{torch.__version__} (CUDA {torch.version.cuda})")

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from launch import gpu_smoke, preflight
+from launch.doctor import cuda
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 
@@ -93,7 +94,7 @@ def test_the_repo_venv_is_only_a_fallback(tmp_path: Path):
 
 
 def test_cuda_diagnosis_names_the_cause_and_the_driver_floor():
-    diagnose = preflight.cuda_diagnosis
+    diagnose = cuda.cuda_diagnosis
     cpu = diagnose("2.13.0+cpu", None, None, None, "/venv/bin/python")
     assert "CPU build" in cpu and "/venv/bin/python" in cpu and "PYTHON=" in cpu
     assert "no NVIDIA driver found" in cpu and ">= 580" in cpu
@@ -111,7 +112,7 @@ def test_driver_version_is_read_from_nvidia_smi(tmp_path: Path, monkeypatch: pyt
     smi.write_text("#!/bin/sh\necho 575.51.03\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert preflight.driver_version() == "575.51.03"
+    assert cuda.driver_version() == "575.51.03"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message; this machine has a GPU")
