@@ -369,3 +369,20 @@ def test_preflight_names_an_unusable_token_file_and_the_fix(tmp_path):
         (problem,) = [p for p in plan.problems if "auth_token_file" in p]
         assert problem.startswith(f"retriever.auth_token_file: auth token file {path}") and fix in problem
         assert "mode 600" in problem and "retriever.auth_token_file=null" in problem
+
+
+def test_agent_loops_state_the_protocol_once():
+    """Both training loops and the demo's carry protocol.py's stop strings and invalid-action rule;
+    the unmasked ablation differs from the masked loop only in its name and mask."""
+    for name in ("agent_loops.yaml", "demo_agent_loops.yaml"):
+        for loop in yaml.safe_load((RECIPES / name).read_text()):
+            assert loop["stop_strings"] == list(protocol.STOP_STRINGS), (name, loop["name"])
+            assert loop["invalid_action"] == protocol.TRAIN_PRESET.invalid_action, (name, loop["name"])
+    loops = {loop.pop("name"): loop for loop in yaml.safe_load((RECIPES / "agent_loops.yaml").read_text())}
+    masked, unmasked = loops["search_agent"], loops["search_agent_unmasked"]
+    assert masked.pop("mask_retrieved") is True and unmasked.pop("mask_retrieved") is False
+    assert unmasked == masked
+    assert (masked["max_turn_tokens"], masked["max_total_tokens"]) == (
+        protocol.MAX_TURN_TOKENS,
+        protocol.MAX_TOTAL_TOKENS,
+    )
