@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from search_demo import world
+from search_env.jsonl import write_jsonl
 
 STUDY_WORLD_VERSION = 1
 """Bumped whenever this module's output for the same seeds changes (the world's cache stamp)."""
@@ -177,10 +178,10 @@ def write_study_world(
     built = build_study_world(seed, unseen_seed, test_size, unseen_test_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    world.write_jsonl(built["passages"], out / "corpus.jsonl")
-    world.write_jsonl(built["train"], out / "train.jsonl")
+    write_jsonl(built["passages"], out / "corpus.jsonl")
+    write_jsonl(built["train"], out / "train.jsonl")
     for name, rows in built["test"].items():
-        world.write_jsonl(rows, out / "test" / f"{name}.jsonl")
+        write_jsonl(rows, out / "test" / f"{name}.jsonl")
 
     def qa(rows: Sequence[dict[str, Any]]) -> list[QARow]:
         return [QARow(id=r["id"], question=r["question"], golds=list(r["golden_answers"])) for r in rows]

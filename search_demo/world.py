@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from search_env.jsonl import write_jsonl
+
 WORLD_VERSION = 2
 """Bumped whenever the generator's output for a seed changes (part of the demo cache key)."""
 SPLITS = ("train", "val", "test")
@@ -364,13 +366,6 @@ def entity_names(w: World) -> frozenset[str]:
 
 
 # ---- files -------------------------------------------------------------------------------------
-
-
-def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def stamp_matches(out: str | Path, want: dict[str, Any]) -> bool:

@@ -8,7 +8,6 @@ counts and the parquet row: docs/environment.md ("Datasets").
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +19,7 @@ import pandas as pd
 
 from reward_fns import normalize_answer
 from search_env import protocol
-from search_env.jsonl import iter_jsonl
+from search_env.jsonl import iter_jsonl, write_jsonl
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 AGENT_NAME = "search_agent"
@@ -156,19 +155,9 @@ def write_parquet(
     return path
 
 
-def write_jsonl(rows: Iterable[QARow], path: str | Path) -> Path:
+def write_qa_jsonl(rows: Iterable[QARow], path: str | Path) -> Path:
     """FlashRAG-schema jsonl ``{"id", "question", "golden_answers"}`` (the eval harness reads it)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(
-                json.dumps(
-                    {"id": r.id, "question": r.question, "golden_answers": r.golds}, ensure_ascii=False
-                )
-            )
-            f.write("\n")
-    return path
+    return write_jsonl(({"id": r.id, "question": r.question, "golden_answers": r.golds} for r in rows), path)
 
 
 def question_key(question: str) -> str:
@@ -226,7 +215,7 @@ def cmd_suite(args: argparse.Namespace) -> None:
         rows = load_split(args.source, dataset, split, args.limit)
         check_count(f"{dataset}/{split}", expected, len(rows), args.limit)
         write_parquet(rows, dataset, split, out / f"{dataset}.parquet")
-        write_jsonl(rows, out / f"{dataset}.jsonl")
+        write_qa_jsonl(rows, out / f"{dataset}.jsonl")
         total += len(rows)
         print(f"{out / dataset}.{{parquet,jsonl}}: {len(rows)} rows ({dataset}/{split})")
     print(f"suite: {total} rows in {out}")
@@ -240,7 +229,7 @@ def cmd_val(args: argparse.Namespace) -> None:
     sample = sample_validation(pools, exclude, args.per_dataset, args.seed)
     out = Path(args.out)
     write_parquet([r for _, r in sample], [d for d, _ in sample], "train", out / "val.parquet")
-    write_jsonl([r for _, r in sample], out / "val.jsonl")
+    write_qa_jsonl([r for _, r in sample], out / "val.jsonl")
     print(
         f"{out / 'val.parquet'}: {len(sample)} rows ({args.per_dataset} per dataset from "
         f"{', '.join(VAL_DATASETS)} train; none in the test suite or the training set)"

@@ -1,10 +1,11 @@
-"""Reading JSON-lines files with errors that name the file, the line and the fix."""
+"""JSON-lines files: writing rows, and reading them with errors that name the file, the line and the fix."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -23,3 +24,13 @@ def iter_jsonl(
                 yield line_no, json.loads(line)
             except json.JSONDecodeError as err:
                 raise error(f"{path}:{line_no}: not valid JSON ({err.msg}). Fix: {fix}") from None
+
+
+def write_jsonl(rows: Iterable[Any], path: str | os.PathLike[str]) -> Path:
+    """Write one JSON object per line (UTF-8, non-ASCII kept), creating the parent folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
