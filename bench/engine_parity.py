@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from search_env.checkpoint_layout import step_dir_name
+from search_env.checkpoint_layout import step_dir_name, step_of
 
 TARGET = 0.95
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = sorted(
         {p.parent.name for p in args.a.glob(f"{step_dir_name('*')}/rows.jsonl")}
         & {p.parent.name for p in args.b.glob(f"{step_dir_name('*')}/rows.jsonl")},
-        key=lambda name: int(name.rsplit("_", 1)[1]),
+        key=step_of,
     )
     if not steps:
         raise SystemExit(f"no checkpoint has rows.jsonl in both {args.a} and {args.b}")

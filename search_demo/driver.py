@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_demo import world as world_mod
-from search_env.checkpoint_layout import TRACKER, step_dir_name
+from search_env.checkpoint_layout import TRACKER, by_step, step_dir_name
 from search_env.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
@@ -118,11 +118,11 @@ def format_table(
 
 def step_rewards(metrics: Path) -> list[dict[str, float]]:
     """Per training step (in order, last entry per step kept): reward/mean, reward/em, searches."""
-    by_step: dict[int, dict[str, Any]] = {}
+    data_by_step: dict[int, dict[str, Any]] = {}
     for line in metrics.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            by_step[int(row["step"])] = row["data"]
+            data_by_step[int(row["step"])] = row["data"]
     keys = (
         "reward/mean",
         "reward/em",
@@ -132,7 +132,8 @@ def step_rewards(metrics: Path) -> list[dict[str, float]]:
         "grpo/zero_variance_group_frac",
     )
     return [
-        {"step": s, **{k: float(d.get(k, float("nan"))) for k in keys}} for s, d in sorted(by_step.items())
+        {"step": s, **{k: float(d.get(k, float("nan"))) for k in keys}}
+        for s, d in sorted(data_by_step.items())
     ]
 
 
@@ -152,15 +153,14 @@ def report(run_dir: Path) -> dict[str, Any]:
         )
     out: dict[str, Any] = {"steps": steps, "evaluations": {}}
     for eval_root in sorted(run_dir.glob("eval*")):
-        step_dirs = sorted(
-            (p for p in eval_root.glob(f"*/{step_dir_name('*')}") if (p / "summary.json").is_file()),
-            key=lambda p: int(p.name.rsplit("_", 1)[1]),
+        step_dirs = by_step(
+            p for p in eval_root.glob(f"*/{step_dir_name('*')}") if (p / "summary.json").is_file()
         )
         if len(step_dirs) < 2:
             continue
-        first, last = step_dirs[0], step_dirs[-1]
+        (first_step, first), (last_step, last) = step_dirs[0], step_dirs[-1]
         before, after = step_table(_rows(first)), step_table(_rows(last))
-        pair = (int(first.name.rsplit("_", 1)[1]), int(last.name.rsplit("_", 1)[1]))
+        pair = (first_step, last_step)
         label = (
             json.loads((eval_root / "label.json").read_text())["label"]
             if (eval_root / "label.json").is_file()

@@ -8,6 +8,8 @@ study store and the demo read and build them through this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's tracker file: the step (digits) of the latest checkpoint it saved completely."""
@@ -23,3 +25,8 @@ def step_of(name: str) -> int | None:
     """The step a folder named ``name`` holds, or None when ``name`` is no step folder's name."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
+
+
+def by_step(paths: Iterable[Path]) -> list[tuple[int, Path]]:
+    """``(step, path)`` for each path named like a step folder, in step order (others are left out)."""
+    return sorted((step, p) for p in paths if (step := step_of(p.name)) is not None)
