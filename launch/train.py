@@ -33,7 +33,7 @@ from search_env import safe_fs
 from search_env.checkpoint_layout import step_dir_name
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.auth import AuthFileError, load_tokens
-from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
+from search_env.retrieval.probe import ProbeError, check_retrievers
 from search_env.retriever_guard import RETRIEVER_LOG_ENV
 
 RAY_TMP = re.compile(r"^/tmp/rlvr_ray\.[A-Za-z0-9_]{6,8}$")
@@ -258,9 +258,11 @@ def build_demo_assets(args: list[str], run: RunDir) -> None:
 
 
 def start_retriever(plan: preflight.Plan, started: Started) -> None:
-    """Start the local retriever (unless ``retriever.urls`` names running ones), wait for its
-    ``/health``, then send every retriever one real search; LaunchError when one fails."""
+    """Start the local retriever (unless ``retriever.urls`` names running ones), then check every
+    retriever (:func:`search_env.retrieval.probe.check_retrievers`: ``/health``, one index, one
+    real search); LaunchError when one fails."""
     r, run = plan.retriever, started.run
+    process = None
     if not r.external:
         log(f"retriever: python -m search_env {' '.join(r.serve_args)}")
         run.retriever_log.write_text("")
@@ -269,29 +271,27 @@ def start_retriever(plan: preflight.Plan, started: Started) -> None:
         )
         process = started.retriever.start()
         os.environ[RETRIEVER_LOG_ENV] = str(run.retriever_log)  # named in the trainer's stop message
-        try:
-            wait_healthy(r.urls[0], r.startup_s, process, auth_token_file=r.auth_token_file)
-        except (TimeoutError, RuntimeError) as err:
-            raise LaunchError(
-                f"retriever did not answer GET {r.urls[0]}/health within {r.startup_s} s ({err}); "
-                f"see {run.retriever_log}"
-            ) from None
     else:
         os.environ.pop(RETRIEVER_LOG_ENV, None)
-        for url in r.urls:
-            try:
-                wait_healthy(url, EXTERNAL_HEALTH_S, auth_token_file=r.auth_token_file)
-            except TimeoutError:
-                raise LaunchError(f"retriever {url} does not answer GET /health (retriever.urls)") from None
-    for url in r.urls:
-        try:
-            search_once(url, require_hits=r.backend == "dense", auth_token_file=r.auth_token_file)
-        except ProbeError as err:
-            where = "" if r.external else f"; see {run.retriever_log}"
+    health_s = EXTERNAL_HEALTH_S if r.external else r.startup_s
+    try:
+        check_retrievers(
+            r.urls,
+            health_s,
+            process=process,
+            require_hits=r.backend == "dense",
+            auth_token_file=r.auth_token_file,
+        )
+    except ProbeError as err:
+        where = " (retriever.urls)" if r.external else f"; see {run.retriever_log}"
+        if err.stage == "health":
             raise LaunchError(
-                f"retriever self-test failed (backend {r.backend}, index {r.index or 'none'}): {err}{where}; "
-                "training was not started"
+                f"retriever did not answer GET /health within {health_s} s ({err}){where}"
             ) from None
+        raise LaunchError(
+            f"retriever self-test failed (backend {r.backend}, index {r.index or 'none'}): {err}{where}; "
+            "training was not started"
+        ) from None
     log(f"retriever ready: {','.join(r.urls)} (backend {r.backend}, one real /retrieve answered)")
 
 

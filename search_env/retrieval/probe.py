@@ -1,9 +1,10 @@
-"""The one start-up check of a retrieval server: wait for ``GET /health``, then one real search.
+"""The one start-up check of retrieval servers: wait for ``GET /health``, then one real search.
 
 ``/health`` never searches, so a backend that fails on queries (an untrained index, a broken
-encoder) passes it; :func:`probe` also sends one ``POST /retrieve`` and checks its answer.
-Used by the training launcher, the evaluation runner, :func:`search_env.retrieval.process.spawn_server` and
-``python -m search_env probe URL``. With ``auth_token_file`` (the server's bearer-token file,
+encoder) passes it; :func:`probe` also sends one ``POST /retrieve`` and checks its answer, and
+:func:`check_retrievers` does both for every server of a run and checks they serve one index.
+Used by the training and evaluation launchers, the evaluation runner,
+:func:`search_env.retrieval.process.spawn_server` and ``python -m search_env probe URL``. With ``auth_token_file`` (the server's bearer-token file,
 search_env.retrieval.auth) every request carries the token; a 401 names the setting to fix.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -18,12 +20,19 @@ import httpx
 from search_env.retrieval.auth import AuthFileError, bearer_headers
 from search_env.retrieval.client import unauthorized_fix
 
+IDENTITY_KEYS = ("backend", "index_type", "nprobe", "corpus_size")
+"""The ``GET /health`` facts that change what a search returns (recorded with every evaluation result)."""
 PROBE_QUERY = "who wrote the first american novel"
 """The query of the test search (any plain question: a dense index always has neighbours)."""
 
 
 class ProbeError(RuntimeError):
-    """A retrieval server failed its check; the message is one line saying why."""
+    """A retrieval server failed its check; the message is one line saying why. ``stage``: the
+    check that failed (``health``, ``identity`` or ``search``)."""
+
+    def __init__(self, message: str, stage: str = "search") -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 class _Process(Protocol):
@@ -126,3 +135,51 @@ def probe(
         raise ProbeError(str(err)) from None
     search_once(url, require_hits, search_timeout_s, auth_token_file)
     return health
+
+
+def check_retrievers(
+    urls: Sequence[str],
+    timeout: float = 5.0,
+    search_timeout: float = 120.0,
+    auth_token_file: TokenFile = None,
+    *,
+    process: _Process | None = None,
+    require_hits: bool = False,
+) -> dict[str, Any]:
+    """Every server of ``urls`` answers ``GET /health`` within ``timeout`` seconds (the first one
+    watched through ``process``, a server this caller started), all report one identity, and each
+    answers one real search (:func:`search_once`, with ``require_hits``); a backend that fails on
+    queries would turn every rollout's search into "search failed" text.
+
+    Returns the servers' identity (:data:`IDENTITY_KEYS` from ``/health``, those they report).
+    ProbeError (``stage`` health, identity or search) naming the server, else; one for no URL."""
+    if not urls:
+        raise ProbeError(
+            "no retrieval server: pass --retriever-url http://127.0.0.1:8000 (start one with "
+            "`python -m search_env serve --backend bm25 --port 8000`), or use launch/eval.sh, which starts one",
+            "health",
+        )
+    identity: dict[str, Any] | None = None
+    for i, url in enumerate(urls):
+        try:
+            health = wait_healthy(url, timeout, process if i == 0 else None, auth_token_file=auth_token_file)
+        except AuthFileError as err:
+            raise ProbeError(f"retriever.auth_token_file: {err}", "health") from None
+        except (TimeoutError, RuntimeError) as err:
+            raise ProbeError(
+                f"retrieval server {url} is not reachable ({err}); start it or fix its URL", "health"
+            ) from None
+        found = {k: health[k] for k in IDENTITY_KEYS if k in health}
+        if identity is not None and found != identity:
+            raise ProbeError(
+                f"retrieval servers disagree: {urls[0]} serves {identity} but {url} serves {found}; "
+                "use servers of one index",
+                "identity",
+            )
+        identity = found
+    for url in urls:
+        try:
+            search_once(url, require_hits, search_timeout, auth_token_file)
+        except ProbeError as err:
+            raise ProbeError(f"retrieval server {url} failed its test search: {err}") from None
+    return identity or {}
