@@ -55,7 +55,7 @@ from search_env.__main__ import build_parser
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.encoder import build_tiny_encoder
 from search_env.retrieval.factory import build_retriever
-from search_env.retrieval.index import train_and_fill, write_index
+from search_env.retrieval.index_build import train_and_fill, write_index
 from search_env.retrieval.process import ServerProcess, spawn_server
 from search_env.retrieval.server import lookup_hits
 

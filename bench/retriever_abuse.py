@@ -81,7 +81,7 @@ def build_assets(work: Path, dim: int) -> dict[str, Path]:
     """Tiny BERT (`dim`-d) and an IVF16,SQ8 index over the bundled sample, under `work` (reused)."""
     from search_env.retrieval.corpus import Corpus  # torch/faiss: not in the abusive child process
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder  # (same)
-    from search_env.retrieval.index import build_index  # (same)
+    from search_env.retrieval.index_build import build_index  # (same)
 
     encoder, index = work / f"bert-{dim}", work / f"sample-{dim}.IVF16_SQ8.index"
     if not (encoder / "config.json").is_file():

@@ -127,7 +127,7 @@ def peak_rss_mb() -> float:
 
 def build_child(spec: dict) -> None:
     """Child process: build the index through `build_index_file`; print build seconds and peak RSS."""
-    from search_env.retrieval.index import build_index_file
+    from search_env.retrieval.index_build import build_index_file
 
     started = time.perf_counter()
     vectors = synthetic_vectors(spec["dim"], spec["seed"])

@@ -455,7 +455,7 @@ def _index_options(args: argparse.Namespace) -> dict:
 
 def cmd_build_index(args: argparse.Namespace) -> None:
     from search_env.retrieval.encoder import Encoder  # heavy: torch/transformers, only for build-index
-    from search_env.retrieval.index import build_index  # heavy: faiss, only the index commands
+    from search_env.retrieval.index_build import build_index  # heavy: faiss, only the index commands
 
     _check_out(args)
     encoder = Encoder(
@@ -468,14 +468,14 @@ def cmd_build_index(args: argparse.Namespace) -> None:
 
 
 def cmd_convert_index(args: argparse.Namespace) -> None:
-    from search_env.retrieval.index import convert_index  # heavy: faiss, only the index commands
+    from search_env.retrieval.index_build import convert_index  # heavy: faiss, only the index commands
 
     _check_out(args)
     convert_index(args.flat, args.out, **_index_options(args))
 
 
 def cmd_recall(args: argparse.Namespace) -> None:
-    from search_env.retrieval.index import measure_recall  # heavy: faiss, only the index commands
+    from search_env.retrieval.recall import measure_recall  # heavy: faiss, only the index commands
 
     try:
         nprobes = [int(x) for x in args.nprobe.split(",") if x.strip()]

@@ -15,26 +15,30 @@ import numpy as np
 import pytest
 import torch
 
-from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval import SAMPLE_CORPUS, index_build
 from search_env.retrieval import index as index_module
+from search_env.retrieval import placement as placement_module
 from search_env.retrieval.corpus import Corpus
-from search_env.retrieval.index import (
-    GPU_MARGIN_BYTES,
-    GPU_TEMP_BYTES,
-    DenseRetriever,
-    LoadedIndex,
-    choose_gpus,
+from search_env.retrieval.index import DenseRetriever, LoadedIndex, load_index, read_meta
+from search_env.retrieval.index_build import (
+    build_index,
+    build_index_file,
+    choose_ondisk,
     clamp_factory,
     convert_index,
     default_train_size,
     factory_nlist,
-    gpu_bytes_needed,
-    gpu_unavailable_reason,
-    load_index,
-    measure_recall,
-    recall_at_k,
+    new_index,
     train_and_fill,
 )
+from search_env.retrieval.placement import (
+    GPU_MARGIN_BYTES,
+    GPU_TEMP_BYTES,
+    choose_gpus,
+    gpu_bytes_needed,
+    gpu_unavailable_reason,
+)
+from search_env.retrieval.recall import measure_recall, recall_at_k
 
 GIB = 2**30
 
@@ -112,7 +116,7 @@ def test_load_index_sets_nprobe_explicitly(ivf_path, flat_path, caplog) -> None:
 
 class _FaissWith:
     """The real faiss module with some names replaced (``replace``) or removed (``hide``): a stand-in
-    for a faiss build with or without GPU support, installed as the index module's ``faiss``."""
+    for a faiss build with or without GPU support, installed by ``_use_faiss``."""
 
     def __init__(self, hide: tuple[str, ...] = (), **replace) -> None:
         self._hide, self._replace = hide, replace
@@ -135,8 +139,15 @@ def _gpu_faiss(n_gpus: int, clone=None) -> _FaissWith:
     )
 
 
+def _use_faiss(monkeypatch, stand_in: _FaissWith) -> None:
+    """Install ``stand_in`` as the ``faiss`` of the placement module (GPU support, free memory, the
+    copy) and of the index module (nprobe on a "GPU" index)."""
+    monkeypatch.setattr(placement_module, "faiss", stand_in)
+    monkeypatch.setattr(index_module, "faiss", stand_in)
+
+
 def test_building_with_gpu_on_without_gpu_faiss_is_a_clear_error(monkeypatch) -> None:
-    monkeypatch.setattr(index_module, "faiss", _FaissWith(hide=("StandardGpuResources",)))
+    _use_faiss(monkeypatch, _FaissWith(hide=("StandardGpuResources",)))
     x = clustered_vectors(500)
     with pytest.raises(ValueError, match=r"--gpu on: this faiss build has no GPU support.*faiss-gpu"):
         train_and_fill("IVF8,Flat", DIM, len(x), lambda rows: x[rows], None, 128, 0, True, "t")
@@ -160,7 +171,7 @@ def test_gpu_memory_needed_and_the_gpus_chosen() -> None:
 
 
 def test_gpu_on_with_cpu_faiss_keeps_the_index_on_cpu_and_says_why(ivf_path, monkeypatch, caplog) -> None:
-    monkeypatch.setattr(index_module, "faiss", _FaissWith(hide=("StandardGpuResources",)))
+    _use_faiss(monkeypatch, _FaissWith(hide=("StandardGpuResources",)))
     with caplog.at_level(logging.WARNING):
         loaded = load_index(ivf_path, nprobe=8, use_gpu=True)
     assert not loaded.on_gpu and loaded.mapped and loaded.nprobe == 8
@@ -178,19 +189,19 @@ def test_gpu_on_with_cpu_faiss_keeps_the_index_on_cpu_and_says_why(ivf_path, mon
 def test_gpu_on_with_no_visible_gpu_or_unreadable_memory_keeps_the_index_on_cpu(
     ivf_path, monkeypatch, caplog
 ) -> None:
-    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(0))
+    _use_faiss(monkeypatch, _gpu_faiss(0))
     with caplog.at_level(logging.WARNING):
         assert not load_index(ivf_path, use_gpu=True).on_gpu
     assert "faiss sees no GPU (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)" in caplog.text
-    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(1))
+    _use_faiss(monkeypatch, _gpu_faiss(1))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # e.g. a CPU build of torch
     loaded = load_index(ivf_path, use_gpu=True)
     assert loaded.placement == "cpu (cannot read free GPU memory (torch sees 0 CUDA devices, faiss 1))"
 
 
 def test_gpu_on_without_enough_free_memory_keeps_the_index_on_cpu(ivf_path, monkeypatch, caplog) -> None:
-    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(2))
-    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [GIB, 2 * GIB])
+    _use_faiss(monkeypatch, _gpu_faiss(2))
+    monkeypatch.setattr(placement_module, "gpu_free_bytes", lambda: [GIB, 2 * GIB])
     with caplog.at_level(logging.WARNING):
         loaded = load_index(ivf_path, use_gpu=True)
     assert not loaded.on_gpu and loaded.mapped
@@ -205,8 +216,8 @@ def test_gpu_on_shards_the_index_over_the_gpus_with_room(ivf_path, monkeypatch, 
         cloned.append((len(resources), options, gpus))
         return index  # the stand-in "GPU clone" is the CPU index: search must still work
 
-    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(3, clone))
-    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [40 * GIB, 2 * GIB, 40 * GIB])
+    _use_faiss(monkeypatch, _gpu_faiss(3, clone))
+    monkeypatch.setattr(placement_module, "gpu_free_bytes", lambda: [40 * GIB, 2 * GIB, 40 * GIB])
     with caplog.at_level(logging.INFO):
         loaded = load_index(ivf_path, nprobe=8, use_gpu=True)
     ((n_resources, options, gpus),) = cloned
@@ -222,8 +233,8 @@ def test_gpu_on_falls_back_to_cpu_when_faiss_cannot_copy_the_index(ivf_path, mon
     def clone(resources, index, options, gpus):
         raise RuntimeError("Error in ... : This index type is not implemented on GPU.\nstack trace")
 
-    monkeypatch.setattr(index_module, "faiss", _gpu_faiss(1, clone))
-    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [40 * GIB])
+    _use_faiss(monkeypatch, _gpu_faiss(1, clone))
+    monkeypatch.setattr(placement_module, "gpu_free_bytes", lambda: [40 * GIB])
     with caplog.at_level(logging.WARNING):
         loaded = load_index(ivf_path, use_gpu=True)
     assert not loaded.on_gpu
@@ -257,9 +268,9 @@ def test_gpu_on_puts_the_index_on_a_real_gpu_and_finds_what_cpu_finds(ivf_path, 
 @pytest.mark.gpu
 @pytest.mark.skipif(_NO_GPU_FAISS is not None, reason=f"needs faiss-gpu and a GPU: {_NO_GPU_FAISS}")
 def test_gpu_on_keeps_an_index_too_big_for_the_real_gpus_on_cpu(ivf_path, monkeypatch) -> None:
-    real = index_module.gpu_free_bytes()
+    real = placement_module.gpu_free_bytes()
     assert all(free > 0 for free in real)
-    monkeypatch.setattr(index_module, "gpu_free_bytes", lambda: [GIB] * len(real))
+    monkeypatch.setattr(placement_module, "gpu_free_bytes", lambda: [GIB] * len(real))
     assert not load_index(ivf_path, use_gpu=True).on_gpu
 
 
@@ -424,7 +435,6 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
     import httpx
 
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder
-    from search_env.retrieval.index import build_index
     from search_env.retrieval.process import spawn_server
 
     encoder_dir = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
@@ -452,8 +462,6 @@ def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> 
 def test_ondisk_build_writes_the_same_file_as_the_in_ram_build(tmp_path) -> None:
     """`build_index_file` with the inverted lists built in chunk shards on disk and merged writes the
     in-RAM build's file byte for byte (rows in add order in every list), and the meta says which."""
-    from search_env.retrieval.index import build_index_file, read_meta
-
     x = clustered_vectors(30_000)
     paths = {mode: tmp_path / f"{mode}.index" for mode in ("ram", "disk")}
     for mode, path in paths.items():
@@ -475,7 +483,6 @@ def test_an_index_out_is_replaced_whole_only_with_force(tmp_path, monkeypatch, c
     leaves the old index whole and readable (it is written beside --out and renamed), and a good one
     replaces it."""
     from search_env.__main__ import main as cli
-    from search_env.retrieval.index import read_meta
 
     flat = faiss.IndexFlatIP(DIM)
     flat.add(clustered_vectors(2000, 20))
@@ -507,13 +514,11 @@ def test_an_index_out_is_replaced_whole_only_with_force(tmp_path, monkeypatch, c
 
 
 def test_a_failed_ondisk_merge_leaves_the_old_index_and_no_shards(tmp_path, monkeypatch) -> None:
-    from search_env.retrieval.index import build_index_file
-
     x = clustered_vectors(3000, 20)
     out = tmp_path / "disk.index"
     build_index_file(out, "IVF8,SQ8", DIM, len(x), lambda rows: x[rows], {}, None, 1000, 0, False, True)
     old = out.read_bytes()
-    monkeypatch.setattr(index_module.os, "pread", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(index_build.os, "pread", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError, match="disk gone"):
         build_index_file(out, "IVF8,SQ8", DIM, len(x), lambda rows: x[rows], {}, None, 1000, 1, False, True)
     assert out.read_bytes() == old and sorted(p.name for p in tmp_path.iterdir()) == [
@@ -523,10 +528,8 @@ def test_a_failed_ondisk_merge_leaves_the_old_index_and_no_shards(tmp_path, monk
 
 
 def test_ondisk_auto_follows_the_available_ram(monkeypatch) -> None:
-    from search_env.retrieval.index import choose_ondisk, new_index
-
     index = new_index("IVF64,SQ8", DIM)  # DIM-byte codes + 8-byte ids per vector
-    monkeypatch.setattr(index_module, "available_ram_bytes", lambda: 10**9)
+    monkeypatch.setattr(index_build, "available_ram_bytes", lambda: 10**9)
     assert choose_ondisk(None, index, 10**6, 65536) is False  # 40 MB of lists + 8 MB chunk
     assert choose_ondisk(None, index, 2 * 10**7, 65536) is True  # 800 MB > 80 % of 1 GB
     assert choose_ondisk(False, index, 2 * 10**7, 65536) is False

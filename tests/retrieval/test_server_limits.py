@@ -387,7 +387,8 @@ def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, 
     process); a lone-surrogate request sent with concurrent good requests (batched together: 200 ms
     wait) is refused with 422 and every good request is answered."""
     from search_env.retrieval.encoder import Encoder
-    from search_env.retrieval.index import DenseRetriever, build_index, load_index
+    from search_env.retrieval.index import DenseRetriever, load_index
+    from search_env.retrieval.index_build import build_index
 
     corpus, encoder = Corpus(SAMPLE_CORPUS), Encoder(tiny_bert, use_gpu=False)
     index_path = tmp_path / "demo_flat.index"
