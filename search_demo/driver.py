@@ -24,6 +24,7 @@ from typing import Any
 
 from search_demo import world as world_mod
 from search_env.checkpoint_layout import TRACKER, by_step, step_dir_name
+from search_env.markdown import markdown_table
 from search_env.paths import REPO_ROOT
 
 RECIPE = REPO_ROOT / "recipes" / "demo_cpu.yaml"
@@ -102,18 +103,13 @@ def format_table(
     steps: tuple[int, int],
 ) -> str:
     """Markdown before/after table, one line per question type."""
-    head = " | ".join(f"{m} {s}" for m in TABLE_METRICS for s in (f"s{steps[0]}", f"s{steps[1]}"))
-    lines = [
-        f"### {title}",
-        "",
-        f"| questions | n | {head} | ΔEM |",
-        "|" + "---|" * (3 + 2 * len(TABLE_METRICS)),
-    ]
+    header = ["questions", "n", *(f"{m} s{s}" for m in TABLE_METRICS for s in steps), "ΔEM"]
+    rows = []
     for name in ["all", *sorted(k for k in before if k != "all")]:
         b, a = before[name], after.get(name, {})
-        cells = " | ".join(f"{b[m]:.3f} | {a.get(m, float('nan')):.3f}" for m in TABLE_METRICS)
-        lines.append(f"| {name} | {b['n']} | {cells} | {a.get('em', float('nan')) - b['em']:+.3f} |")
-    return "\n".join(lines)
+        cells = [f"{v:.3f}" for m in TABLE_METRICS for v in (b[m], a.get(m, float("nan")))]
+        rows.append([name, b["n"], *cells, f"{a.get('em', float('nan')) - b['em']:+.3f}"])
+    return f"### {title}\n\n{markdown_table(header, rows)}".rstrip()
 
 
 def step_rewards(metrics: Path) -> list[dict[str, float]]:

@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from eval.__main__ import positive_int
-from eval.results import ResultsError
+from eval.report.results import ResultsError
+from search_env.cli import positive_int
 from study.cost import cost_table
 from study.hypotheses import parse_tests
 from study.report import write_study_report

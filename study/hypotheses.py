@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from eval.regimes import binomial_tail, ci_text, seed_ci
-from eval.stats import RankingTest, ranking_test
-from eval.tables import order_shapes
+from eval.report.tables import order_shapes
+from eval.stats import RankingTest, binomial_tail, ci_text, ranking_test, seed_ci
 from study.spec import StudyError
 
 METRICS = {

@@ -13,12 +13,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval import regimes
-from eval.report import main as eval_report
-from eval.results import SETTINGS_FIX, ResultsError, load_results, load_training_logs, run_settings
-from eval.settings import differences, mismatch_message
-from eval.tables import markdown_table, order_shapes, resolve_matched_horizon
+from eval.report.document import main as eval_report
+from eval.report.results import SETTINGS_FIX, ResultsError, load_results, load_training_logs, run_settings
+from eval.report.select import resolve_matched_horizon
+from eval.report.tables import order_shapes
+from eval.run.settings import differences, mismatch_message
+from eval.stats import seed_ci
+from search_env.markdown import markdown_table
 from search_env.safe_fs import write_atomic
+from study import regimes
 from study.hypotheses import METRICS, Gap, LastPlace, axis_column, gap_lines, last_place_lines, parse_tests
 from study.spec import Cell, Study, axis_value, repo_path
 from study.store import Layout, raw_complete, reuse_root, tree_root
@@ -169,7 +172,7 @@ def levels_markdown(frame: pd.DataFrame, n_boot: int, compare: str) -> str:
         row = [str(k) for k in key] + [str(len(sub))]
         for metric in METRICS:
             values = [float(v) for v in sub[metric]]
-            low, high = regimes.seed_ci(values, n_boot, f"level/{name}/{metric}")
+            low, high = seed_ci(values, n_boot, f"level/{name}/{metric}")
             mean = float(np.nanmean(values)) if not all(math.isnan(v) for v in values) else math.nan
             ci = "" if math.isnan(low) else f" [{low:.3f}, {high:.3f}]"
             row.append(regimes.num_text(mean) + ci)
@@ -275,7 +278,7 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None, dra
         if record:
             write_atomic(where.export / "report_args_regimes.txt", shlex.join(args) + "\n")
         if regimes.main([*args, "--out", rel(out / "regimes"), *no_figures]) != 0:
-            raise ResultsError(f"`python -m eval regimes {' '.join(args)}` failed (above)")
+            raise ResultsError(f"`python -m study.regimes {' '.join(args)}` failed (above)")
         written.append(out / "regimes" / "index.md")
     horizons = [c.cap for c in study.cells if c.name in found]
     matched = resolve_matched_horizon(spec.matched_horizon, horizons)

@@ -104,7 +104,7 @@ class EvalSpec(BaseModel):
 
 
 class Regimes(BaseModel):
-    """The side-by-side report of two regimes (``python -m eval regimes``)."""
+    """The side-by-side report of two regimes (``python -m study.regimes``)."""
 
     model_config = ConfigDict(extra="forbid")
     dense: str

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import verl
 
-from eval.checkpoints import run_info
+from eval.run.checkpoints import run_info
 from search_env.paths import REPO_ROOT
 
 ABSOLUTE = re.compile(r"(?<![\w.~:/\\-])/(?:[A-Za-z_][\w.-]*/)+[\w.-]*")

@@ -171,7 +171,7 @@ def test_one_training_run_reads_in_the_launch_package():
         "launch.train"
     ]
     assert "search_env.retrieval.probe" in graph["launch.train"] & graph["launch.evaluate"]
-    assert "search_env.retrieval.probe" in graph["eval.retrievers"] & graph["search_env.retrieval.process"]
+    assert "search_env.retrieval.probe" in graph["eval.run.runner"] & graph["search_env.retrieval.process"]
 
 
 EMBEDDED_PYTHON = re.compile(r"(PYTHON|python3?)\"?\s+-\s*<<|<<\s*'?PY'?|(PYTHON|python3?)\"?\s+-c\s")

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from eval import figures
-from eval.results import (
+from eval.report import figures
+from eval.report.results import (
     AVG_ALL,
     AVG_HELDOUT,
     IN_DISTRIBUTION,
@@ -34,6 +34,32 @@ from eval.results import (
     load_rows,
     load_training_logs,
 )
+from eval.report.select import (
+    MATCHED,
+    MATCHED_HORIZON,
+    OWN,
+    VAL_RULES,
+    floor_checkpoints,
+    horizon_arg,
+    resolve_matched_horizon,
+    select_checkpoints,
+    stage_caption,
+)
+from eval.report.tables import (
+    FLOOR,
+    format_ranking,
+    frame_markdown,
+    limits_preset_of,
+    order_shapes,
+    per_benchmark_table,
+    preset_caption,
+    rule_label,
+    search_profile,
+    seed_rankings,
+    study_floor,
+    table1,
+    table1_markdown,
+)
 from eval.stats import (
     AGREEMENT,
     AGREEMENT_MEASURES,
@@ -45,32 +71,8 @@ from eval.stats import (
     ranking_test,
     stream_seed,
 )
-from eval.tables import (
-    FLOOR,
-    MATCHED,
-    MATCHED_HORIZON,
-    OWN,
-    VAL_RULES,
-    floor_checkpoints,
-    format_ranking,
-    frame_markdown,
-    horizon_arg,
-    limits_preset_of,
-    markdown_table,
-    order_shapes,
-    per_benchmark_table,
-    preset_caption,
-    resolve_matched_horizon,
-    rule_label,
-    search_profile,
-    seed_rankings,
-    select_checkpoints,
-    stage_caption,
-    study_floor,
-    table1,
-    table1_markdown,
-)
 from reward_fns import PRIMARY, metric_names, registered
+from search_env.markdown import markdown_table
 from search_env.safe_fs import write_atomic
 
 AVERAGE_TEXT = {
@@ -412,7 +414,7 @@ def emit_per_benchmark_tables(r: Report) -> None:
 
 def agreement_frame(r: Report) -> pd.DataFrame:
     """Per benchmark, the judge against EM over Table 1's checkpoints (selected cells and floors,
-    each (run, step) once) whose summaries carry a judge: the 2x2 counts (eval.summary.AGREEMENT),
+    each (run, step) once) whose summaries carry a judge: the 2x2 counts (eval.run.summary.AGREEMENT),
     unparsed verdicts, and each :data:`eval.stats.AGREEMENT_MEASURES` with its bootstrap CI."""
     cells = pd.concat([r.selections[["run", "step"]], r.floors.assign(step=0)[["run", "step"]]])
     keys = sorted({(str(run), int(step)) for run, step in cells.itertuples(index=False)})
@@ -629,7 +631,7 @@ def emit_zero_variance(r: Report) -> None:
 
 def validation_cells(test: Results, val: Results, matched: int) -> pd.DataFrame:
     """Checkpoints chosen by validation Avg (all) EM (the ``val_matched`` / ``val_own`` rules of
-    :func:`eval.tables.select_checkpoints`, as ``python -m eval select`` reports them) next to the
+    :func:`eval.report.tables.select_checkpoints`, as ``python -m eval select`` reports them) next to the
     test-chosen ones: ``rule, shape, seed, run, val_step, val_em, test_em, test_step,
     test_pick_em`` (EM fractions on the validation / test suite), runs in name order. Raises
     ResultsError when a run's validation rows share a question with its test rows."""

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from eval.results import AVG_ALL, AVG_HELDOUT  # noqa: E402
+from eval.report.results import AVG_ALL, AVG_HELDOUT  # noqa: E402
 
 SHAPE_COLOURS = {"em_only": "tab:red", "f1_only": "tab:blue", "f1_format": "tab:green"}
 _EXTRA_COLOURS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -288,7 +288,7 @@ def plot_zero_variance(logs: pd.DataFrame, shapes: Sequence[str], smooth: int, p
 
 
 def plot_zero_variance_gain(frame: pd.DataFrame, path: Path) -> Path:
-    """Zero-variance group fraction against EM gain, one point per cell (``eval.regimes.cells``
+    """Zero-variance group fraction against EM gain, one point per cell (``study.regimes.cells``
     frame: ``regime, group, shape, zero_var, gain``): marker per regime, filled at the smallest G."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     shapes = sorted(frame["shape"].unique())

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from eval.settings import FULL, differences, mismatch_message
-from eval.store import RowStore
+from eval.run.settings import FULL, differences, mismatch_message
+from eval.run.store import RowStore
 from reward_fns import SHAPES, metric_names, normalize_answer
 from search_env.checkpoint_layout import step_dir_name, step_of
 from search_env.jsonl import iter_jsonl
@@ -135,7 +135,7 @@ class Results:
     notes: list[str]
     summaries: dict[tuple[str, int], dict[str, Any]]
     stages: dict[tuple[str, int], str] = field(default_factory=dict)
-    """Per (run, step) in ``scores``: ``full`` (every row), ``confirmed`` or ``screened`` (eval.runner)."""
+    """Per (run, step) in ``scores``: ``full`` (every row), ``confirmed`` or ``screened`` (eval.run.runner)."""
 
     def rows_path(self, run: str, step: int) -> Path:
         """Path of the per-question rows of one checkpoint (may not exist)."""
@@ -270,7 +270,7 @@ def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 JUDGE = "judge"
-"""An LLM judge's score per benchmark (eval.summary.JUDGE): a ``scores`` column only when some
+"""An LLM judge's score per benchmark (eval.run.summary.JUDGE): a ``scores`` column only when some
 summary carries it, so results without a judge load (and report) exactly as before."""
 
 
@@ -319,7 +319,7 @@ def load_results(root: Path | str) -> Results:
     folders (with summary.json or rows.jsonl; others, such as merged-weight caches, are ignored).
 
     Refused (ResultsError naming the setting and both values): runs or summaries evaluated with
-    other settings than the first run (:func:`eval.settings.differences`). Skipped, with a note:
+    other settings than the first run (:func:`eval.run.settings.differences`). Skipped, with a note:
     checkpoint folders without ``summary.json`` (not evaluated yet),
     summaries marked ``"complete": false``, and checkpoints lacking a benchmark of the suite (the
     suite is the union of benchmarks over all complete checkpoints; a partial checkpoint's average
@@ -451,7 +451,7 @@ def load_rows(path: Path) -> pd.DataFrame:
     Columns: ``benchmark`` (canonical), ``id``, each registered metric (``em``, ``f1``, ``acc``: floats in [0, 1]),
     ``searches`` (int, -1 when absent), ``termination`` (str, "" when absent), ``answered`` (bool:
     a prediction was extracted). A question appearing twice keeps its first line, as
-    :class:`eval.store.RowStore` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
+    :class:`eval.run.store.RowStore` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
     """
     records = []
     for lineno, row in iter_jsonl(path, ROW_FIX, ResultsError):

@@ -1,57 +1,23 @@
-"""The paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown, and the checkpoint
-selection rules they report (:func:`select_checkpoints`, paper §5.3; docs/evaluation.md, "python
--m eval select"). ``python -m eval select`` and ``python -m eval report`` both select with it.
-"""
+"""The paper's tables (Table 1, Tables 3-5) as tidy frames and Markdown, from the checkpoints
+:mod:`eval.report.select` chose (paper §5.3)."""
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from eval.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, JUDGE, benchmark_label
+from eval.report.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, JUDGE, benchmark_label
+from eval.report.select import MATCHED, OWN, STAGE_MARKS
 from eval.stats import rank_groups
-from reward_fns import PRIMARY, SHAPES, metric_named, metric_names
+from reward_fns import SHAPES, metric_names
+from search_env.markdown import markdown_table
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
-MATCHED = "matched"
-OWN = "own"
-VAL_RULES = {MATCHED: "val_matched", OWN: "val_own"}
-"""The validation-chosen rule of each test-chosen rule (same candidate steps)."""
 FLOOR = "untrained (step 0)"
 AVERAGES = (AVG_ALL, AVG_HELDOUT)
-MATCHED_HORIZON = 180
-"""The study's common step cap."""
-AUTO = "auto"
-
-
-def horizon_arg(text: str) -> int | str:
-    """argparse type of ``--matched-horizon``: a positive step count or ``auto``."""
-    if text == AUTO:
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive step count or 'auto', got {text!r}")
-    return value
-
-
-def resolve_matched_horizon(value: int | str, horizons: Iterable[int | None]) -> int:
-    """The matched horizon in steps: ``value`` itself, or for ``auto`` the smallest known run
-    horizon (``None`` = uncapped runs are ignored). Raises ValueError when ``auto`` finds no horizon."""
-    if value != AUTO:
-        return int(value)
-    known = [int(h) for h in horizons if h is not None]
-    if not known:
-        raise ValueError(
-            "--matched-horizon auto needs runs with a known horizon (run.json 'horizon'); pass a number"
-        )
-    return min(known)
 
 
 def order_shapes(shapes: Sequence[str]) -> list[str]:
@@ -67,109 +33,6 @@ def rule_label(rule: str, matched_horizon: int) -> str:
         if rule == MATCHED
         else "own horizon (step <= run's cap)"
     )
-
-
-def _best_step(values: pd.Series, higher_is_better: bool = True) -> int:
-    """The step (index of ``values``) with the best value (the highest, or the lowest when not
-    ``higher_is_better``), the earliest on a tie."""
-    ordered = values.sort_index()  # idxmax/idxmin return the first (earliest) extreme
-    return int(ordered.idxmax() if higher_is_better else ordered.idxmin())
-
-
-def select_checkpoints(
-    scores: pd.DataFrame,
-    matched_horizon: int = MATCHED_HORIZON,
-    criterion: str = AVG_ALL,
-    metric: str = PRIMARY,
-    val_scores: pd.DataFrame | None = None,
-) -> tuple[pd.DataFrame, list[str]]:
-    """Best checkpoint per run and rule, by ``metric`` (a registered metric: em, f1 or acc, a
-    fraction in [0, 1]; best = highest unless the registry says lower is better) of the
-    ``criterion`` average (AVG_ALL or AVG_HELDOUT); ``scores`` and ``val_scores`` are
-    :attr:`eval.results.Results.scores` frames.
-
-    Returns (frame, notes); the frame has one row per (run, rule) with ``run, shape, seed, rule,
-    cap, step, last_step, short, value, val_value``: ``cap`` (steps) is ``min(matched_horizon,
-    horizon)`` for the matched rule and ``horizon`` for the own rule (checkpoints beyond a run's
-    horizon are never selected); ``last_step`` is the run's last evaluated trained step within its
-    horizon, ``short`` is True when it is below ``matched_horizon`` (a run that ended early, or
-    whose later checkpoints are not evaluated); ``value`` is the chosen step's score on ``scores``.
-    With ``val_scores``, each rule also gets a ``val_matched`` / ``val_own`` row: the candidate
-    step present in ``val_scores`` (same run name) with the best validation score, which is
-    ``val_value`` (NaN on the test-chosen rows). A rule with no candidate step gets no row and a note.
-    Only a run's checkpoints with the most rows are candidates (under the sequential plan, those it
-    confirmed), so every comparison is on the same questions.
-    """
-    if metric not in metric_names():
-        raise ValueError(f"--metric {metric!r} is unknown; use one of {metric_names()}")
-    higher = metric_named(metric).higher_is_better
-    crit = scores[(scores["benchmark"] == criterion) & (scores["step"] >= 1)]
-    val = None
-    if val_scores is not None:
-        val = val_scores[val_scores["benchmark"] == criterion].set_index(["run", "step"])[metric]
-    name = metric.upper()
-    rows, notes = [], []
-    for run, sub in crit.groupby("run", sort=True):
-        most = sub["n"].max()
-        if pd.notna(most) and (sub["n"] < most).any():  # a sequential plan: its confirmed checkpoints
-            dropped = sorted(int(s) for s in sub.loc[sub["n"] < most, "step"])
-            notes.append(
-                f"run {run}: steps {dropped} were only screened (fewer rows); chosen among the "
-                f"{int((sub['n'] == most).sum())} confirmed on {int(most)} rows."
-            )
-            sub = sub[sub["n"] == most]
-        first = sub.iloc[0]
-        horizon = int(first["horizon"])
-        within, beyond = sub[sub["step"] <= horizon], sub[sub["step"] > horizon]
-        if len(beyond):
-            best = beyond.loc[beyond[metric].idxmax() if higher else beyond[metric].idxmin()]
-            notes.append(
-                f"run {run}: {len(beyond)} checkpoint(s) beyond its horizon {horizon} ignored by both rules "
-                f"(best of them: step {int(best['step'])}, {name} {best[metric]:.3f})."
-            )
-        for rule, cap in ((MATCHED, min(matched_horizon, horizon)), (OWN, horizon)):
-            eligible = within[within["step"] <= cap].set_index("step")[metric]
-            if eligible.empty:
-                notes.append(f"run {run}: no evaluated trained checkpoint with step <= {cap} ({rule} rule).")
-                continue
-            last_step = int(within["step"].max())
-            cell = {
-                "run": run,
-                "shape": first["shape"],
-                "seed": int(first["seed"]),
-                "cap": cap,
-                "last_step": last_step,
-                "short": last_step < matched_horizon,
-            }
-            step = _best_step(eligible, higher)
-            rows.append({**cell, "rule": rule, "step": step, "value": float(eligible[step])})
-            if val is None:
-                continue
-            on_val = val[val.index.get_level_values("run") == run].droplevel("run")
-            on_val = on_val[on_val.index.isin(eligible.index)]
-            if on_val.empty:
-                notes.append(
-                    f"run {run}: no validation checkpoint with step <= {cap} ({VAL_RULES[rule]} rule)."
-                )
-                continue
-            step = _best_step(on_val, higher)
-            rows.append(
-                {
-                    **cell,
-                    "rule": VAL_RULES[rule],
-                    "step": step,
-                    "value": float(eligible[step]),
-                    "val_value": float(on_val[step]),
-                }
-            )
-    columns = ["run", "shape", "seed", "rule", "cap", "step", "last_step", "short", "value", "val_value"]
-    return pd.DataFrame(rows, columns=columns), notes
-
-
-def floor_checkpoints(scores: pd.DataFrame) -> pd.DataFrame:
-    """Step-0 (untrained) checkpoint per seed: ``seed, run`` — the first run (by name) with step 0."""
-    zero = scores[scores["step"] == 0][["seed", "run"]].drop_duplicates().sort_values(["seed", "run"])
-    return zero.drop_duplicates("seed").reset_index(drop=True)
 
 
 def cell_values(
@@ -275,13 +138,6 @@ def format_ranking(groups: list[list[tuple[str, float]]]) -> str:
     return " > ".join(" = ".join(f"{name} ({value:.3f})" for name, value in group) for group in groups)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 def _fmt(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.3f}"
 
@@ -326,24 +182,6 @@ def preset_caption(presets: Sequence[str]) -> str:
     return (
         f"- Rollout limits preset: {named} (`python -m eval run --limits-preset`; values in each run.json)."
     )
-
-
-STAGE_MARKS = {"full": "", "confirmed": "ᶜ", "screened": "ˢ"}
-"""How a number's stage is marked in tables (eval.runner): unmarked = every row of the suite."""
-
-
-def stage_caption(stages: Iterable[str]) -> str | None:
-    """Caption line explaining the stage marks present, or None when every number is full-suite."""
-    present = sorted(set(stages) - {"full"})
-    if not present:
-        return None
-    said = {
-        "confirmed": "ᶜ = confirmed on a nested subsample (`plan.json`: rows, target half-width against the "
-        "full-suite value); the checkpoint was chosen on the same rows, which overstates its expected EM "
-        "by about 0.004 (bench/eval_plan.py's simulation; docs/evaluation.md)",
-        "screened": "ˢ = screened only (a few hundred rows per benchmark): read it as a ranking, not a score",
-    }
-    return "- " + "; ".join(said.get(s, f"{s} = stage {s}") for s in present) + "."
 
 
 def table1_markdown(

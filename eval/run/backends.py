@@ -5,7 +5,7 @@ differ only in the ``LLMServerClient`` that answers ``generate``: ``hf`` (CPU, t
 ``cpu_engine.local_rollout.HFLLMClient`` over ``HFGenerator``) and ``vllm`` (GPU, or vLLM's CPU
 build: :class:`VLLMEngineClient` over vLLM's in-process ``AsyncLLM``, text-only, settings in
 :class:`EngineSettings`). A backend rolls out one row per call (:meth:`AgentLoopBackend.rollout_one`);
-the runner keeps a steady pool of such calls in flight (``eval.pool``). docs/evaluation.md,
+the runner keeps a steady pool of such calls in flight (``eval.run.pool``). docs/evaluation.md,
 "Backends" and "A steady pool of rollouts".
 """
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from eval.store import RowStore
+from eval.run.store import RowStore
 
 FLUSH_ROWS = 64
 FLUSH_S = 2.0

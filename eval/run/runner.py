@@ -3,7 +3,7 @@ per question), resumably, by a plan.
 
 Layout, plans and crash safety: docs/evaluation.md. The ``full`` plan evaluates every checkpoint on
 every row; ``sequential`` screens every trained checkpoint on a nested subsample, keeps those that
-may be within ``delta`` of the best (:func:`eval.plan.decide`) and confirms those and step 0 to the
+may be within ``delta`` of the best (:func:`eval.run.sequential.decide`) and confirms those and step 0 to the
 requested precision, writing ``OUT/<run>/plan.json``. Rows already scored are never recomputed;
 step 0's rows are shared by every run of the same base model and settings (``OUT/.step0/<key>/``).
 """
@@ -20,13 +20,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from eval import checkpoints as ckpts
-from eval import plan as seq
-from eval.limits import Limits
-from eval.pool import InOrderWriter, rollout_pool
-from eval.retrievers import check_retrievers
-from eval.rollout_config import rollout_config, to_verl_rows
-from eval.settings import (
+from eval.run import checkpoints as ckpts
+from eval.run import sequential as seq
+from eval.run.pool import InOrderWriter, rollout_pool
+from eval.run.rollout import Limits, rollout_config, to_verl_rows
+from eval.run.settings import (
     CHECKPOINT_FILE,
     FULL,
     SEQUENTIAL,
@@ -36,7 +34,7 @@ from eval.settings import (
     mismatch_message,
     step0_key,
 )
-from eval.store import (
+from eval.run.store import (
     RowKey,
     RowStore,
     exclusive_lock,
@@ -46,11 +44,12 @@ from eval.store import (
     unit_key,
     write_json_atomic,
 )
-from eval.suite import Question, Suite
-from eval.summary import JUDGE, add_judge, score_row, summarize
+from eval.run.suite import Question, Suite
+from eval.run.summary import JUDGE, add_judge, score_row, summarize
 from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
 from search_env import protocol
 from search_env.checkpoint_layout import step_dir_name
+from search_env.retrieval.probe import check_retrievers
 
 DEFAULT_IN_FLIGHT = {"hf": 32, "vllm": 512}
 """Rollouts kept in flight per backend (``--max-in-flight``). ``hf``: the CPU generator batches
@@ -60,7 +59,7 @@ RETRIEVAL_RETRY_PASSES = 1
 SCREENED, CONFIRMED = "screened", "confirmed"
 """Stages of a number under the sequential plan (``full``: every row of the suite)."""
 STEP0_DIR = ".step0"
-"""Under OUT: the untrained model's rows, one folder per :func:`eval.settings.step0_key`."""
+"""Under OUT: the untrained model's rows, one folder per :func:`eval.run.settings.step0_key`."""
 VERDICTS = Path(".judge") / "verdicts.jsonl"
 """Under OUT: the judge's verdicts, one store for every run and judge of the results root
 (keyed by :func:`reward_fns.judge.verdict_key`: the same prediction is never judged twice)."""
@@ -159,7 +158,7 @@ async def _roll_out(
 ) -> list[Unit]:
     """Roll ``units`` out through ``backend`` in a steady pool, scoring each into ``writer``;
     returns the units held back because their rollout had a failed retrieval (not written). A
-    sample's rollout gets its seed (:meth:`eval.settings.Sampling.seed_of`); a greedy one none."""
+    sample's rollout gets its seed (:meth:`eval.run.settings.Sampling.seed_of`); a greedy one none."""
     sampling = sampling or Sampling()
     rows = to_verl_rows([q for q, _ in units], question_mark)
     seeds = [None if i is None else sampling.seed_of(q.benchmark, q.id, i) for q, i in units]

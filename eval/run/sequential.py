@@ -1,6 +1,6 @@
 """The sequential evaluation plan: screen every checkpoint on a small nested subsample, keep those that
 may be within ``delta`` of the best, confirm those (and step 0) to a requested precision
-(docs/evaluation.md, "Sequential plan"). Pure functions; :mod:`eval.runner` carries them out.
+(docs/evaluation.md, "Sequential plan"). Pure functions; :mod:`eval.run.runner` carries them out.
 
 Precision is stated against the full-suite value: with equal allocation of n rows per benchmark
 (n_b = min(n, N_b)) the macro average's standard error is
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.suite import load_suite
+from eval.run.suite import load_suite
 
 Z95 = 1.959963984540054
 """Two-sided 95 % normal quantile."""
@@ -202,7 +202,7 @@ def confirm_rows(
 def levels_from_results(root: Path) -> tuple[dict[str, int], dict[str, float]]:
     """Benchmark sizes (the suite recorded in each run.json) and the mean per-benchmark EM of every
     complete checkpoint under a results folder."""
-    from eval.results import canonical_benchmark, load_results  # heavy: pandas
+    from eval.report.results import canonical_benchmark, load_results  # heavy: pandas
 
     res = load_results(root)
     frame = res.scores[res.scores["benchmark"].isin(res.suite)]

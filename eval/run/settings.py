@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from search_env import protocol
 
 if TYPE_CHECKING:
-    from eval.limits import Limits
-    from eval.suite import Suite
+    from eval.run.rollout import Limits
+    from eval.run.suite import Suite
 
 FULL, SEQUENTIAL = "full", "sequential"
-"""Evaluation plans: every checkpoint on every row, or screen + decide + confirm (eval.plan)."""
+"""Evaluation plans: every checkpoint on every row, or screen + decide + confirm (eval.run.sequential)."""
 CHECKPOINT_FILE = "checkpoint.json"
 """In a step's results folder: the fingerprint of the checkpoint its rows came from."""
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model_world_size_*_rank_*.pt", "config.json")
@@ -107,7 +107,7 @@ def eval_settings(
 
     vLLM's prefix caching is recorded for the vllm backend (it may change greedy outputs); the
     pool size and the memory fraction are not (they change speed, not rows). ``retriever`` is
-    :func:`eval.retrievers.check_retrievers`'s identity, filled in when the run starts.
+    :func:`search_env.retrieval.probe.check_retrievers`'s identity, filled in when the run starts.
     ``sampling``: :class:`Sampling` (default greedy, one sample). ``judge``
     (:func:`judge_setting`) is recorded only when a judge scores the rows (its URL and concurrency
     are not: they change where and how fast, not the verdicts).

@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from eval.run.suite import Question
 from eval.stats import AGREEMENT, bootstrap_macro, mean, pass_at_ks, percentile_interval, stream_seed
-from eval.suite import Question
 from reward_fns import PRIMARY, evaluation_scores, metric_names, registered
 from search_env import protocol
+from search_env.markdown import markdown_table
 from search_env.rollout_record import TERMINATIONS, record_of
 
 AVERAGES: dict[str, Callable[[Sequence[float]], float]] = {"mean": mean}
@@ -165,18 +166,13 @@ def format_table(summaries: dict[int, dict[str, Any]], metric: str = PRIMARY) ->
     judged = all(JUDGE in s["macro"] for s in summaries.values())
     header = ["step"] + benches + [f"macro {metric.upper()}"] + (["macro judge"] if judged else [])
     header += ["abort", "searches"]
-    lines = [
-        f"Rollout limits preset: {', '.join(f'`{p}`' for p in presets)}.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+    rows = []
     for step, s in sorted(summaries.items()):
         per = s["benchmarks"]
         abort = mean([per[b]["abort_rate"] for b in benches])
         searches = mean([per[b]["searches_mean"] for b in benches])
         cells = [str(step)] + [f"{per[b][metric]:.3f}" for b in benches]
         cells += [f"{s['macro'][metric]:.3f}"] + ([f"{s['macro'][JUDGE]:.3f}"] if judged else [])
-        cells += [f"{abort:.2f}", f"{searches:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells + [f"{abort:.2f}", f"{searches:.2f}"])
+    caption = f"Rollout limits preset: {', '.join(f'`{p}`' for p in presets)}."
+    return f"{caption}\n\n{markdown_table(header, rows)}".rstrip()

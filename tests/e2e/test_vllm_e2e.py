@@ -192,7 +192,7 @@ def test_vllm_rollouts_track_the_updated_actor(vllm_run: Path, tmp_path: Path):
     # the warm start searches and scores (step 2 follows an lr-1e-3 update and may have collapsed)
     assert steps[1]["rollout/searches_mean"] > 0 and steps[1]["reward/mean"] > 0
     # What a server still on the step-0 weights would have scored: step 1 vs step 0 on step 2's rollouts.
-    from eval.checkpoints import discover, materialize
+    from eval.run.checkpoints import discover, materialize
 
     step1 = next(c for c in discover(vllm_run / "checkpoints") if c.step == 1)
     merged = materialize(step1, tmp_path / "merged")
@@ -214,7 +214,7 @@ def check_masked_and_scored(tmp: str) -> None:
     tmp_path = Path(tmp)
     import pandas as pd
 
-    from eval.backends import make_backend
+    from eval.run.backends import make_backend
     from reward_fns.compute_score import compute_score
     from search_demo.rollout import demo_rollout_config
     from search_demo.warm_start import bm25_server

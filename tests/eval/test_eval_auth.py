@@ -10,10 +10,10 @@ import pytest
 import yaml
 from conftest import token_file
 
-from eval.__main__ import build_run_parser, prepare
-from eval.rollout_config import tool_and_loop_files
-from eval.runner import write_run_json
-from eval.settings import differences, step0_key
+from eval.run.cli import build_run_parser, prepare
+from eval.run.rollout import tool_and_loop_files
+from eval.run.runner import write_run_json
+from eval.run.settings import differences, step0_key
 from search_env.paths import REPO_ROOT
 
 TOKEN = "eval-token-0123456789abcdef"

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from eval.runner import SCREENED, VERDICTS, _wants_judge, judge_rows, write_run_json
-from eval.settings import FULL, differences, judge_setting, step0_key
+from eval.run.runner import SCREENED, VERDICTS, _wants_judge, judge_rows, write_run_json
+from eval.run.settings import FULL, differences, judge_setting, step0_key
+from eval.run.summary import add_judge, format_table, summarize
 from eval.stats import agreement, bootstrap_agreement
-from eval.summary import add_judge, format_table, summarize
 from reward_fns.judge import PROMPT_VERSION, JudgeConfig
 from search_env.retrieval.process import free_port
 
@@ -154,7 +154,7 @@ def test_agreement_intervals_cover_the_estimate_and_are_reproducible():
 
 
 def test_run_flags_go_together(tmp_path):
-    from eval.__main__ import build_run_parser, prepare
+    from eval.run.cli import build_run_parser, prepare
 
     args = build_run_parser().parse_args(
         ["--run-dir", str(tmp_path), "--suite", "fixtures", "--out", str(tmp_path), "--judge-url", "http://h"]
@@ -204,7 +204,7 @@ def _judge_results(tmp_path: Path) -> Path:
 def test_the_report_gains_a_judge_column_and_an_agreement_section(tmp_path):
     import pandas as pd
 
-    from eval.report import main as report_main
+    from eval.report.document import main as report_main
 
     root = _judge_results(tmp_path)
     out = tmp_path / "report"

@@ -1,4 +1,4 @@
-"""The sequential evaluation plan (eval.plan, eval.runner): precision arithmetic, the screening decision,
+"""The sequential evaluation plan (eval.run.sequential, eval.run.runner): precision arithmetic, the screening decision,
 a whole screen-decide-confirm run with a fake engine, step 0 shared between runs, a checkpoint saved
 again under an old name, and the planner's command line."""
 
@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eval import checkpoints as ckpts
-from eval import plan as seq
-from eval import runner
 from eval.__main__ import main
-from eval.limits import Limits
-from eval.settings import SEQUENTIAL, eval_settings
-from eval.store import RowStore
-from eval.suite import load_suite
+from eval.run import checkpoints as ckpts
+from eval.run import runner
+from eval.run import sequential as seq
+from eval.run.rollout import Limits
+from eval.run.settings import SEQUENTIAL, eval_settings
+from eval.run.store import RowStore
+from eval.run.suite import load_suite
 from search_env.paths import REPO_ROOT
 
 ILLUSTRATIVE = seq.STUDY_TRAINED
@@ -166,13 +166,13 @@ def test_sequential_run_screens_confirms_shares_step0_and_refuses_a_changed_chec
     assert (other.run_root / step0).read_bytes() == (plan.run_root / step0).read_bytes()
 
     # report and select read it: Table 1 marks confirmed numbers, selection is among confirmed steps
-    from eval.select import format_selection, selection_document
+    from eval.report.select import format_selection, selection_document
 
     chosen = selection_document(plan.out_root, matched_horizon=3)
     assert chosen["runs"]["f1_only_s1"]["own"]["step"] == 3
     assert chosen["runs"]["f1_only_s1"]["own"]["stage"] == "confirmed"
     assert "ᶜ" in format_selection(chosen) and "confirmed on a nested subsample" in format_selection(chosen)
-    from eval.report import main as report_main
+    from eval.report.document import main as report_main
 
     assert (
         report_main(["--results", str(plan.out_root), "--out", str(tmp_path / "report"), "--bootstrap", "50"])

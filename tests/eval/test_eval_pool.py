@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from eval import checkpoints as ckpts
-from eval import pool, runner, settings
-from eval.backends import EngineSettings, VLLMEngineClient, vllm_engine_kwargs
-from eval.limits import Limits
-from eval.store import RowStore
-from eval.suite import load_suite
+from eval.run import checkpoints as ckpts
+from eval.run import pool, runner, settings
+from eval.run.backends import EngineSettings, VLLMEngineClient, vllm_engine_kwargs
+from eval.run.rollout import Limits
+from eval.run.store import RowStore
+from eval.run.suite import load_suite
 
 # ---- rollout_pool ------------------------------------------------------------------------------
 
@@ -447,7 +447,7 @@ def test_vllm_backend_end_to_end_with_a_stand_in_engine(tmp_path: Path, tiny_mod
     (tests/e2e/test_vllm_e2e.py runs the real engine: vLLM's CPU build)."""
     from transformers import AutoTokenizer
 
-    from eval.backends import make_backend
+    from eval.run.backends import make_backend
 
     seen: dict = {}
     _fake_vllm(monkeypatch, AutoTokenizer.from_pretrained(tiny_model_dir), seen)

@@ -10,14 +10,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from eval import checkpoints as ckpts
-from eval import limits, rollout_config, runner, settings, summary, tables
-from eval.results import AVG_ALL, AVG_HELDOUT
-from eval.suite import load_suite
+from eval.report import tables
+from eval.report.results import AVG_ALL, AVG_HELDOUT
+from eval.run import checkpoints as ckpts
+from eval.run import rollout, runner, settings, summary
+from eval.run.suite import load_suite
 from search_env import protocol
 
 
-def _plan(tmp_path: Path, limits: limits.Limits) -> runner.RunPlan:
+def _plan(tmp_path: Path, limits: rollout.Limits) -> runner.RunPlan:
     suite = load_suite("fixtures", limit=2, benchmarks=["nq"])
     return runner.RunPlan(
         run_name="r",
@@ -34,18 +35,18 @@ def _plan(tmp_path: Path, limits: limits.Limits) -> runner.RunPlan:
 
 
 def test_presets_resolve_to_their_limits():
-    train = limits.limits_for_preset("train", {})
-    assert train == limits.Limits() and train.preset == "train"
-    study = limits.limits_for_preset("study_eval", {"data": {"max_response_length": 4096}})
+    train = rollout.limits_for_preset("train", {})
+    assert train == rollout.Limits() and train.preset == "train"
+    study = rollout.limits_for_preset("study_eval", {"data": {"max_response_length": 4096}})
     assert (study.max_assistant_turns, study.max_turn_tokens, study.max_total_tokens) == (5, 8192, 8192)
     assert study.rules is protocol.STUDY_EVAL_PRESET
     with pytest.raises(ValueError, match="--limits-preset"):
-        limits.limits_for_preset("paper", {})
+        rollout.limits_for_preset("paper", {})
 
 
 def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: Path):
-    plan = _plan(tmp_path, limits.limits_for_preset("study_eval", {}))
-    tools, loops = rollout_config.tool_and_loop_files(
+    plan = _plan(tmp_path, rollout.limits_for_preset("study_eval", {}))
+    tools, loops = rollout.tool_and_loop_files(
         plan.limits, plan.retriever_urls, tmp_path / "cfg", tiny_model_dir
     )
     tool = yaml.safe_load(tools.read_text())["tools"][0]["config"]
@@ -57,10 +58,10 @@ def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: P
     (loop,) = yaml.safe_load(loops.read_text())
     assert loop["invalid_action"] == "retry" and loop["stop_strings"] == ["</tool_call>", "</answer>"]
     assert (loop["max_turn_tokens"], loop["max_total_tokens"]) == (8192, 8192)
-    rows = rollout_config.to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
+    rows = rollout.to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
     assert all(r["prompt"][0]["content"].rstrip().endswith("?") for r in rows)
-    train = _plan(tmp_path, limits.Limits())
-    tools, loops = rollout_config.tool_and_loop_files(
+    train = _plan(tmp_path, rollout.Limits())
+    tools, loops = rollout.tool_and_loop_files(
         train.limits, train.retriever_urls, tmp_path / "cfg2", tiny_model_dir
     )
     assert yaml.safe_load(tools.read_text())["tools"][0]["config"]["chunk_cap_unit"] == "chars"
@@ -108,7 +109,7 @@ def test_limits_preset_of_reads_run_json(tmp_path: Path):
 def test_vllm_eval_client_keeps_the_stop_rules(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
-    from eval.backends import VLLMEngineClient
+    from eval.run.backends import VLLMEngineClient
 
     params = {"max_tokens": 5, **protocol.stop_sampling_params(AutoTokenizer.from_pretrained(tiny_model_dir))}
     kwargs = VLLMEngineClient.sampling_kwargs(params)

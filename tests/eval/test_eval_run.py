@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from eval.__main__ import main
-from eval.store import RowStore
-from eval.summary import summarize
+from eval.run.store import RowStore
+from eval.run.summary import summarize
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 from search_env.rollout_record import TERMINATIONS
@@ -235,7 +235,7 @@ def test_vllm_backend_matches_protocol(
 def test_vllm_missing_is_actionable(monkeypatch: pytest.MonkeyPatch):
     import builtins
 
-    from eval.backends import VLLMBackend
+    from eval.run.backends import VLLMBackend
 
     real_import = builtins.__import__
 

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval import checkpoints as ckpts
-from eval import runner
-from eval.backends import ROLLOUT_SEED, seeded, turn_seed
-from eval.limits import Limits
-from eval.settings import GREEDY, Sampling, differences, eval_settings, mismatch_message
+from eval.run import checkpoints as ckpts
+from eval.run import runner
+from eval.run.backends import ROLLOUT_SEED, seeded, turn_seed
+from eval.run.rollout import Limits
+from eval.run.settings import GREEDY, Sampling, differences, eval_settings, mismatch_message
+from eval.run.store import RowStore, row_key
+from eval.run.suite import load_suite
+from eval.run.summary import summarize
 from eval.stats import pass_at_k, pass_at_ks
-from eval.store import RowStore, row_key
-from eval.suite import load_suite
-from eval.summary import summarize
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -207,7 +207,7 @@ def test_sampled_summary_needs_every_sample():
 
 
 def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
-    from eval.__main__ import build_run_parser
+    from eval.run.cli import build_run_parser
     from launch.evaluate import HELP, EvalError, Settings, eval_command
 
     assert all(var in HELP for var in ("SAMPLES", "TEMPERATURE", "SAMPLE_SEED"))
@@ -222,7 +222,7 @@ def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
 
 
 def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():
-    from eval.backends import VLLMEngineClient
+    from eval.run.backends import VLLMEngineClient
 
     params = {"max_tokens": 4, "temperature": 0.7, "top_p": 0.9}
     assert "seed" not in VLLMEngineClient.sampling_kwargs(params)
@@ -235,7 +235,7 @@ def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():
 
 
 def test_the_judge_share_of_a_sampled_summary_counts_every_sample():
-    from eval.summary import add_judge
+    from eval.run.summary import add_judge
 
     rows = [
         {

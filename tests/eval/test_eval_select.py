@@ -1,4 +1,4 @@
-"""The selection rules (eval.tables.select_checkpoints, through eval.select) and eval.checkpoints (discovery, run info)."""
+"""The selection rules (eval.report.tables.select_checkpoints, through eval.report.select) and eval.run.checkpoints (discovery, run info)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from eval import checkpoints as ckpts
 from eval.__main__ import main
-from eval.select import selection_document
-from eval.store import RowStore, write_json_atomic
-from eval.summary import summarize
+from eval.report.select import selection_document
+from eval.run import checkpoints as ckpts
+from eval.run.store import RowStore, write_json_atomic
+from eval.run.summary import summarize
 
 
 def _write_run(

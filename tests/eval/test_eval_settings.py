@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.report import main as report_main
-from eval.results import ResultsError, load_results, load_rows
-from eval.select import selection_document
-from eval.settings import checkpoint_fingerprint, differences
+from eval.report.document import main as report_main
+from eval.report.results import ResultsError, load_results, load_rows
+from eval.report.select import selection_document
+from eval.run.settings import checkpoint_fingerprint, differences
 from eval.stats import bootstrap_macro, stream_seed
 from search_env.paths import REPO_ROOT
 
@@ -98,7 +98,7 @@ def test_duplicate_rows_keep_the_first_line_everywhere(tmp_path: Path):
     path = tmp_path / "rows.jsonl"
     rows = [{"benchmark": "nq", "id": "1", "em": e, "f1": e, "acc": e} for e in (1.0, 0.0)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from eval.store import RowStore
+    from eval.run.store import RowStore
 
     assert RowStore(path).rows()[0]["em"] == 1.0 and load_rows(path)["em"].tolist() == [1.0]
 

@@ -1,4 +1,4 @@
-"""eval.store (crash-safe rows + atomic JSON), eval.suite (suites, --limit) and eval.summary.summarize."""
+"""eval.run.store (crash-safe rows + atomic JSON), eval.run.suite (suites, --limit) and eval.run.summary.summarize."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.store import RowStore, exclusive_lock, read_json, write_json_atomic
-from eval.suite import FIXTURE_SUITE, load_suite, read_suite, subsample
-from eval.summary import summarize
+from eval.run.store import RowStore, exclusive_lock, read_json, write_json_atomic
+from eval.run.suite import FIXTURE_SUITE, load_suite, read_suite, subsample
+from eval.run.summary import summarize
 
 
 def _row(bench: str, i: int, **kw) -> dict:

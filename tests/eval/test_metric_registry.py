@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import reward_fns.registry as registry
-from eval.report import main as report_main
-from eval.results import load_results, load_rows
-from eval.select import selection_document
-from eval.suite import Question
-from eval.summary import format_table, score_row, summarize
-from eval.tables import floor_checkpoints, per_benchmark_table, select_checkpoints
+from eval.report.document import main as report_main
+from eval.report.results import load_results, load_rows
+from eval.report.select import selection_document
+from eval.report.tables import floor_checkpoints, per_benchmark_table, select_checkpoints
+from eval.run.suite import Question
+from eval.run.summary import format_table, score_row, summarize
 from reward_fns.compute_score import compute_score
 from reward_fns.metrics import Normalized
 from search_env.rollout_stats import rollout_metrics
@@ -67,8 +67,8 @@ def answers(shape: str, step: int) -> list[str]:
 
 
 def write_tree(root: Path) -> Path:
-    """One run per shape (seed 42, horizon 3): each step's rows scored by eval.summary.score_row and
-    summarised by eval.summary.summarize, as ``eval run`` writes them."""
+    """One run per shape (seed 42, horizon 3): each step's rows scored by eval.run.summary.score_row and
+    summarised by eval.run.summary.summarize, as ``eval run`` writes them."""
     for shape in SHAPES:
         run_dir = root / f"{shape}_s42"
         run_dir.mkdir(parents=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from eval.__main__ import main as eval_main
-from eval.report import main
-from eval.results import ResultsError, load_results, load_rows, load_training_logs
-from eval.tables import search_profile
+from eval.report.document import main
+from eval.report.results import ResultsError, load_results, load_rows, load_training_logs
+from eval.report.tables import search_profile
 
 BENCHMARKS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
 PER_BENCH = 4
@@ -325,7 +325,7 @@ def test_malformed_rows_line_names_line(tmp_path):
 
 
 def test_null_horizon_means_no_cap(tmp_path):
-    from eval.tables import select_checkpoints
+    from eval.report.tables import select_checkpoints
 
     root = build_tree(tmp_path / "out", {("f1_only", 1, 10): {10: (1, 1), 200: (3, 3)}})
     meta = root / "f1_only_s1" / "run.json"

@@ -15,7 +15,6 @@ from eval.stats import (
     percentile_interval,
     rank_groups,
     ranking_test,
-    seed_range,
     strictly_last,
 )
 
@@ -52,11 +51,6 @@ def test_ranking_test_counts_only_complete_seeds():
     assert tied.last_by_seed[43] is None and tied.last_everywhere == ()
     assert tied.p_given_shape == Fraction(1, 27)  # the null probability does not depend on the outcome
     assert ranking_test({42: {"em": 0.1}}, ["em"]).p_given_shape is None
-
-
-def test_seed_range():
-    assert seed_range([0.271, 0.323, 0.30]) == pytest.approx(0.052)
-    assert np.isnan(seed_range([]))
 
 
 def test_bootstrap_matches_normal_theory_for_a_proportion():

@@ -152,7 +152,7 @@ def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from eval import checkpoints
+    from eval.run import checkpoints
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     done = subprocess.run(

@@ -1,4 +1,4 @@
-"""`python -m eval regimes` (eval/regimes.py): cells, the ranking test with its conservative
+"""`python -m study.regimes` (study/regimes.py): cells, the ranking test with its conservative
 alternatives, the group-size table and the conclusion, on real exported results (the committed
 dense micro study) and on a sparse tree made from them with a G = 10 copy."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from eval.__main__ import main as eval_main
-from eval.regimes import binomial_tail, gap_verdict, paired_gap, ranking, seed_ci
+from eval.stats import binomial_tail, seed_ci
 from search_env.paths import REPO_ROOT
+from study.regimes import gap_verdict, main, paired_gap, ranking
 
 DENSE = REPO_ROOT / "docs" / "micro_study" / "raw"
 
@@ -106,8 +106,8 @@ def _sparse_from_dense(tmp: Path) -> Path:
 def test_regimes_report_from_real_results(tmp_path):
     sparse = _sparse_from_dense(tmp_path)
     out = tmp_path / "report"
-    argv = ["regimes", "--dense", str(DENSE), "--sparse", str(sparse), "--bootstrap", "400", *CLAIMS]
-    assert eval_main([*argv, "--out", str(out)]) == 0
+    argv = ["--dense", str(DENSE), "--sparse", str(sparse), "--bootstrap", "400", *CLAIMS]
+    assert main([*argv, "--out", str(out)]) == 0
     cells = pd.read_csv(out / "cells.csv")
     assert len(cells) == 9 + 9 + 4
     assert set(cells.loc[cells["group"] == 10, "run"]) == {
@@ -143,21 +143,18 @@ def test_regimes_report_from_real_results(tmp_path):
     assert "mean gain (95% seed CI) em_only +" in index and "at G = 10" in index
     assert (out / "fig_zero_variance_gain.png").stat().st_size > 10_000
     again = tmp_path / "again"
-    assert eval_main([*argv, "--out", str(again)]) == 0
+    assert main([*argv, "--out", str(again)]) == 0
     for name in ("cells.csv", "table1.md", "group_size.md", "index.md"):
         assert (again / name).read_text() == (out / name).read_text()
 
 
 def test_regimes_rejects_a_negative_bootstrap(tmp_path, capsys):
-    argv = ["regimes", "--sparse", str(tmp_path), "--out", str(tmp_path / "o"), "--bootstrap", "-1", *CLAIMS]
-    assert eval_main(argv) == 2
+    argv = ["--sparse", str(tmp_path), "--out", str(tmp_path / "o"), "--bootstrap", "-1", *CLAIMS]
+    assert main(argv) == 2
     assert "--bootstrap -1" in capsys.readouterr().out and not (tmp_path / "o").exists()
 
 
 def test_regimes_without_results_names_the_fix(tmp_path, capsys):
     (tmp_path / "sparse" / "test").mkdir(parents=True)
-    assert (
-        eval_main(["regimes", "--sparse", str(tmp_path / "sparse"), "--out", str(tmp_path / "o"), *CLAIMS])
-        == 2
-    )
+    assert main(["--sparse", str(tmp_path / "sparse"), "--out", str(tmp_path / "o"), *CLAIMS]) == 2
     assert "Fix" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""Producing results: ``python -m eval run`` evaluates a run's checkpoints into ``OUT/<run>/`` (docs/evaluation.md)."""
