@@ -11,7 +11,7 @@ e5-base). Settings:
       encode, index search, passage lookups) in one worker thread on batches of the mean size the
       server formed in the (b) window just before, and on batches of all `--clients` in-flight
       queries at 1 query/request;
-  (b) the server (`python -m search_env serve --backend dense`, micro-batching on, cache off) under
+  (b) the server (`python -m search_env.retrieval serve --backend dense`, micro-batching on, cache off) under
       `--clients` concurrent closed-loop clients, at 1 and at 5 queries per request;
   (c) the same server with micro-batching off (`--max-batch 1`, the Search-R1/FlashRAG design);
   (d) a GRPO-like load: clients in groups of `--group` (= one question's rollouts) whose first search
@@ -51,8 +51,8 @@ import faiss
 import httpx
 import numpy as np
 
-from search_env.__main__ import build_parser
 from search_env.paths import REPO_ROOT
+from search_env.retrieval.__main__ import build_parser
 from search_env.retrieval.encoder import build_tiny_encoder
 from search_env.retrieval.factory import build_retriever
 from search_env.retrieval.index_build import train_and_fill, write_index

@@ -1,7 +1,7 @@
 """Retriever abuse benchmark: good clients' latency with and without an abusive client beside them,
 side by side in one run, on the dense backend.
 
-Server: `python -m search_env serve --backend dense` on 127.0.0.1 (a child process stopped by PID)
+Server: `python -m search_env.retrieval serve --backend dense` on 127.0.0.1 (a child process stopped by PID)
 over the bundled 1,000-passage wiki-18 sample, with a locally built random-weight BERT encoder
 (`--dim`-d, 2 layers) and a real faiss IVF16,SQ8 index, `--threads 1`, every other setting its
 default (extra ones: `--serve-arg`).

@@ -9,7 +9,7 @@ Synthetic data of wiki-18's shape, N passages (up to 21,015,324):
     exactly 100, as wiki-18's 100-word chunks; the rest the shorter ends of articles);
   - encoder: a local random-weight BERT with 768-d output (2 layers), the server's real query path.
 
-Measured, each with `python -m search_env serve` (search in its child process, cache off):
+Measured, each with `python -m search_env.retrieval serve` (search in its child process, cache off):
   - the very first start, which builds the corpus offset table, with the page cache dropped;
   - cold boot with the page cache dropped (`sync; echo 1 > /proc/sys/vm/drop_caches`, root) and the
     offset table built: `/health` ready and the first answered `POST /retrieve`, then latency
@@ -229,7 +229,17 @@ def serve_args(assets: dict, opts, *extra: str) -> list[str]:
 
 def launch(args: list[str], log: Path) -> ServerProcess:
     port = free_port()
-    command = [sys.executable, "-m", "search_env", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "search_env.retrieval",
+        "serve",
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with open(log, "ab") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     return ServerProcess(process, f"http://127.0.0.1:{port}", log)

@@ -152,7 +152,7 @@ def _gpu_visible() -> bool:
 
 
 def serve_args(s: Settings) -> tuple[list[str], int]:
-    """The local retriever's ``python -m search_env`` arguments and its start-up limit."""
+    """The local retriever's ``python -m search_env.retrieval`` arguments and its start-up limit."""
     if not s.corpus.is_file():
         raise EvalError(f"CORPUS {s.corpus} not found; set CORPUS or RETRIEVER_URL")
     url = f"http://127.0.0.1:{s.port}"

@@ -41,7 +41,7 @@ HELP = """targets (default: all):
   index    data/wiki18/e5_IVF4096_SQ8.index  <- INDEX_SOURCE=study (default): the study's own IVF4096,SQ8
            index (HF dataset pantomiman/reason-over-search, ~16 GB, the file the study serves);
            INDEX_SOURCE=flat: HF dataset PeterJinGo/wiki-18-e5-index (Flat, 64.5 GB), re-packed by
-           python -m search_env convert-index (~16 GB)
+           python -m search_env.retrieval convert-index (~16 GB)
   data     data/parquet/{musique_train,val}.parquet, data/parquet/suite/
            <- HF dataset RUC-NLPIR/FlashRAG_datasets (python -m search_env.data)
 pins: model, encoder and index are fetched at the commit launch/pins.json names and their weight /
@@ -265,7 +265,7 @@ class Layout:
                 f"either (INDEX_SOURCE=study, default, ~16 GB) the study's IVF4096,SQ8 index: {py} -c '{hub}' && "
                 f"mv {self.download}/{STUDY_INDEX} {self.index}\n      or (INDEX_SOURCE=flat, 64.5 GB) download "
                 "part_aa part_ab from HF dataset PeterJinGo/wiki-18-e5-index, cat part_aa part_ab > e5_Flat.index, "
-                f"then: {py} -m search_env convert-index --flat e5_Flat.index --out {self.index}"
+                f"then: {py} -m search_env.retrieval convert-index --flat e5_Flat.index --out {self.index}"
                 f"\n      (check the sha256 of what you download against launch/pins.json)"
             )
         return " && ".join(
@@ -365,7 +365,18 @@ def fetch_flat(pin: Pin, at: Layout, first_use: bool) -> None:
         for part in sorted(pin.sha256):
             with open(at.download / part, "rb") as src:
                 shutil.copyfileobj(src, dst, 16 << 20)
-    run([sys.executable, "-m", "search_env", "convert-index", "--flat", str(flat), "--out", str(at.index)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "search_env.retrieval",
+            "convert-index",
+            "--flat",
+            str(flat),
+            "--out",
+            str(at.index),
+        ]
+    )
     record(pin, done)
 
 

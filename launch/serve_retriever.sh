@@ -10,7 +10,7 @@
 # GPU [auto|on|off: auto = the encoder on CUDA when visible, the faiss index on CPU (training); on = the
 # index on the GPU(s) where it fits (evaluation), docs/retrieval.md], MAX_BATCH [256], MAX_WAIT_MS [2],
 # PYTHON [the active virtualenv / conda env / python on PATH; the repo's .venv only when those lack verl].
-# Extra arguments are passed to `python -m search_env serve`.
+# Extra arguments are passed to `python -m search_env.retrieval serve`.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 cd "$ROOT"
@@ -37,4 +37,4 @@ case "$BACKEND" in
   *) echo "serve_retriever.sh: BACKEND must be bm25 or dense, got '$BACKEND'" >&2; exit 2 ;;
 esac
 
-exec "$PYTHON" -m search_env "${args[@]}" "$@"
+exec "$PYTHON" -m search_env.retrieval "${args[@]}" "$@"

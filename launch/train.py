@@ -264,7 +264,7 @@ def start_retriever(plan: preflight.Plan, started: Started) -> None:
     r, run = plan.retriever, started.run
     process = None
     if not r.external:
-        log(f"retriever: python -m search_env {' '.join(r.serve_args)}")
+        log(f"retriever: python -m search_env.retrieval {' '.join(r.serve_args)}")
         run.retriever_log.write_text("")
         started.retriever = LocalRetriever(
             r.serve_args, run.retriever_log, run.path / "retriever.pid", r.max_restarts, started.note

@@ -128,7 +128,7 @@ class TeacherClient:
 
 @contextlib.contextmanager
 def bm25_server(corpus: Path, port: int | None = None) -> Iterator[str]:
-    """A real BM25 retrieval server (``python -m search_env serve``) over ``corpus``; yields its URL."""
+    """A real BM25 retrieval server (``python -m search_env.retrieval serve``) over ``corpus``; yields its URL."""
     with spawn_server(["--backend", "bm25", "--corpus", str(corpus)], port=port) as server:
         yield server.url
 

@@ -1,4 +1,4 @@
-"""Build the retriever that `python -m search_env serve` runs, from its parsed arguments.
+"""Build the retriever that `python -m search_env.retrieval serve` runs, from its parsed arguments.
 
 One function for the server process, its search child process (`worker.ProcessRetriever`, which
 needs an importable factory) and bench/retriever.py's in-process bound, so all three get exactly the
@@ -62,7 +62,7 @@ def build_retriever(args: argparse.Namespace) -> Retriever:
     if args.index is None or args.encoder is None:
         raise SystemExit(
             "serve --backend dense needs --index PATH and --encoder PATH "
-            "(build an index with `python -m search_env build-index`)"
+            "(build an index with `python -m search_env.retrieval build-index`)"
         )
     from search_env.retrieval.encoder import Encoder  # heavy: torch/transformers, only for --backend dense
     from search_env.retrieval.index import (  # heavy: faiss, only for --backend dense

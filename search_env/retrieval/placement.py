@@ -71,8 +71,8 @@ def gib(n: float) -> str:
 
 def to_gpu(index: faiss.Index, gpus: Sequence[int]) -> faiss.Index:
     """A GPU clone of the CPU `index`, sharded over the devices `gpus` (one `StandardGpuResources`
-    each; `useFloat16`: a Flat index's vectors in fp16, SQ8 codes as they are). RuntimeError when faiss cannot clone this index type to a
-    GPU or a device runs out of memory."""
+    each; `useFloat16`: a Flat index's vectors in fp16, SQ8 codes as they are). RuntimeError when
+    faiss cannot clone this index type to a GPU or a device runs out of memory."""
     options = faiss.GpuMultipleClonerOptions()
     options.useFloat16 = True
     options.shard = True

@@ -4,7 +4,7 @@
 encoder) passes it; :func:`probe` also sends one ``POST /retrieve`` and checks its answer, and
 :func:`check_retrievers` does both for every server of a run and checks they serve one index.
 Used by the training and evaluation launchers, the evaluation runner,
-:func:`search_env.retrieval.process.spawn_server` and ``python -m search_env probe URL``. With ``auth_token_file`` (the server's bearer-token file,
+:func:`search_env.retrieval.process.spawn_server` and ``python -m search_env.retrieval probe URL``. With ``auth_token_file`` (the server's bearer-token file,
 search_env.retrieval.auth) every request carries the token; a 401 names the setting to fix.
 """
 
@@ -156,7 +156,7 @@ def check_retrievers(
     if not urls:
         raise ProbeError(
             "no retrieval server: pass --retriever-url http://127.0.0.1:8000 (start one with "
-            "`python -m search_env serve --backend bm25 --port 8000`), or use launch/eval.sh, which starts one",
+            "`python -m search_env.retrieval serve --backend bm25 --port 8000`), or use launch/eval.sh, which starts one",
             "health",
         )
     identity: dict[str, Any] | None = None

@@ -1,5 +1,5 @@
 """A retrieval server as a child process: a free loopback port, ``spawn_server`` (start
-``python -m search_env serve``, wait until healthy) and ``ServerProcess`` (stops exactly its PID).
+``python -m search_env.retrieval serve``, wait until healthy) and ``ServerProcess`` (stops exactly its PID).
 Light to import: no FastAPI or uvicorn in this process."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class ServerProcess:
-    """A `python -m search_env serve` child process; `stop()` ends exactly this PID."""
+    """A `python -m search_env.retrieval serve` child process; `stop()` ends exactly this PID."""
 
     process: subprocess.Popen
     url: str
@@ -53,13 +53,23 @@ def spawn_server(
     startup_timeout_s: float = 120.0,
     log_path: str | Path | None = None,
 ) -> ServerProcess:
-    """Start `python -m search_env serve <serve_args> --host H --port P` and wait until healthy.
+    """Start `python -m search_env.retrieval serve <serve_args> --host H --port P` and wait until healthy.
 
     Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).
     The child is stopped if it does not become healthy within `startup_timeout_s` seconds.
     """
     port = free_port(host) if port is None else port
-    command = [sys.executable, "-m", "search_env", "serve", *serve_args, "--host", host, "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "search_env.retrieval",
+        "serve",
+        *serve_args,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     sink = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     try:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ})

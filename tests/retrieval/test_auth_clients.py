@@ -15,12 +15,11 @@ import pytest
 from conftest import token_file
 from verl.tools.tool_registry import initialize_tools_from_config
 
-from eval.retrievers import check_retrievers
 from search_env import protocol
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.auth import AuthFileError
 from search_env.retrieval.client import RetrievalClient, RetrievalError
-from search_env.retrieval.probe import ProbeError, probe, search_once, wait_healthy
+from search_env.retrieval.probe import ProbeError, check_retrievers, probe, search_once, wait_healthy
 from search_env.retrieval.process import spawn_server
 from search_env.tool import SearchTool
 from search_env.verl_glue import write_tool_config
@@ -108,7 +107,7 @@ def test_probe_sends_the_token_and_names_the_setting_on_401(server, tokens) -> N
 
 
 def test_the_probe_command_sends_the_token_file(server, tokens) -> None:
-    cmd = [sys.executable, "-m", "search_env", "probe", server.url, "--timeout", "5"]
+    cmd = [sys.executable, "-m", "search_env.retrieval", "probe", server.url, "--timeout", "5"]
     ok = subprocess.run(
         [*cmd, "--auth-token-file", str(tokens[0])], capture_output=True, text=True, timeout=60
     )

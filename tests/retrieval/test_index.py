@@ -345,7 +345,7 @@ def test_dense_retriever_rejects_mismatched_index() -> None:
 
 def test_cli_convert_and_recall(flat_path, tmp_path) -> None:
     out = tmp_path / "cli_ivf.index"
-    run = [sys.executable, "-m", "search_env", "--log-level", "WARNING"]
+    run = [sys.executable, "-m", "search_env.retrieval", "--log-level", "WARNING"]
     subprocess.run(
         [
             *run,
@@ -482,7 +482,7 @@ def test_an_index_out_is_replaced_whole_only_with_force(tmp_path, monkeypatch, c
     """convert-index refuses an existing --out without --force; with it, a write that dies half-way
     leaves the old index whole and readable (it is written beside --out and renamed), and a good one
     replaces it."""
-    from search_env.__main__ import main as cli
+    from search_env.retrieval.__main__ import main as cli
 
     flat = faiss.IndexFlatIP(DIM)
     flat.add(clustered_vectors(2000, 20))

@@ -1,5 +1,5 @@
-"""Retrieval server: a real `python -m search_env serve --backend bm25` subprocess on a loopback port
-(both API dialects, 64 concurrent clients, malformed requests), plus in-process checks of the
+"""Retrieval server: a real `python -m search_env.retrieval serve --backend bm25` subprocess on a
+loopback port (both API dialects, 64 concurrent clients, malformed requests), plus in-process checks of the
 micro-batcher and the -1 rule through httpx's ASGI transport."""
 
 import asyncio
@@ -466,7 +466,7 @@ def test_search_child_build_error_reaches_the_command_line(tmp_path) -> None:
 
     missing = tmp_path / "missing.index"
     result = subprocess.run(
-        [sys.executable, "-m", "search_env", "serve", "--backend", "dense", "--index", str(missing),
+        [sys.executable, "-m", "search_env.retrieval", "serve", "--backend", "dense", "--index", str(missing),
          "--encoder", str(tmp_path), "--port", "18399"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

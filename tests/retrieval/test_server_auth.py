@@ -1,5 +1,5 @@
 """The retrieval server's bearer-token auth and what `/health` shows (issue #41; security review M4):
-a real `python -m search_env serve --auth-token-file` on loopback, the start-up refusals (a token
+a real `python -m search_env.retrieval serve --auth-token-file` on loopback, the start-up refusals (a token
 file others can read, a non-loopback bind without a token), and `/health` without paths or PIDs
 for callers the server does not trust."""
 
@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
-from search_env.__main__ import serve_auth
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.__main__ import serve_auth
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.process import free_port, spawn_server
@@ -36,8 +36,8 @@ def _token_file(folder: Path, mode: int = 0o600, text: str = f"# retriever\n{TOK
 
 
 def _serve(args: list[str], timeout_s: float = 120.0) -> subprocess.CompletedProcess:
-    """`python -m search_env serve ARGS` expected to refuse to start (it must exit by itself)."""
-    command = [sys.executable, "-m", "search_env", "serve", "--backend", "bm25", *args]
+    """`python -m search_env.retrieval serve ARGS` expected to refuse to start (it must exit by itself)."""
+    command = [sys.executable, "-m", "search_env.retrieval", "serve", "--backend", "bm25", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
 
 

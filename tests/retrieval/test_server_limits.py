@@ -2,7 +2,8 @@
 L11): query text and length, queries x topk, a failing micro-batch, the queue and connection bounds,
 JSON built off the event loop, the body-read deadline, Origin / Content-Type / Host, and the error
 format of unparsable bodies. In process through httpx's ASGI transport where no socket is needed;
-real `python -m search_env serve` children on loopback for the socket-level ones and the dense test."""
+real `python -m search_env.retrieval serve` children on loopback for the socket-level ones and the
+dense test."""
 
 from __future__ import annotations
 

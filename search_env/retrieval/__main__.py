@@ -1,10 +1,10 @@
 """Command line of the retrieval service.
 
-    python -m search_env serve --backend bm25|dense [--corpus PATH] [--index PATH --encoder PATH] ...
-    python -m search_env build-index --corpus PATH --encoder PATH --out PATH [--factory IVF4096,SQ8] [--force]
-    python -m search_env convert-index --flat PATH --out PATH [--factory IVF4096,SQ8] [--force]
-    python -m search_env recall --index PATH --flat PATH [--k 10] [--nprobe 16,64,256]
-    python -m search_env probe URL [--timeout S] [--require-hits] [--auth-token-file PATH]
+    python -m search_env.retrieval serve --backend bm25|dense [--corpus PATH] [--index PATH --encoder PATH]
+    python -m search_env.retrieval build-index --corpus PATH --encoder PATH --out PATH [--factory F] [--force]
+    python -m search_env.retrieval convert-index --flat PATH --out PATH [--factory IVF4096,SQ8] [--force]
+    python -m search_env.retrieval recall --index PATH --flat PATH [--k 10] [--nprobe 16,64,256]
+    python -m search_env.retrieval probe URL [--timeout S] [--require-hits] [--auth-token-file PATH]
 
 Heavy imports (torch, faiss) happen inside the subcommands, so `serve --backend bm25` starts fast.
 `probe` exits 0 once URL answers GET /health and one real POST /retrieve, else 1 with the reason.
@@ -71,28 +71,13 @@ GPU_HELP = {
 """`--gpu` help per kind of subcommand (see search_env.retrieval.factory)."""
 
 
-def _ondisk_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--ondisk",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
-        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="replace an existing --out (the old index stays whole until the new one is renamed in)",
-    )
-
-
 def _check_out(args: argparse.Namespace) -> None:
     """An existing --out is refused unless --force (before any corpus, encoder or index is read)."""
     if args.out.exists() and not args.force:
         raise ValueError(f"--out {args.out} exists. Fix: --force to replace it, or another --out")
 
 
-def _gpu_flag(parser: argparse.ArgumentParser, kind: str) -> None:
+def _gpu_flag(parser: argparse._ActionsContainer, kind: str) -> None:
     parser.add_argument(
         "--gpu", type=_gpu_choice, default="auto", metavar="{auto,on,off}", help=GPU_HELP[kind]
     )
@@ -110,89 +95,152 @@ def _positive(kind: type, zero: bool = False) -> object:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m search_env", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the HTTP retrieval server")
-    serve.add_argument("--backend", choices=["bm25", "dense"], default="bm25")
-    serve.add_argument(
+    _serve_backend_flags(serve.add_argument_group("backend"))
+    _serve_batching_flags(serve.add_argument_group("address, batching and query cache"))
+    _serve_limit_flags(serve.add_argument_group("limits and authentication"))
+
+
+def _serve_backend_flags(group: argparse._ArgumentGroup) -> None:
+    """What `serve` searches and where: backend, corpus, index, encoder, threads, search process."""
+    group.add_argument("--backend", choices=["bm25", "dense"], default="bm25")
+    group.add_argument(
         "--corpus",
         type=Path,
         default=SAMPLE_CORPUS,
         help="wiki-18 style jsonl (default: the bundled 1,000-passage demo sample)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--bm25-index",
         type=Path,
         default=None,
         help="bm25: directory of a saved bm25s index; built from the corpus and saved there if absent",
     )
-    serve.add_argument(
+    group.add_argument(
         "--index", type=Path, default=None, help="dense: faiss index file (row i = corpus row i)"
     )
-    serve.add_argument("--encoder", default=None, help="dense: HF model directory (e.g. e5-base-v2)")
-    serve.add_argument(
+    group.add_argument("--encoder", default=None, help="dense: HF model directory (e.g. e5-base-v2)")
+    group.add_argument(
         "--nprobe",
         type=_positive(int),
         default=DEFAULT_NPROBE,
         help=f"dense IVF: inverted lists probed per query (default {DEFAULT_NPROBE})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--query-max-length", type=_positive(int), default=256, help="dense: query tokens (default 256)"
     )
-    serve.add_argument(
+    group.add_argument(
+        "--index-load",
+        choices=["mmap", "read"],
+        default="mmap",
+        help="dense: memory-map the faiss index (ready in seconds, pages shared between processes; "
+        "default) or read it all into RAM first",
+    )
+    group.add_argument(
+        "--prewarm",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="dense, memory-mapped index: read the index file once in the background while the server "
+        "answers, so the first queries do not each wait for disk (auto, default: when the file fits "
+        "in 90%% of the available RAM)",
+    )
+    group.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for the encoder (torch) and faiss search; 0 = the libraries' default (all "
+        "cores). On a CPU box shared with the clients, fewer threads than cores can be much faster "
+        "(see docs/retrieval.md)",
+    )
+    group.add_argument(
+        "--search-process",
+        choices=["on", "off"],
+        default="on",
+        help="run encode + index search in a child process (on, default: the HTTP event loop never "
+        "competes with the encoder for the GIL) or in a thread of the server process (off)",
+    )
+    _gpu_flag(group, "serve")
+
+
+def _serve_batching_flags(group: argparse._ArgumentGroup) -> None:
+    """Where `serve` listens, how it batches queries, its query cache and its stats lines."""
+    group.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1); another than loopback needs --auth-token-file",
+    )
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument(
         "--topk",
         type=_positive(int),
         default=DEFAULT_TOPK,
         help=f"topk when a request omits it (default {DEFAULT_TOPK})",
     )
-    serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1); another than loopback needs --auth-token-file",
-    )
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument(
+    group.add_argument(
         "--max-batch",
         type=_positive(int),
         default=DEFAULT_MAX_BATCH,
         help=f"most queries per backend call; 1 = no micro-batching (default {DEFAULT_MAX_BATCH})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-wait-ms",
         type=float,
         default=DEFAULT_MAX_WAIT_MS,
         help=f"how long a non-full batch waits for more requests (default {DEFAULT_MAX_WAIT_MS:g} ms)",
     )
-    serve.add_argument(
+    group.add_argument(
+        "--cache-size",
+        type=int,
+        default=DEFAULT_CACHE_ENTRIES,
+        help="query cache: most (query, topk) answers kept, least recently used evicted first; 0 = off "
+        f"(default {DEFAULT_CACHE_ENTRIES})",
+    )
+    group.add_argument(
+        "--cache-max-mb",
+        type=_positive(float),
+        default=DEFAULT_CACHE_BYTES / 2**20,
+        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default "
+        f"{DEFAULT_CACHE_BYTES / 2**20:g})",
+    )
+    group.add_argument(
+        "--stats-interval-s",
+        type=float,
+        default=DEFAULT_STATS_INTERVAL_S,
+        help="log queries, cache hit rate and batches every this many seconds (0 = never; default "
+        f"{DEFAULT_STATS_INTERVAL_S:g})",
+    )
+
+
+def _serve_limit_flags(group: argparse._ArgumentGroup) -> None:
+    """What `serve` refuses (sizes, queues, rates, connections, slow bodies) and who may ask."""
+    group.add_argument(
         "--max-body-bytes",
         type=_positive(int),
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest request body; larger gets 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-query-chars",
         type=_positive(int),
         default=DEFAULT_MAX_QUERY_CHARS,
         help=f"most characters per query; longer gets 422 (default {DEFAULT_MAX_QUERY_CHARS})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-hits",
         type=_positive(int),
         default=DEFAULT_MAX_HITS,
         help="most queries x topk per request, which bounds the answer's size; more gets 422 (default "
         f"{DEFAULT_MAX_HITS}: a Search-R1 batch of 512 queries x topk 3 passes)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-queued-queries",
         type=_positive(int),
         default=DEFAULT_MAX_QUEUED_QUERIES,
         help="most queries waiting for a search; a request that would pass it gets 429 with Retry-After "
         f"(default {DEFAULT_MAX_QUEUED_QUERIES})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-queued-per-client",
         type=_positive(int),
         default=DEFAULT_MAX_QUEUED_PER_CLIENT,
@@ -200,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         "search; its request that would pass it gets 429 with Retry-After, other clients are still "
         f"admitted (default {DEFAULT_MAX_QUEUED_PER_CLIENT})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--fair-batch-ms",
         type=_positive(float),
         default=DEFAULT_FAIR_BATCH_MS,
@@ -209,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"two such batches behind a heavy one's backlog; one client alone gets full batches (default "
         f"{DEFAULT_FAIR_BATCH_MS:g})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-refusal-rate",
         type=_positive(float, zero=True),
         default=DEFAULT_MAX_REFUSAL_RATE,
@@ -217,124 +265,87 @@ def build_parser() -> argparse.ArgumentParser:
         f"is held up to 1 s, so a client repeating bad requests cannot busy the server (0 = off; default "
         f"{DEFAULT_MAX_REFUSAL_RATE:g})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--max-connections",
         type=_positive(int),
         default=DEFAULT_MAX_CONNECTIONS,
         help="most open connections or requests in flight; past it uvicorn answers 503 (default "
         f"{DEFAULT_MAX_CONNECTIONS})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--body-timeout-s",
         type=_positive(float),
         default=DEFAULT_BODY_TIMEOUT_S,
         help="seconds a request body may take to arrive; later gets 408 and the connection is closed "
         f"(default {DEFAULT_BODY_TIMEOUT_S:g})",
     )
-    serve.add_argument(
+    group.add_argument(
         "--auth-token-file",
         type=Path,
         default=None,
         help="file of bearer tokens, one per line, mode 600: every POST must send `Authorization: Bearer "
         "<token>` (401 otherwise); required to bind a non-loopback --host (docs/security.md)",
     )
-    serve.add_argument(
+    group.add_argument(
         "--insecure-no-auth",
         action="store_true",
         help="allow a non-loopback --host without --auth-token-file (anyone who reaches the port can "
         "search and shape the passages a training run reads)",
     )
-    serve.add_argument(
-        "--cache-size",
-        type=int,
-        default=DEFAULT_CACHE_ENTRIES,
-        help="query cache: most (query, topk) answers kept, least recently used evicted first; 0 = off "
-        f"(default {DEFAULT_CACHE_ENTRIES})",
+
+
+def _index_layout_flags(parser: argparse.ArgumentParser, rows: str, chunk_size: int, chunk_help: str) -> None:
+    """The flags build-index and convert-index share: the index written (--out, --factory, --force),
+    its training sample of `rows`, `chunk_size` rows per add(), where its lists are built, --gpu."""
+    parser.add_argument("--out", type=Path, required=True, help="index file to write")
+    parser.add_argument(
+        "--factory", default=DEFAULT_FACTORY, help=f"faiss factory string (default {DEFAULT_FACTORY})"
     )
-    serve.add_argument(
-        "--cache-max-mb",
-        type=_positive(float),
-        default=DEFAULT_CACHE_BYTES / 2**20,
-        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default "
-        f"{DEFAULT_CACHE_BYTES / 2**20:g})",
+    parser.add_argument(
+        "--train-size",
+        type=_positive(int),
+        default=None,
+        help=f"{rows} sampled for k-means/SQ training (default min(N, 256 x nlist))",
     )
-    serve.add_argument(
-        "--index-load",
-        choices=["mmap", "read"],
-        default="mmap",
-        help="dense: memory-map the faiss index (ready in seconds, pages shared between processes; "
-        "default) or read it all into RAM first",
-    )
-    serve.add_argument(
-        "--prewarm",
+    parser.add_argument("--chunk-size", type=_positive(int), default=chunk_size, help=chunk_help)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--ondisk",
         choices=["auto", "on", "off"],
         default="auto",
-        help="dense, memory-mapped index: read the index file once in the background while the server "
-        "answers, so the first queries do not each wait for disk (auto, default: when the file fits "
-        "in 90%% of the available RAM)",
+        help="build the IVF inverted lists in chunk shards on disk and merge them into the index file "
+        "(on), in RAM (off), or on disk only when the index would not fit in RAM (auto, default)",
     )
-    serve.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="CPU threads for the encoder (torch) and faiss search; 0 = the libraries' default (all "
-        "cores). On a CPU box shared with the clients, fewer threads than cores can be much faster "
-        "(see docs/retrieval.md)",
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing --out (the old index stays whole until the new one is renamed in)",
     )
-    serve.add_argument(
-        "--search-process",
-        choices=["on", "off"],
-        default="on",
-        help="run encode + index search in a child process (on, default: the HTTP event loop never "
-        "competes with the encoder for the GIL) or in a thread of the server process (off)",
+    _gpu_flag(parser, "build")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m search_env.retrieval", description=__doc__.split("\n\n")[0]
     )
-    serve.add_argument(
-        "--stats-interval-s",
-        type=float,
-        default=DEFAULT_STATS_INTERVAL_S,
-        help="log queries, cache hit rate and batches every this many seconds (0 = never; default "
-        f"{DEFAULT_STATS_INTERVAL_S:g})",
-    )
-    _gpu_flag(serve, "serve")
+    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
 
     build = sub.add_parser("build-index", help="embed a corpus and build a faiss index")
     build.add_argument("--corpus", type=Path, required=True)
     build.add_argument(
         "--encoder", required=True, help="HF model directory (E5 prefixes when the name contains e5)"
     )
-    build.add_argument("--out", type=Path, required=True, help="index file to write")
-    build.add_argument(
-        "--factory", default=DEFAULT_FACTORY, help=f"faiss factory string (default {DEFAULT_FACTORY})"
-    )
-    build.add_argument(
-        "--train-size",
-        type=_positive(int),
-        default=None,
-        help="passages sampled for k-means/SQ training (default min(N, 256 x nlist))",
-    )
-    build.add_argument("--chunk-size", type=_positive(int), default=65536, help="passages embedded per add()")
     build.add_argument("--batch-size", type=_positive(int), default=256, help="passages per encoder forward")
     build.add_argument("--passage-max-length", type=_positive(int), default=256)
-    build.add_argument("--seed", type=int, default=0)
-    _ondisk_flag(build)
-    _gpu_flag(build, "build")
+    _index_layout_flags(build, "passages", 65536, "passages embedded per add()")
 
     convert = sub.add_parser("convert-index", help="re-pack an existing Flat index (no re-embedding)")
     convert.add_argument(
         "--flat", type=Path, required=True, help="existing IndexFlatIP file (e.g. e5_Flat.index)"
     )
-    convert.add_argument("--out", type=Path, required=True)
-    convert.add_argument("--factory", default=DEFAULT_FACTORY)
-    convert.add_argument(
-        "--train-size",
-        type=_positive(int),
-        default=None,
-        help="vectors sampled for training (default min(N, 256 x nlist))",
-    )
-    convert.add_argument("--chunk-size", type=_positive(int), default=1_000_000, help="vectors per add()")
-    convert.add_argument("--seed", type=int, default=0)
-    _ondisk_flag(convert)
-    _gpu_flag(convert, "build")
+    _index_layout_flags(convert, "vectors", 1_000_000, "vectors per add()")
 
     recall = sub.add_parser("recall", help="recall@k of an (IVF) index against its Flat index")
     recall.add_argument("--index", type=Path, required=True)
