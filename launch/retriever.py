@@ -1,4 +1,4 @@
-"""The retriever a launcher starts: ``python -m search_env serve`` in the background, its output
+"""The retriever a launcher starts: ``python -m search_env.retrieval serve`` in the background, its output
 appended to a log, probed before anything uses it, and (training) restarted when it exits."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def backoff_s(restart: int) -> float:
 
 @dataclass
 class LocalRetriever:
-    """One local retriever: ``serve_args`` after ``python -m search_env``; ``pid_path`` (optional)
+    """One local retriever: ``serve_args`` after ``python -m search_env.retrieval``; ``pid_path`` (optional)
     holds the PID of the running one. ``note`` reports each exit and restart."""
 
     serve_args: Sequence[str]
@@ -40,7 +40,7 @@ class LocalRetriever:
         """Start it (same command, same port), its output appended to ``log_path``."""
         with open(self.log_path, "ab") as sink:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "search_env", *self.serve_args],
+                [sys.executable, "-m", "search_env.retrieval", *self.serve_args],
                 stdin=subprocess.DEVNULL,
                 stdout=sink,
                 stderr=subprocess.STDOUT,

@@ -6,7 +6,7 @@ retrieval server.
 
 - ``tiny_model_dir``: ``search_demo.tiny.build_tiny`` output (tokenizer, chat template, random
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
-- ``retrieval_server_url``: ``python -m search_env serve --backend bm25`` over the bundled
+- ``retrieval_server_url``: ``python -m search_env.retrieval serve --backend bm25`` over the bundled
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
 - The CPU demo as the e2e tests run it (``tests/e2e/test_demo_e2e.py``, ``tests/e2e/test_run_killed.py``):
   ``demo_cmd`` / ``demo_env`` (``launch/run.sh recipes/demo_cpu.yaml``, smaller: ``CI_OVERRIDES``),

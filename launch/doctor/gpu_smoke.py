@@ -108,7 +108,7 @@ def cmd_versions(_: argparse.Namespace) -> int:
     try:
         import faiss  # optional: faiss-gpu may be missing (reported)
 
-        from search_env.retrieval.index import gpu_unavailable_reason  # heavy: faiss, only this stage
+        from search_env.retrieval.placement import gpu_unavailable_reason  # heavy: faiss, only this stage
 
         row("faiss GPUs", f"{faiss.get_num_gpus()} ({gpu_unavailable_reason() or 'faiss can use them'})")
     except ImportError as err:
@@ -160,7 +160,7 @@ def cmd_dense(args: argparse.Namespace) -> int:
     work = Path(args.work)
     encoder = build_tiny_encoder(work / "encoder", hidden_size=128)
     index = work / "demo_IVF16_SQ8.index"
-    build = [sys.executable, "-m", "search_env", "build-index", "--corpus", str(SAMPLE_CORPUS)]
+    build = [sys.executable, "-m", "search_env.retrieval", "build-index", "--corpus", str(SAMPLE_CORPUS)]
     build += ["--encoder", str(encoder), "--out", str(index), "--factory", "IVF16,SQ8", "--gpu", "auto"]
     subprocess.run(build, check=True, capture_output=True, timeout=120)
     serve = ["--backend", "dense", "--corpus", str(SAMPLE_CORPUS), "--index", str(index)]
@@ -198,7 +198,7 @@ def compare_searches(cpu: tuple, gpu: tuple) -> dict[str, float]:
     (queries, k): ``overlap`` = mean fraction of each CPU top-k found in the GPU top-k,
     ``top1`` = fraction of queries with the same first id, ``score_diff`` = largest absolute
     difference of the first scores where the first ids agree (0.0 when none agree)."""
-    from search_env.retrieval.index import recall_at_k  # heavy: faiss, only the gpu-index stage
+    from search_env.retrieval.recall import recall_at_k  # heavy: faiss, only the gpu-index stage
 
     same = cpu[1][:, 0] == gpu[1][:, 0]
     diff = np.abs(cpu[0][same, 0] - gpu[0][same, 0])
@@ -227,12 +227,13 @@ def cmd_gpu_index(args: argparse.Namespace) -> int:
     import faiss  # heavy: this stage only
     import torch  # heavy: this stage only
 
-    from search_env.retrieval import index as ix  # heavy: faiss, only this stage
+    from search_env.retrieval import index_build, placement  # heavy: faiss, only this stage
+    from search_env.retrieval.index import load_index  # heavy: faiss, only this stage
 
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU-index stage needs one (skipped)", file=sys.stderr)
         return 2
-    reason = ix.gpu_unavailable_reason()
+    reason = placement.gpu_unavailable_reason()
     if reason:
         return result(False, f"faiss cannot use the GPU: {reason}")
     shape = GPU_INDEX_SHAPE
@@ -241,14 +242,14 @@ def cmd_gpu_index(args: argparse.Namespace) -> int:
     x = centres[rng.integers(0, len(centres), size=shape["n"])]
     x += 0.35 * rng.normal(size=x.shape).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    built, factory = ix.train_and_fill(
+    built, factory = index_build.train_and_fill(
         shape["factory"], shape["dim"], shape["n"], lambda rows: x[rows], 40 * 1024, 50_000, 0, False, "build"
     )
     path = Path(args.work) / "gpu_smoke_IVF1024_SQ8.index"
-    ix.write_index(built, path, {"factory": factory, "source": "gpu_smoke gpu-index"})
+    index_build.write_index(built, path, {"factory": factory, "source": "gpu_smoke gpu-index"})
     queries = x[rng.choice(shape["n"], size=shape["queries"], replace=False)] + 0.01
-    cpu = ix.load_index(path, nprobe=shape["nprobe"])
-    gpu = ix.load_index(path, nprobe=shape["nprobe"], use_gpu=True)
+    cpu = load_index(path, nprobe=shape["nprobe"])
+    gpu = load_index(path, nprobe=shape["nprobe"], use_gpu=True)
     row("index", f"{factory}, {shape['n']:,} x {shape['dim']} ({path.stat().st_size / 1e6:.0f} MB file)")
     row("placement", gpu.placement)
     if not gpu.on_gpu:
@@ -262,9 +263,9 @@ def cmd_gpu_index(args: argparse.Namespace) -> int:
     match = compare_searches(cpu_found, gpu_found)
     row("GPU top-10 holding the CPU top-10", f"{match['overlap']:.4f}")
     row("same top-1", f"{match['top1']:.4f}; largest top-1 score difference {match['score_diff']:.2e}")
-    free = ix.gpu_free_bytes()
-    wiki = ix.choose_gpus(WIKI18_SQ8_BYTES, free)
-    one_gpu = ix.gpu_bytes_needed(WIKI18_SQ8_BYTES, 1) / 2**30
+    free = placement.gpu_free_bytes()
+    wiki = placement.choose_gpus(WIKI18_SQ8_BYTES, free)
+    one_gpu = placement.gpu_bytes_needed(WIKI18_SQ8_BYTES, 1) / 2**30
     where = f"GPU {','.join(map(str, wiki))}" if wiki else f"CPU (needs {one_gpu:.1f} GiB on one GPU)"
     row("wiki-18 IVF4096,SQ8 (16.3 GB) with this free memory", where)
     ok = match["overlap"] >= 0.99 and match["score_diff"] < 1e-3

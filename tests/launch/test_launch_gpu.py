@@ -193,7 +193,7 @@ def broken_retriever():
 
 def _probe(url: str, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "search_env", "probe", url, "--timeout", "2", *flags],
+        [sys.executable, "-m", "search_env.retrieval", "probe", url, "--timeout", "2", *flags],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -296,7 +296,7 @@ def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_pat
     from search_env.retrieval import SAMPLE_CORPUS
     from search_env.retrieval.corpus import Corpus
     from search_env.retrieval.encoder import Encoder, build_tiny_encoder
-    from search_env.retrieval.index import build_index
+    from search_env.retrieval.index_build import build_index
 
     encoder = build_tiny_encoder(tmp_path / "bert", hidden_size=32)
     index = tmp_path / "demo_IVF16_SQ8.index"
@@ -413,7 +413,7 @@ def test_smoke_compares_gpu_and_cpu_searches():
 
 
 def _faiss_gpu_missing() -> str | None:
-    from search_env.retrieval.index import gpu_unavailable_reason
+    from search_env.retrieval.placement import gpu_unavailable_reason
 
     return "no CUDA device" if not torch.cuda.is_available() else gpu_unavailable_reason()
 
