@@ -59,7 +59,7 @@ from search_env.retrieval.index_build import train_and_fill, write_index
 from search_env.retrieval.process import ServerProcess, spawn_server
 from search_env.retrieval.server import lookup_hits
 
-FIXTURES = REPO_ROOT / "tests" / "fixtures"
+SAMPLES = REPO_ROOT / "assets" / "eval_samples"
 QUESTION_FILES = [
     "r1-searcher-evalset/hotpotqa_500.jsonl",
     "r1-searcher-evalset/2wiki_500.jsonl",
@@ -76,7 +76,7 @@ BodyFn = Callable[[int, int], tuple[bytes, int]]
 def load_questions() -> list[str]:
     questions = []
     for name in QUESTION_FILES:
-        with open(FIXTURES / name, encoding="utf-8") as handle:
+        with open(SAMPLES / name, encoding="utf-8") as handle:
             questions += [json.loads(line)["question"] for line in handle if line.strip()]
     return questions
 

@@ -62,7 +62,7 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.heap import freeze_heap
 from search_env.retrieval.process import ServerProcess, spawn_server
 
-QUESTIONS = REPO_ROOT / "tests" / "fixtures" / "r1-searcher-evalset" / "hotpotqa_500.jsonl"
+QUESTIONS = REPO_ROOT / "assets" / "eval_samples" / "r1-searcher-evalset" / "hotpotqa_500.jsonl"
 TYPES = ("huge", "amplify", "slow", "badtext", "flood")
 HUGE_CHARS = 7_900_000
 TOPK = 5

@@ -23,13 +23,11 @@ from eval.report import figures
 from eval.report.results import (
     AVG_ALL,
     AVG_HELDOUT,
-    IN_DISTRIBUTION,
     JUDGE,
     Results,
     ResultsError,
     benchmark_label,
     check_disjoint,
-    is_multi_hop,
     load_results,
     load_rows,
     load_training_logs,
@@ -60,6 +58,7 @@ from eval.report.tables import (
     table1,
     table1_markdown,
 )
+from eval.run.suite import IN_DISTRIBUTION, is_multi_hop
 from eval.stats import (
     AGREEMENT,
     AGREEMENT_MEASURES,

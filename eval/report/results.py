@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import pandas as pd
 
 from eval.run.settings import FULL, differences, mismatch_message
 from eval.run.store import RowStore
+from eval.run.suite import BY_KEY, IN_DISTRIBUTION, canonical_benchmark, order_benchmarks
 from reward_fns import SHAPES, metric_names, normalize_answer
 from search_env.checkpoint_layout import step_dir_name, step_of
 from search_env.jsonl import iter_jsonl
@@ -31,65 +32,11 @@ AVG_ALL = "avg_all"
 AVG_HELDOUT = "avg_heldout"
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    """One benchmark of the suite: canonical key, display label, multi-hop flag, accepted aliases."""
-
-    key: str
-    label: str
-    multi_hop: bool
-    aliases: tuple[str, ...] = ()
-    in_training: bool = False
-    """The study trains on this benchmark's training split: excluded from the held-out average."""
-
-
-SUITE: tuple[Benchmark, ...] = (
-    Benchmark("nq", "NQ", False, ("naturalquestions", "nqopen")),
-    Benchmark("triviaqa", "TriviaQA", False, ("tqa", "trivia")),
-    Benchmark("popqa", "PopQA", False),
-    Benchmark("hotpotqa", "HotpotQA", True, ("hotpot", "hqa")),
-    Benchmark("2wikimultihopqa", "2Wiki", True, ("2wiki", "2wikimqa", "twowiki")),
-    Benchmark("musique", "MuSiQue", True, ("mus",), in_training=True),
-    Benchmark("bamboogle", "Bamboogle", True, ("bamb",)),
-    # the micro study's paper-shaped synthetic suite (search_demo.study_world)
-    Benchmark("syn_two_hop", "Two-hop", True, ("syntwohop",), in_training=True),
-    Benchmark("syn_single_hop", "Single-hop", False, ("synsinglehop",)),
-    Benchmark("syn_three_hop", "Three-hop", True, ("synthreehop",)),
-    Benchmark("syn_comparison", "Comparison", True, ("syncomparison",)),
-    Benchmark("syn_unseen_world", "Unseen world", True, ("synunseenworld",)),
-)
-IN_DISTRIBUTION = frozenset(b.key for b in SUITE if b.in_training)
-"""The training benchmarks (MuSiQue; the synthetic suite's two-hop); every other one is held out."""
-
-_ALIASES = {alias: b.key for b in SUITE for alias in (b.key, *b.aliases)}
-_BY_KEY = {b.key: b for b in SUITE}
-
-
-def canonical_benchmark(name: str) -> str:
-    """Canonical key of a benchmark name (case, punctuation and known aliases folded).
-
-    Unknown names are kept (lower-cased) so extra benchmarks still appear in the tables.
-    """
-    folded = re.sub(r"[^a-z0-9]", "", name.lower())
-    return _ALIASES.get(folded, name.lower())
-
-
 def benchmark_label(key: str) -> str:
     """Display label of a canonical key; averages get their own labels."""
-    if key in _BY_KEY:
-        return _BY_KEY[key].label
+    if key in BY_KEY:
+        return BY_KEY[key].label
     return {AVG_ALL: "Avg (all)", AVG_HELDOUT: "Avg (held-out)"}.get(key, key)
-
-
-def is_multi_hop(key: str) -> bool:
-    """True for HotpotQA, 2Wiki, MuSiQue and Bamboogle (paper Fig. 13)."""
-    return key in _BY_KEY and _BY_KEY[key].multi_hop
-
-
-def order_benchmarks(keys: Iterable[str]) -> list[str]:
-    """Paper order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), unknown keys last."""
-    rank = {b.key: i for i, b in enumerate(SUITE)}
-    return sorted(set(keys), key=lambda k: (rank.get(k, len(rank)), k))
 
 
 class ResultsError(ValueError):

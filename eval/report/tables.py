@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.report.results import AVG_ALL, AVG_HELDOUT, IN_DISTRIBUTION, JUDGE, benchmark_label
+from eval.report.results import AVG_ALL, AVG_HELDOUT, JUDGE, benchmark_label
 from eval.report.select import MATCHED, OWN, STAGE_MARKS
+from eval.run.suite import IN_DISTRIBUTION
 from eval.stats import rank_groups
 from reward_fns import SHAPES, metric_names
 from search_env.markdown import markdown_table

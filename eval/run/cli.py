@@ -38,7 +38,7 @@ def build_run_parser() -> argparse.ArgumentParser:
         "--suite",
         required=True,
         help="folder of <benchmark>.jsonl, a verl parquet (grouped by data_source), or a "
-        "built-in name: test, val, fixtures",
+        "built-in name: test, val, samples",
     )
     p.add_argument("--out", required=True, type=Path, help="results root; this run goes to OUT/<run>")
     p.add_argument("--steps", type=int, nargs="+", help="only these steps (0 = the untrained model)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.run.suite import load_suite
+from eval.run.suite import canonical_benchmark, load_suite
 
 Z95 = 1.959963984540054
 """Two-sided 95 % normal quantile."""
@@ -202,7 +202,7 @@ def confirm_rows(
 def levels_from_results(root: Path) -> tuple[dict[str, int], dict[str, float]]:
     """Benchmark sizes (the suite recorded in each run.json) and the mean per-benchmark EM of every
     complete checkpoint under a results folder."""
-    from eval.report.results import canonical_benchmark, load_results  # heavy: pandas
+    from eval.report.results import load_results  # heavy: pandas
 
     res = load_results(root)
     frame = res.scores[res.scores["benchmark"].isin(res.suite)]

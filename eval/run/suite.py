@@ -2,7 +2,7 @@
 
 A suite (``--suite``) is a folder of ``<benchmark>.jsonl`` files, one such file, a verl parquet
 file (or a folder of them) grouped by ``data_source``, or a built-in name (``test``, ``val``,
-``fixtures``): :func:`read_suite`. Ids must be unique within a benchmark, because (benchmark, id)
+``samples``): :func:`read_suite`. Ids must be unique within a benchmark, because (benchmark, id)
 keys the resumable results; ``--limit N`` picks rows by a hash of their ids, so the pick does not
 depend on the file's order. The formats and built-in names: docs/evaluation.md, "SUITE".
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,16 +21,76 @@ from search_env.jsonl import iter_jsonl
 from search_env.paths import REPO_ROOT
 
 DEFAULT_DATA_DIR = REPO_ROOT / "data" / "parquet"
-FIXTURES = REPO_ROOT / "tests" / "fixtures"
-FIXTURE_SUITE = {
-    "nq": FIXTURES / "flashrag-quickstart" / "nq_test.jsonl",
-    "hotpotqa": FIXTURES / "r1-searcher-evalset" / "hotpotqa_500.jsonl",
-    "2wikimultihopqa": FIXTURES / "r1-searcher-evalset" / "2wiki_500.jsonl",
-    "musique": FIXTURES / "r1-searcher-evalset" / "musique_500.jsonl",
-    "bamboogle": FIXTURES / "r1-searcher-evalset" / "bamboogle.flashrag.jsonl",
+SAMPLES = REPO_ROOT / "assets" / "eval_samples"
+SAMPLE_SUITE = {
+    "nq": SAMPLES / "flashrag-quickstart" / "nq_test.jsonl",
+    "hotpotqa": SAMPLES / "r1-searcher-evalset" / "hotpotqa_500.jsonl",
+    "2wikimultihopqa": SAMPLES / "r1-searcher-evalset" / "2wiki_500.jsonl",
+    "musique": SAMPLES / "r1-searcher-evalset" / "musique_500.jsonl",
+    "bamboogle": SAMPLES / "r1-searcher-evalset" / "bamboogle.flashrag.jsonl",
 }
-"""The ``fixtures`` suite: real rows shipped with the tests (NQ 17, HotpotQA/2Wiki/MuSiQue 500-row
+"""The ``samples`` suite: real rows shipped in assets/eval_samples/ (NQ 17, HotpotQA/2Wiki/MuSiQue 500-row
 samples, the full 125-row Bamboogle) for CPU demos and CI."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the suite: canonical key, display label, multi-hop flag, accepted aliases."""
+
+    key: str
+    label: str
+    multi_hop: bool
+    aliases: tuple[str, ...] = ()
+    in_training: bool = False
+    """The study trains on this benchmark's training split: excluded from the held-out average."""
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("nq", "NQ", False, ("naturalquestions", "nqopen")),
+    Benchmark("triviaqa", "TriviaQA", False, ("tqa", "trivia")),
+    Benchmark("popqa", "PopQA", False),
+    Benchmark("hotpotqa", "HotpotQA", True, ("hotpot", "hqa")),
+    Benchmark("2wikimultihopqa", "2Wiki", True, ("2wiki", "2wikimqa", "twowiki")),
+    Benchmark("musique", "MuSiQue", True, ("mus",), in_training=True),
+    Benchmark("bamboogle", "Bamboogle", True, ("bamb",)),
+    # the micro study's paper-shaped synthetic suite (search_demo.study_world)
+    Benchmark("syn_two_hop", "Two-hop", True, ("syntwohop",), in_training=True),
+    Benchmark("syn_single_hop", "Single-hop", False, ("synsinglehop",)),
+    Benchmark("syn_three_hop", "Three-hop", True, ("synthreehop",)),
+    Benchmark("syn_comparison", "Comparison", True, ("syncomparison",)),
+    Benchmark("syn_unseen_world", "Unseen world", True, ("synunseenworld",)),
+)
+
+
+IN_DISTRIBUTION = frozenset(b.key for b in BENCHMARKS if b.in_training)
+"""The training benchmarks (MuSiQue; the synthetic suite's two-hop); every other one is held out."""
+
+
+_ALIASES = {alias: b.key for b in BENCHMARKS for alias in (b.key, *b.aliases)}
+
+
+BY_KEY = {b.key: b for b in BENCHMARKS}
+"""Canonical key -> its :class:`Benchmark`."""
+
+
+def canonical_benchmark(name: str) -> str:
+    """Canonical key of a benchmark name (case, punctuation and known aliases folded).
+
+    Unknown names are kept (lower-cased) so extra benchmarks still appear in the tables.
+    """
+    folded = re.sub(r"[^a-z0-9]", "", name.lower())
+    return _ALIASES.get(folded, name.lower())
+
+
+def is_multi_hop(key: str) -> bool:
+    """True for HotpotQA, 2Wiki, MuSiQue and Bamboogle (paper Fig. 13)."""
+    return key in BY_KEY and BY_KEY[key].multi_hop
+
+
+def order_benchmarks(keys: Iterable[str]) -> list[str]:
+    """Paper order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), unknown keys last."""
+    rank = {b.key: i for i, b in enumerate(BENCHMARKS)}
+    return sorted(set(keys), key=lambda k: (rank.get(k, len(rank)), k))
 
 
 def data_dir() -> Path:
@@ -37,8 +99,8 @@ def data_dir() -> Path:
 
 
 def builtin_suites() -> dict[str, Path | dict[str, Path]]:
-    """Built-in suite names: ``test`` (the 7-benchmark suite), ``val`` (the validation split), ``fixtures``."""
-    return {"test": data_dir() / "suite", "val": data_dir() / "val.parquet", "fixtures": FIXTURE_SUITE}
+    """Built-in suite names: ``test`` (the 7-benchmark suite), ``val`` (the validation split), ``samples``."""
+    return {"test": data_dir() / "suite", "val": data_dir() / "val.parquet", "samples": SAMPLE_SUITE}
 
 
 @dataclass(frozen=True)
@@ -163,7 +225,7 @@ def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
             )
     if isinstance(target, dict):
         files = target
-        path = FIXTURES
+        path = SAMPLES
     elif target.is_dir():
         files = {f.stem: f for f in sorted(target.glob("*.jsonl"))}
         path = target.resolve()

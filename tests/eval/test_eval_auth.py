@@ -30,7 +30,7 @@ def _plan(out: Path, *extra: str):
         "--run-dir",
         str(MODEL),
         "--suite",
-        "fixtures",
+        "samples",
         "--out",
         str(out),
         "--shape",

@@ -157,7 +157,7 @@ def test_run_flags_go_together(tmp_path):
     from eval.run.cli import build_run_parser, prepare
 
     args = build_run_parser().parse_args(
-        ["--run-dir", str(tmp_path), "--suite", "fixtures", "--out", str(tmp_path), "--judge-url", "http://h"]
+        ["--run-dir", str(tmp_path), "--suite", "samples", "--out", str(tmp_path), "--judge-url", "http://h"]
     )
     with pytest.raises(ValueError, match="--judge-url and --judge-model go together"):
         prepare(args)

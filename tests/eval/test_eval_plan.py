@@ -112,7 +112,7 @@ LEVELS = {0: 0.05, 1: 0.2, 2: 0.5, 3: 0.8, 4: 0.79, 5: 0.3}
 
 
 def _plan(tmp: Path, name: str, url: str, levels: dict[int, float] = LEVELS, halfwidth: float = 0.03):
-    suite = load_suite("fixtures")
+    suite = load_suite("samples")
     limits = Limits()
     found = [ckpts.Checkpoint(s, _checkpoint(tmp / name / f"step{s}", lv), "hf") for s, lv in levels.items()]
     found[0] = ckpts.Checkpoint(0, _checkpoint(tmp / "base", levels[0]), "hf")
@@ -193,7 +193,7 @@ def test_plan_cli_prints_rows_per_benchmark_and_share(capsys: pytest.CaptureFixt
     assert main(["plan", "--halfwidth", "0.01", "--em", "0.25"]) == 0
     out = capsys.readouterr().out
     assert "| bamboogle | 125 | 125 |" in out and "share of full-suite rows" in out
-    assert main(["plan", "--halfwidth", "0.01", "--suite", "fixtures"]) == 0
+    assert main(["plan", "--halfwidth", "0.01", "--suite", "samples"]) == 0
     assert "| musique |" in capsys.readouterr().out
     assert main(["plan", "--halfwidth", "0"]) == 2
 

@@ -163,7 +163,7 @@ class FakeBackend:
 
 
 def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http://127.0.0.1:9",)):
-    suite = load_suite("fixtures", limit=3, benchmarks=["nq", "bamboogle"])
+    suite = load_suite("samples", limit=3, benchmarks=["nq", "bamboogle"])
     limits = Limits()
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
@@ -372,7 +372,7 @@ def test_vllm_engine_is_text_only_without_prefix_caching_and_logprobs(tmp_path: 
 
 
 def test_prefix_caching_is_part_of_the_comparable_settings():
-    suite = load_suite("fixtures", limit=1, benchmarks=["nq"])
+    suite = load_suite("samples", limit=1, benchmarks=["nq"])
     off = settings.eval_settings(suite, 1, 0, Limits(), "vllm")
     on = settings.eval_settings(suite, 1, 0, Limits(), "vllm", prefix_caching=True)
     assert off != on and off["prefix_caching"] is False

@@ -19,7 +19,7 @@ from search_env import protocol
 
 
 def _plan(tmp_path: Path, limits: rollout.Limits) -> runner.RunPlan:
-    suite = load_suite("fixtures", limit=2, benchmarks=["nq"])
+    suite = load_suite("samples", limit=2, benchmarks=["nq"])
     return runner.RunPlan(
         run_name="r",
         out_root=tmp_path,

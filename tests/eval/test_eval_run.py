@@ -3,7 +3,7 @@
 The run folder is built like verl's trainer builds it: step 5 is saved by verl's own
 ``FSDPCheckpointManager`` (FSDP2, gloo, world size 1) and merged back by verl's model merger;
 step 0 is the run config's untrained model. Rows are real fixture questions (``--suite
-fixtures``), rolled out through verl's AgentLoopWorker and scored by reward_fns.
+samples``), rolled out through verl's AgentLoopWorker and scored by reward_fns.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _args(run: Path, out: Path, url: str, *extra: str) -> list[str]:
         "--run-dir",
         str(run),
         "--suite",
-        "fixtures",
+        "samples",
         "--out",
         str(out),
         "--limit",

@@ -71,7 +71,7 @@ def test_several_samples_need_a_temperature():
 
 
 def test_greedy_setting_is_as_before_and_sampled_ones_refuse_to_mix():
-    suite = load_suite("fixtures", limit=2, benchmarks=["nq"])
+    suite = load_suite("samples", limit=2, benchmarks=["nq"])
     greedy = eval_settings(suite, 2, 0, Limits(), "hf")
     assert greedy["sampling"] == GREEDY == {"temperature": 0.0, "top_p": 1.0, "top_k": -1}
     assert eval_settings(suite, 2, 0, Limits(), "hf", sampling=Sampling(seed=7)) == greedy  # seed unused
@@ -132,7 +132,7 @@ class SeedEcho:
 
 
 def _plan(tmp_path: Path, sampling: Sampling) -> runner.RunPlan:
-    suite = load_suite("fixtures", limit=3, benchmarks=["nq", "bamboogle"])
+    suite = load_suite("samples", limit=3, benchmarks=["nq", "bamboogle"])
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
@@ -208,17 +208,17 @@ def test_sampled_summary_needs_every_sample():
 
 def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
     from eval.run.cli import build_run_parser
-    from launch.evaluate import HELP, EvalError, Settings, eval_command
+    from launch.evaluate import DEFAULT_RECIPE, HELP, EvalError, eval_command, load_settings
 
     assert all(var in HELP for var in ("SAMPLES", "TEMPERATURE", "SAMPLE_SEED"))
     env = {"SAMPLES": "4", "TEMPERATURE": "0.7", "SAMPLE_SEED": "3", "RETRIEVER_URL": "http://127.0.0.1:9"}
-    cmd = eval_command(tmp_path, Settings.from_env(env))
+    cmd = eval_command(tmp_path, load_settings(DEFAULT_RECIPE, [], env))
     args = build_run_parser().parse_args(cmd[cmd.index("run") + 1 :])
     assert (args.samples, args.temperature, args.sample_seed, args.seed) == (4, 0.7, 3, None)
-    plain = eval_command(tmp_path, Settings.from_env({}))
+    plain = eval_command(tmp_path, load_settings(DEFAULT_RECIPE, [], {"RETRIEVER_URL": env["RETRIEVER_URL"]}))
     assert not {"--samples", "--temperature", "--sample-seed"} & set(plain)
-    with pytest.raises(EvalError, match="SAMPLES must be a number"):
-        Settings.from_env({"SAMPLES": "four"})
+    with pytest.raises(EvalError, match="eval.samples must be a number"):
+        load_settings(DEFAULT_RECIPE, [], {**env, "SAMPLES": "four"})
 
 
 def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():

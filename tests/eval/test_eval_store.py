@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eval.run.store import RowStore, exclusive_lock, read_json, write_json_atomic
-from eval.run.suite import FIXTURE_SUITE, load_suite, read_suite, subsample
+from eval.run.suite import SAMPLE_SUITE, load_suite, read_suite, subsample
 from eval.run.summary import summarize
 
 
@@ -81,7 +81,7 @@ def test_summary_arithmetic():
 
 
 def test_fixture_suite_and_stable_limit(tmp_path: Path):
-    full = load_suite("fixtures")
+    full = load_suite("samples")
     assert {b: len(q) for b, q in full.benchmarks.items()} == {
         "nq": 17,
         "hotpotqa": 500,
@@ -89,12 +89,12 @@ def test_fixture_suite_and_stable_limit(tmp_path: Path):
         "musique": 500,
         "bamboogle": 125,
     }
-    small = load_suite("fixtures", limit=3, seed=0)
+    small = load_suite("samples", limit=3, seed=0)
     assert all(len(q) == 3 for q in small.benchmarks.values())
-    assert load_suite("fixtures", limit=3, seed=0) == small
-    assert load_suite("fixtures", limit=3, seed=1).benchmarks["hotpotqa"] != small.benchmarks["hotpotqa"]
+    assert load_suite("samples", limit=3, seed=0) == small
+    assert load_suite("samples", limit=3, seed=1).benchmarks["hotpotqa"] != small.benchmarks["hotpotqa"]
     # the pick depends on ids only: a shuffled copy of the file gives the same rows
-    lines = FIXTURE_SUITE["musique"].read_text().splitlines()
+    lines = SAMPLE_SUITE["musique"].read_text().splitlines()
     random.Random(0).shuffle(lines)
     (tmp_path / "musique.jsonl").write_text("\n".join(lines) + "\n")
     shuffled = load_suite(tmp_path, limit=3)
@@ -107,8 +107,8 @@ def test_fixture_suite_and_stable_limit(tmp_path: Path):
 def test_parquet_suite_groups_by_data_source(tmp_path: Path):
     from search_env.data import read_jsonl, write_parquet
 
-    nq = read_jsonl(FIXTURE_SUITE["nq"], limit=4)
-    bamb = read_jsonl(FIXTURE_SUITE["bamboogle"], limit=2)
+    nq = read_jsonl(SAMPLE_SUITE["nq"], limit=4)
+    bamb = read_jsonl(SAMPLE_SUITE["bamboogle"], limit=2)
     write_parquet(nq + bamb, ["nq"] * 4 + ["bamboogle"] * 2, "train", tmp_path / "val.parquet")
     name, _, rows = read_suite(tmp_path / "val.parquet")
     assert name == "val" and {b: len(r) for b, r in rows.items()} == {"bamboogle": 2, "nq": 4}
@@ -125,4 +125,4 @@ def test_bad_suites_name_the_problem(tmp_path: Path):
     with pytest.raises(ValueError, match="built-in suite"):
         load_suite(tmp_path / "missing")
     with pytest.raises(ValueError, match=r"--benchmarks \['zz'\]"):
-        load_suite("fixtures", benchmarks=["zz"])
+        load_suite("samples", benchmarks=["zz"])

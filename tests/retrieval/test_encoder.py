@@ -16,7 +16,7 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.encoder import Encoder, build_tiny_encoder, is_e5_model, mean_pool
 
-REFERENCE = REPO_ROOT / "tests" / "fixtures" / "flashrag-quickstart" / "e5_passage_vectors_first16.json"
+REFERENCE = REPO_ROOT / "assets" / "eval_samples" / "flashrag-quickstart" / "e5_passage_vectors_first16.json"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.process import spawn_server
 from search_env.retrieval.server import MAX_QUERIES, MicroBatcher, create_app
 
-NQ_QUESTIONS = "tests/fixtures/flashrag-quickstart/nq_test.jsonl"
+NQ_QUESTIONS = "assets/eval_samples/flashrag-quickstart/nq_test.jsonl"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval.report.results import IN_DISTRIBUTION, canonical_benchmark
+from eval.run.suite import IN_DISTRIBUTION, canonical_benchmark
 from reward_fns import exact_match, token_f1
 from search_demo import study_world, world
 from search_demo.warm_start import REGIMES, WarmStartConfig, _pick_rows, answered_in_a_phrase

@@ -14,8 +14,8 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from search_env import data, protocol
 from search_env.paths import REPO_ROOT
 
-FIXTURES = REPO_ROOT / "tests" / "fixtures"
-R1 = FIXTURES / "r1-searcher-evalset"
+SAMPLES = REPO_ROOT / "assets" / "eval_samples"
+R1 = SAMPLES / "r1-searcher-evalset"
 
 
 def _lines(path: Path, start: int, stop: int) -> str:
@@ -28,7 +28,7 @@ def source(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("flashrag")
     hotpot, wiki, musique = R1 / "hotpotqa_500.jsonl", R1 / "2wiki_500.jsonl", R1 / "musique_500.jsonl"
     layout = {
-        "nq/test": (FIXTURES / "flashrag-quickstart" / "nq_test.jsonl").read_text(encoding="utf-8"),
+        "nq/test": (SAMPLES / "flashrag-quickstart" / "nq_test.jsonl").read_text(encoding="utf-8"),
         "triviaqa/test": _lines(wiki, 0, 100),
         "popqa/test": _lines(hotpot, 0, 100),
         "hotpotqa/dev": _lines(hotpot, 100, 200),
