@@ -73,13 +73,14 @@ class QueryCache:
         return len(self._entries)
 
     def get(self, query: str, topk: int) -> list[Hit] | None:
-        """The cached hits (most recent use refreshed), or None. Does not count hits or misses: the
-        caller decides what a lookup means (see `CacheStats`)."""
+        """The cached hits (most recent use refreshed, counted in `stats.hits`), or None. A miss is not
+        counted: the caller counts a query as missed once it is searched (see `CacheStats`)."""
         key = _key(query, topk)
         entry = self._entries.get(key)
         if entry is None:
             return None
         self._entries.move_to_end(key)
+        self.stats.hits += 1
         return [(doc, score) for doc, score in json.loads(entry[0])]
 
     def put(self, query: str, topk: int, hits: list[Hit]) -> None:

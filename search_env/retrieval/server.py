@@ -337,10 +337,8 @@ class MicroBatcher:
         if self._wakeup is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
         answers = [self.cache.get(query, topk) for query in queries]
-        cached = sum(answer is not None for answer in answers)
-        self.cache.stats.hits += cached
         self._seen[client] = time.monotonic()
-        if cached == len(queries):
+        if all(answer is not None for answer in answers):
             self.stats.served += len(queries)
             return answers  # type: ignore[return-value]  # every entry is set
         todo = [i for i, answer in enumerate(answers) if answer is None]
@@ -541,9 +539,8 @@ class MicroBatcher:
             for i in indices:
                 query = job.queries[i]
                 if self.cache.enabled:
-                    job.answers[i] = self.cache.get(query, job.topk)
+                    job.answers[i] = self.cache.get(query, job.topk)  # a hit is counted there
                     if job.answers[i] is not None:
-                        stats.hits += 1
                         continue
                 if self.cache.enabled and query in position:
                     stats.hits += 1
