@@ -1,14 +1,10 @@
 """bench/retriever_scale.py end to end at a small N (its figures are not checked against targets,
-only that every one is measured and the last line is machine-readable), and `launch/prepare.sh
---check` naming both sources of the wiki-18 index."""
+only that every one is measured and the last line is machine-readable)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-
-import pytest
 
 from search_env.paths import REPO_ROOT
 
@@ -18,7 +14,6 @@ KEYS = (
 )  # fmt: skip
 
 
-@pytest.mark.e2e
 def test_retriever_scale_prints_its_line_at_small_n(tmp_path) -> None:
     command = [
         sys.executable, str(REPO_ROOT / "bench" / "retriever_scale.py"), "--passages", "12000",
@@ -33,24 +28,3 @@ def test_retriever_scale_prints_its_line_at_small_n(tmp_path) -> None:
     assert all(key in figures for key in KEYS)
     assert all(float(figures[key]) > 0 for key in KEYS)
     assert (tmp_path / "index.ivf_sq8").is_file() and (tmp_path / "build.json").is_file()
-
-
-def test_prepare_check_names_both_index_sources(tmp_path) -> None:
-    env = {**os.environ, "DATA_DIR": str(tmp_path / "data")}
-    done = subprocess.run(
-        ["bash", "launch/prepare.sh", "--check", "index"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=60,
-    )
-    assert done.returncode == 1
-    assert "pantomiman/reason-over-search" in done.stderr
-    assert "retriever/wiki18_100w_e5_ivf4096_sq8.index" in done.stderr
-    assert "PeterJinGo/wiki-18-e5-index" in done.stderr and "convert-index" in done.stderr
-    bad = subprocess.run(
-        ["bash", "launch/prepare.sh", "--check", "index"],
-        capture_output=True, text=True, env={**env, "INDEX_SOURCE": "hub"}, cwd=REPO_ROOT, timeout=60,
-    )  # fmt: skip
-    assert bad.returncode != 0 and "INDEX_SOURCE='hub': use study or flat" in bad.stderr
