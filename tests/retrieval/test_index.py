@@ -1,7 +1,9 @@
-"""Faiss index commands on clustered synthetic vectors: build/convert/recall, nprobe handling, nlist
-clamping, the dense retriever never turning faiss's -1 into a passage, and where a served index goes
-(`--gpu on`: the GPU(s) where it fits, else CPU with a warning; checked on CPU with a stand-in faiss,
-and for real where faiss-gpu sees a GPU)."""
+"""Faiss index commands on clustered synthetic vectors, one file for the four modules that share its
+fixtures (a Flat index and its IVF64,SQ8 conversion): build/convert and nlist clamping
+(`index_build`), recall (`recall`), nprobe handling, memory mapping and the dense retriever never
+turning faiss's -1 into a passage (`index`), and where a served index goes (`placement`, `--gpu on`:
+the GPU(s) where it fits, else CPU with a warning; checked on CPU with a stand-in faiss, and for real
+where faiss-gpu sees a GPU)."""
 
 import json
 import logging
