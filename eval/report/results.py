@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +19,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from eval.run.checkpoints import RUN_NAME
 from eval.run.settings import FULL, differences, mismatch_message
 from eval.run.store import RowStore
 from eval.run.suite import BY_KEY, IN_DISTRIBUTION, canonical_benchmark, order_benchmarks
+from eval.run.summary import JUDGE, SUMMARY_SHAPE
 from reward_fns import SHAPES, metric_names, normalize_answer
 from search_env.checkpoint_layout import step_dir_name, step_of
 from search_env.jsonl import iter_jsonl
 
-RECIPE_STEM = re.compile(r"^(?P<shape>[A-Za-z0-9_]+?)_s(?P<seed>\d+)$")
 AVG_ALL = "avg_all"
 AVG_HELDOUT = "avg_heldout"
 
@@ -119,10 +119,7 @@ RUN_FIX = (
 )
 SUMMARY_FIX = (
     "re-run the eval harness for this checkpoint (it rewrites summary.json from rows.jsonl); the "
-    'expected shape is {"benchmarks": {name: {"n", '
-    + "".join(f'"{name}", ' for name in metric_names())
-    + '...}}, "macro": {...}, '
-    '"step": N, "complete": true}'
+    f"expected shape is {SUMMARY_SHAPE}"
 )
 
 
@@ -214,11 +211,6 @@ def load_summary(path: Path, step: int) -> tuple[dict[str, Any], list[dict[str, 
 def _step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
     found = [(s, p) for p in run_dir.iterdir() if p.is_dir() and (s := step_of(p.name)) is not None]
     return sorted(found)
-
-
-JUDGE = "judge"
-"""An LLM judge's score per benchmark (eval.run.summary.JUDGE): a ``scores`` column only when some
-summary carries it, so results without a judge load (and report) exactly as before."""
 
 
 def _scored(frame: pd.DataFrame) -> list[str]:
@@ -492,7 +484,7 @@ def load_training_logs(specs: Sequence[str], runs: dict[str, Run]) -> pd.DataFra
         if name in runs:
             run = runs[name]
             shape, seed = run.shape, run.seed
-        elif bound is None and (m := RECIPE_STEM.match(name)):
+        elif bound is None and (m := RUN_NAME.fullmatch(name)):
             shape, seed = m.group("shape"), int(m.group("seed"))
         else:
             raise ResultsError(

@@ -23,6 +23,8 @@ from search_env.checkpoint_layout import TRACKER, step_dir_name, step_of
 from search_env.safe_fs import remove_tree, replace_durably
 
 RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
+"""A run named by its recipe, ``<shape>_s<seed>`` (e.g. ``f1_only_s2``): the run folder, its
+training log, its results."""
 CONFIG_CANDIDATES = (
     "config.yaml",
     "resolved_config.yaml",

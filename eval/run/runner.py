@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from eval.run import checkpoints as ckpts
 from eval.run import sequential as seq
-from eval.run.pool import InOrderWriter, rollout_pool
+from eval.run.pool import rollout_pool
 from eval.run.rollout import Limits, rollout_config, to_verl_rows
 from eval.run.settings import (
     CHECKPOINT_FILE,
@@ -35,6 +35,7 @@ from eval.run.settings import (
     step0_key,
 )
 from eval.run.store import (
+    InOrderWriter,
     RowKey,
     RowStore,
     exclusive_lock,
@@ -247,19 +248,25 @@ def judge_rows(
     return [v.judgement for v in verdicts]
 
 
-def _roll_out_rows(
-    plan: RunPlan,
-    ckpt: ckpts.Checkpoint,
-    make_backend: Callable[[Any, str], Any],
-    log: Callable[[str], None],
-    store: RowStore,
-    todo: list[Unit],
-    fingerprint: str,
-) -> None:
-    """Roll ``todo`` out with checkpoint ``ckpt`` and append the scored rows to ``store``; rows held
+@dataclass(frozen=True)
+class CheckpointJob:
+    """One checkpoint of a run being evaluated: the run's plan, the checkpoint and its fingerprint
+    (:func:`eval.run.settings.checkpoint_fingerprint`), how a backend is made for it (verl config,
+    model folder -> backend) and where progress lines go."""
+
+    plan: RunPlan
+    ckpt: ckpts.Checkpoint
+    fingerprint: str
+    make_backend: Callable[[Any, str], Any]
+    log: Callable[[str], None] = print
+
+
+def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> None:
+    """Roll ``todo`` out with the job's checkpoint and append the scored rows to ``store``; rows held
     back for a failed search get RETRIEVAL_RETRY_PASSES more passes, then RuntimeError."""
-    model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", fingerprint)
-    backend = make_backend(
+    plan, ckpt, log = job.plan, job.ckpt, job.log
+    model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", job.fingerprint)
+    backend = job.make_backend(
         rollout_config(
             plan.limits,
             plan.retriever_urls,
@@ -314,25 +321,17 @@ def _roll_out_rows(
         raise held_back_error(ckpt.step, len(pending), len(todo), why)
 
 
-def _roll_out_step0(
-    plan: RunPlan,
-    ckpt: ckpts.Checkpoint,
-    make_backend: Callable[[Any, str], Any],
-    log: Callable[[str], None],
-    store: RowStore,
-    todo: list[Unit],
-    fingerprint: str,
-) -> None:
+def _roll_out_step0(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> None:
     """Step 0's missing rows: rolled out into the rows every run of the same base model and settings
     shares (``OUT/.step0/<key>``) unless already there, then copied into this run's ``store``."""
-    shared_dir = plan.out_root / STEP0_DIR / step0_key(fingerprint, plan.eval_settings)
+    shared_dir = job.plan.out_root / STEP0_DIR / step0_key(job.fingerprint, job.plan.eval_settings)
     with exclusive_lock(shared_dir, wait=True):
         shared = RowStore(shared_dir / "rows.jsonl")
         have = shared.recover()
         missing = [u for u in todo if key_of(u) not in have]
-        log(f"step 0: {len(todo) - len(missing)} rows from {shared_dir}, {len(missing)} to roll out")
+        job.log(f"step 0: {len(todo) - len(missing)} rows from {shared_dir}, {len(missing)} to roll out")
         if missing:
-            _roll_out_rows(plan, ckpt, make_backend, log, shared, missing, fingerprint)
+            _roll_out_rows(job, shared, missing)
         by_key = {row_key(r): r for r in shared.rows()}
     store.append(by_key[key_of(u)] for u in todo if key_of(u) in by_key)
 
@@ -371,7 +370,7 @@ def evaluate_step(
     log(f"step {ckpt.step}: {len(done)} rows done, {len(todo)} to go")
     if todo:
         roll = _roll_out_step0 if ckpt.step == 0 else _roll_out_rows
-        roll(plan, ckpt, make_backend, log, store, todo, fingerprint)
+        roll(CheckpointJob(plan, ckpt, fingerprint, make_backend, log), store, todo)
     rows = [r for r in store.rows() if row_key(r) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")

@@ -21,6 +21,16 @@ AVERAGES: dict[str, Callable[[Sequence[float]], float]] = {"mean": mean}
 N_BOOT, CI_LEVEL, CI_SEED = 1000, 0.95, 0
 """pass@k / avg@k intervals: percentile bootstrap over questions within each benchmark (the
 report's defaults: ``--bootstrap 1000 --ci-level 0.95 --seed 0``, :func:`eval.stats.stream_seed`)."""
+JUDGE = "judge"
+"""Key of the judge's score (the share of rows it judged ``correct``) in a summary's benchmarks and
+macro, beside the registered metrics; present only when a judge scored the rows."""
+SUMMARY_SHAPE = (
+    '{"benchmarks": {name: {"n", '
+    + "".join(f'"{name}", ' for name in metric_names())
+    + '...}}, "macro": {...}, "step": N, "complete": true}'
+)
+"""The fields of ``summary.json`` every reader needs: what :func:`summarize` writes and
+:func:`eval.report.results.load_summary` checks (``macro``: the unweighted mean of ``benchmarks``)."""
 
 
 def sampled_names(samples: int) -> list[str]:
@@ -127,11 +137,6 @@ def sampled(
         entry["samples"] = samples
         entry.update({m: float(point[i]) for i, m in enumerate(names)})
         entry["ci"] = {m: [float(low[i]), float(high[i])] for i, m in enumerate(names)}
-
-
-JUDGE = "judge"
-"""Key of the judge's score (the share of rows it judged ``correct``) in a summary's benchmarks and
-macro, beside the registered metrics; present only when a judge scored the rows."""
 
 
 def add_judge(

@@ -15,9 +15,9 @@ import pytest
 
 from eval.run import checkpoints as ckpts
 from eval.run import pool, runner, settings
-from eval.run.backends import EngineSettings, VLLMEngineClient, vllm_engine_kwargs
+from eval.run.backends import EngineSettings, VLLMBackend, VLLMEngineClient, vllm_engine_kwargs
 from eval.run.rollout import Limits
-from eval.run.store import RowStore
+from eval.run.store import InOrderWriter, RowStore
 from eval.run.suite import load_suite
 
 # ---- rollout_pool ------------------------------------------------------------------------------
@@ -102,7 +102,7 @@ def _row(i: int) -> dict:
 def test_writer_appends_only_the_finished_prefix_in_order(tmp_path: Path):
     store = RowStore(tmp_path / "rows.jsonl")
     now = [0.0]
-    writer = pool.InOrderWriter(store, flush_rows=2, flush_s=10.0, clock=lambda: now[0])
+    writer = InOrderWriter(store, flush_rows=2, flush_s=10.0, clock=lambda: now[0])
     snapshots = []
 
     def snap() -> None:
@@ -473,3 +473,18 @@ def test_vllm_backend_end_to_end_with_a_stand_in_engine(tmp_path: Path, tiny_mod
     ]
     assert all(r["prediction"] == "Paris" and r["termination"] == "answer" for r in rows)
     assert summary["n"] == len(rows) == 6
+
+
+def test_vllm_missing_is_actionable(monkeypatch: pytest.MonkeyPatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name.startswith("vllm"):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
+        VLLMBackend(config=None, model_dir="unused")  # type: ignore[arg-type]

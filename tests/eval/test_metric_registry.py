@@ -17,8 +17,8 @@ import pytest
 import reward_fns.registry as registry
 from eval.report.document import main as report_main
 from eval.report.results import load_results, load_rows
-from eval.report.select import selection_document
-from eval.report.tables import floor_checkpoints, per_benchmark_table, select_checkpoints
+from eval.report.select import floor_checkpoints, select_checkpoints, selection_document
+from eval.report.tables import per_benchmark_table
 from eval.run.suite import Question
 from eval.run.summary import format_table, score_row, summarize
 from reward_fns.compute_score import compute_score

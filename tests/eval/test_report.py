@@ -325,7 +325,7 @@ def test_malformed_rows_line_names_line(tmp_path):
 
 
 def test_null_horizon_means_no_cap(tmp_path):
-    from eval.report.tables import select_checkpoints
+    from eval.report.select import select_checkpoints
 
     root = build_tree(tmp_path / "out", {("f1_only", 1, 10): {10: (1, 1), 200: (3, 3)}})
     meta = root / "f1_only_s1" / "run.json"

@@ -230,20 +230,3 @@ def test_vllm_backend_matches_protocol(
     assert main(_args(run_dir, tmp_path, retrieval_server_url, "--backend", "vllm", "--steps", "0")) == 0
     rows = RowStore(tmp_path / "f1_only_s3" / "global_step_0" / "rows.jsonl").rows()
     assert len(rows) == LIMIT * len(BENCHMARKS)
-
-
-def test_vllm_missing_is_actionable(monkeypatch: pytest.MonkeyPatch):
-    import builtins
-
-    from eval.run.backends import VLLMBackend
-
-    real_import = builtins.__import__
-
-    def no_vllm(name, *args, **kwargs):
-        if name.startswith("vllm"):
-            raise ImportError("No module named 'vllm'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_vllm)
-    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
-        VLLMBackend(config=None, model_dir="unused")  # type: ignore[arg-type]
