@@ -4,15 +4,18 @@ vLLM's Qwen3.5 model file needs a torchvision that imports, and the registry has
 of torchvision for Linux, whose C++ extension cannot load next to ``torch==2.13.0+cpu``. torchvision
 then runs without its operators, except that ``torchvision/_meta_registrations.py`` registers fake
 kernels for ``torchvision::nms`` and ``qnms`` unguarded, which fails the import. :func:`install`
-defines those two schemas (no kernel) when torch is a CPU build and torchvision links CUDA; it runs
-as a ``torch.backends`` entry point at the end of ``import torch``. docs/gpu.md, "The GPU path on a
-CPU".
+runs as a ``torch.backends`` entry point at the end of every ``import torch`` in an environment
+where rlvr-search is installed; it defines those two schemas (no kernel) only in CPU mode
+(:mod:`cpu_compat.cpu_mode`), on a CPU build of torch next to a torchvision that links CUDA, and
+does nothing anywhere else. docs/gpu.md, "The GPU path on a CPU".
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+from cpu_compat.cpu_mode import cpu_mode_active, torch_is_cpu_only_build
 
 SCHEMAS = {
     "torchvision::nms": "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -36,14 +39,11 @@ def torchvision_links_cuda() -> bool:
 
 
 def install() -> None:
-    """Define the missing schemas on a CPU torch next to a CUDA torchvision (idempotent)."""
+    """Define the missing schemas in CPU mode, on a CPU torch next to a CUDA torchvision (idempotent)."""
     global _defined
+    if _defined or not (cpu_mode_active() and torch_is_cpu_only_build() and torchvision_links_cuda()):
+        return
     import torch  # heavy: torch; this module is loaded from inside torch's own import
-
-    if _defined or torch.version.cuda is not None or torch.version.hip is not None:
-        return
-    if not torchvision_links_cuda():
-        return
     import torch.library  # heavy: torch (as above)
 
     for name, schema in SCHEMAS.items():

@@ -49,6 +49,7 @@ EXTERNAL_HEALTH_S = 30
 RAY_ENV = (
     "VERL_FILE_LOGGER_PATH",
     "VERL_PLATFORM",
+    "RLVR_SEARCH_PATCHES",
     resume.MARKER,
     RETRIEVER_LOG_ENV,
     "HF_HUB_OFFLINE",
@@ -343,6 +344,7 @@ def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Sta
     """Run the trainer in its own process group, watching the retriever every second; its exit
     status (124 when it hit ``launch.timeout_s``)."""
     os.environ["VERL_FILE_LOGGER_PATH"] = str(started.run.metrics)
+    os.environ["RLVR_SEARCH_PATCHES"] = "1"  # this run uses rlvr-search: patches/activation.py RUN_ENV
     if plan.device == "cpu":
         os.environ["VERL_PLATFORM"] = "cpu"
     command = trainer_command(recipe, overrides, plan, started)

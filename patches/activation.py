@@ -1,32 +1,33 @@
-"""When the CPU patches switch on.
+"""When the patches switch on, and the one log line each prints when it installs.
 
-The CPU-mode patches (``CPU_MODE_ONLY`` in ``patches/__init__.py``: gloo backend, CPU engines and
-unpinned reference, vLLM's CPU environment and weight reload) and the choice of the ``cpu`` platform
-change verl's behaviour, so they apply only on a machine meant to train on CPU. On a GPU node they
-stay off. Active when ``VERL_PLATFORM=cpu``, or when ``VERL_PLATFORM`` is unset and torch is a
-CPU-only build (no CUDA, ROCm or ``torch.npu``); a CUDA build of torch on a machine without a GPU
-therefore needs ``VERL_PLATFORM=cpu`` (the launcher sets it for CPU recipes). Any other
-``VERL_PLATFORM`` value (``nvidia``, ``huawei``, …) keeps them off.
+Installing rlvr-search changes no verl run that does not use it. In a process that imports verl,
+``patches/__init__.py`` installs:
+
+- ``RUN`` (the study's metrics and retriever stop rule, the resumable metrics log, the ``hf``
+  rollout backend) when the run uses rlvr-search (:func:`run_uses_rlvr_search`: ``RUN_ENV=1``,
+  which ``launch/train.py`` exports to the trainer and every Ray worker), or in CPU mode;
+- ``CPU_MODE_ONLY`` (the ``cpu`` platform and everything verl and vLLM need to train on CPU) in
+  CPU mode (:func:`cpu_compat.cpu_mode.cpu_mode_active`);
+- nothing otherwise: not even a post-import hook.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
-import torch
+RUN_ENV = "RLVR_SEARCH_PATCHES"
+"""``1``: this run uses rlvr-search's agent loop, tool or reward, so the ``RUN`` patches apply."""
 
-PLATFORM_ENV = "VERL_PLATFORM"
-CPU_PLATFORM_NAME = "cpu"
-
-
-def torch_is_cpu_only_build() -> bool:
-    """True for a torch wheel built without CUDA, ROCm or Ascend support."""
-    return torch.version.cuda is None and torch.version.hip is None and not hasattr(torch, "npu")
+logger = logging.getLogger("rlvr_search.patches")
+logger.setLevel(logging.INFO)  # verl's basic config (WARNING) would hide the lines that name each patch
 
 
-def cpu_mode_active() -> bool:
-    """Whether the CPU patches apply in this process (see the module docstring)."""
-    requested = os.environ.get(PLATFORM_ENV, "").strip().lower()
-    if requested:
-        return requested == CPU_PLATFORM_NAME
-    return torch_is_cpu_only_build()
+def run_uses_rlvr_search() -> bool:
+    """Whether this process belongs to a run that declared it uses rlvr-search (``RUN_ENV=1``)."""
+    return os.environ.get(RUN_ENV, "").strip() == "1"
+
+
+def announce(module: str, target: str, why: str) -> None:
+    """Log ``rlvr-search: patched <target> (<why>) [patches/<file>.py]`` for patch module ``module``."""
+    logger.info("rlvr-search: patched %s (%s) [%s.py]", target, why, module.replace(".", "/"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from patches.activation import CPU_PLATFORM_NAME
+from cpu_compat.cpu_mode import CPU_PLATFORM_NAME
 from patches.post_import import when_imported
 
 TARGET_MODULE = "verl.workers.engine.fsdp.transformer_impl"

@@ -5,8 +5,8 @@ through ``PlatformRegistry.register`` (``verl/plugin/platform/platform_manager.p
 ``_detect_platform_name`` falls back to ``"nvidia"`` on a CPU box and every worker calls CUDA.
 Device ``"cpu"``, backend gloo, Ray resource still ``"GPU"`` (verl's pools always request
 accelerator bundles, so the CPU recipe starts Ray with a logical GPU), and ``torch.cpu`` plus the
-memory/RNG calls verl makes on a device module. Registered on every machine, picked only in CPU
-mode; on a GPU node ``PlatformCUDA`` is probed first and wins. See patches/README.md.
+memory/RNG calls verl makes on a device module. Registered in CPU mode only (``CPU_MODE_ONLY`` in
+``patches/__init__.py``). See patches/README.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import psutil
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from patches.activation import CPU_PLATFORM_NAME, cpu_mode_active
+from cpu_compat.cpu_mode import CPU_PLATFORM_NAME, cpu_mode_active
 
 
 class _CPUDeviceModule(ModuleType):

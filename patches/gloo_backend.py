@@ -8,7 +8,7 @@ On the ``cpu`` platform that string is ``"cpu:gloo,cpu:gloo"`` and torch refuses
 ``ValueError: Duplicate device type cpu in backend string``. The patch wraps
 ``torch.distributed.init_process_group`` and passes ``"gloo"`` instead of exactly that string;
 every other backend string goes through untouched. Installed only in CPU mode
-(``patches.activation``; see ``patches.__init__``).
+(``cpu_compat.cpu_mode``; see ``patches.__init__``).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Upstream: ``verl/trainer/ppo/v1/trainer_base.py`` — ``PPOTrainer._compute_metr
 TransferQueue, and its ``response_length/clip_ratio`` compares against the padded batch width (verl
 issue #7817). The wrapper adds :func:`search_env.rollout_stats.rollout_metrics` to the step's
 metrics, replaces that ratio by the share of rollouts that exhausted their budget, and applies the
-``search_env.retriever_guard`` stop rule (``RetrieverDown``). Active on every platform; see
-patches/README.md, docs/metrics.md and docs/retrieval.md "Faults during training".
+``search_env.retriever_guard`` stop rule (``RetrieverDown``). Installed in runs that use rlvr-search
+(``RLVR_SEARCH_PATCHES=1``) and in CPU mode, on any platform; see patches/README.md, docs/metrics.md
+and docs/retrieval.md "Faults during training".
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ ALLOWED = {
     "cpu_engine": {"search_env"},
     "search_demo": {"search_env", "cpu_engine", "reward_fns"},
     "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
-    "patches": {"search_env", "cpu_engine"},
+    "patches": {"search_env", "cpu_engine", "cpu_compat"},
     "launch": {"search_env", "search_demo", "reward_fns"},
     "study": {"eval", "search_env", "reward_fns"},
 }

@@ -1,16 +1,12 @@
-"""The CPU patches against verl 0.9.1: they load in every process, upstream still has the code
-they adapt (so a verl upgrade fails here first), and each one does what it claims."""
+"""The patches against verl 0.9.1: upstream still has the code they adapt (so a verl upgrade fails
+here first), and each one does what it claims. Which process installs which: test_plugin.py."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,9 +14,9 @@ import pytest
 import torch
 import verl
 
+from cpu_compat import cpu_mode
 from cpu_engine import hf_server
 from patches import (
-    activation,
     cpu_engine,
     cpu_platform,
     gloo_backend,
@@ -29,68 +25,10 @@ from patches import (
 )
 
 VERL_DIR = Path(verl.__file__).parent
-PATCH_MODULES = [
-    f"patches.{m}"
-    for m in ("cpu_platform", "hf_rollout", "training_metrics", "file_logger_resume", "vllm_cpu_version")
-]
-
-
-def _fresh_interpreter(code: str, **env: str) -> dict:
-    """Run ``code`` (which prints one JSON line last) in a new interpreter with ``env`` set."""
-    full_env = {**os.environ, **env}
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-PROBE = """
-    import json, sys
-    import verl
-    import torch.distributed as dist
-    from verl.plugin.platform import PlatformRegistry, get_platform
-    import verl.workers.rollout.base as base, verl.workers.rollout.replica as replica
-    print(json.dumps({
-        "modules": sorted(m for m in sys.modules if m.startswith("patches")),
-        "platform": get_platform().device_name,
-        "cpu_registered": PlatformRegistry.get("cpu").__module__,
-        "gloo_fix": getattr(dist.init_process_group, "__rlvr_gloo_fix__", False),
-        "hf_replica": "hf" in replica.RolloutReplicaRegistry._registry,
-        "hf_adapter": base._ROLLOUT_REGISTRY.get(("hf", "async")),
-    }))
-"""
 
 
 def test_verl_version_is_the_one_patched():
     assert verl.__version__ == "0.9.1", "patches target verl 0.9.1: re-check every patch before moving"
-
-
-def test_entry_point_loads_every_patch_in_a_fresh_process():
-    got = _fresh_interpreter(PROBE, VERL_PLATFORM="cpu")
-    cpu_only = [
-        "patches.cpu_engine",
-        "patches.gloo_backend",
-        "patches.vllm_cpu_env",
-        "patches.vllm_cpu_weight_reload",
-    ]
-    assert set(PATCH_MODULES + cpu_only) <= set(got["modules"])
-    assert got["platform"] == "cpu"
-    assert got["cpu_registered"] == "patches.cpu_platform"
-    assert got["gloo_fix"] is True
-    assert got["hf_replica"] is True
-    assert got["hf_adapter"] == hf_rollout.ADAPTER_FQN
-
-
-def test_patches_are_inert_on_another_platform():
-    got = _fresh_interpreter(PROBE, VERL_PLATFORM="nvidia")
-    assert set(PATCH_MODULES) <= set(got["modules"])
-    assert got["platform"] == "cuda", "VERL_PLATFORM=nvidia must keep verl's CUDA platform"
-    assert got["gloo_fix"] is False, "CPU-mode patches must not be installed off CPU mode"
 
 
 @pytest.mark.parametrize(
@@ -100,12 +38,12 @@ def test_patches_are_inert_on_another_platform():
         ("CPU", True),
         ("nvidia", False),
         ("huawei", False),
-        ("", activation.torch_is_cpu_only_build()),
+        ("", cpu_mode.torch_is_cpu_only_build()),
     ],
 )
 def test_cpu_mode_follows_verl_platform(monkeypatch, env, expected):
     monkeypatch.setenv("VERL_PLATFORM", env)
-    assert activation.cpu_mode_active() is expected
+    assert cpu_mode.cpu_mode_active() is expected
     assert cpu_platform.PlatformCPU().is_platform_available(use_smi_check=True) is expected
 
 
