@@ -8,6 +8,8 @@ retrieval server.
   ``qwen3_5`` weights), built once per session into a temporary folder (seed 0).
 - ``retrieval_server_url``: ``python -m search_env.retrieval serve --backend bm25`` over the bundled
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
+- ``broken_retriever``: a server healthy on /health whose every search fails (HTTP 500).
+- ``small_report``: a small synthetic study (results, logs) and its report (the micro study's tests).
 - The CPU demo as the e2e tests run it (``tests/e2e/test_demo_e2e.py``, ``tests/e2e/test_run_killed.py``):
   ``demo_cmd`` / ``demo_env`` (``launch/run.sh recipes/demo_cpu.yaml``, smaller: ``CI_OVERRIDES``),
   ``logged_steps`` (its ``metrics.jsonl``), ``free_port``, ``port_free``.
@@ -21,8 +23,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ import torch
 import yaml
 from hypothesis import settings
 
+from eval.report.document import main as report_main
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port, spawn_server
@@ -149,6 +154,131 @@ def make_local_rollout(
     return make
 
 
+# ---- a retriever healthy on /health whose every search fails ---------------------------------
+
+
+class _BrokenSearch(BaseHTTPRequestHandler):
+    """Healthy on GET /health, HTTP 500 on every search: a backend that fails on its first query."""
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"status": "healthy", "backend": "dense"}')
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "faiss: index is not trained"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def broken_retriever() -> Iterator[str]:
+    """The URL of a :class:`_BrokenSearch` server on a free loopback port (tests/retrieval/test_probe_start.py,
+    tests/launch/test_launch_gpu.py)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenSearch)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# ---- a small synthetic study with a world-like suite (no paper benchmark) ----------------------
+# tests/study/test_micro_study.py reports it; tests/e2e/test_micro_study_e2e.py runs a study over it.
+
+SMALL_STUDY_CAPS = {42: 4, 43: 5, 44: 7}
+# (shape, seed) -> {step: correct answers out of 4 per benchmark}; step 0 only in the first shape
+SMALL_STUDY_TREE = {
+    ("em_only", 42): {0: 1, 3: 1, 4: 2},
+    ("f1_only", 42): {3: 2, 4: 3},
+    ("f1_format", 42): {3: 3, 4: 2},
+    ("em_only", 43): {0: 1, 3: 1, 5: 1},
+    ("f1_only", 43): {3: 3, 5: 2},
+    ("f1_format", 43): {3: 2, 5: 4},
+    ("em_only", 44): {0: 1, 3: 2, 6: 1, 7: 4},
+    ("f1_only", 44): {3: 3, 6: 3, 7: 3},
+    ("f1_format", 44): {3: 3, 6: 2, 7: 2},
+}
+SMALL_STUDY_BENCHES = ("single_hop", "two_hop")
+
+
+def _write_tree(root: Path, tree: dict, prefix: str) -> None:
+    for (shape, seed), steps in tree.items():
+        run = f"{shape}_s{seed}"
+        (root / run).mkdir(parents=True)
+        info = {"run": run, "shape": shape, "seed": seed, "horizon": SMALL_STUDY_CAPS[seed], "config": {}}
+        (root / run / "run.json").write_text(json.dumps(info))
+        for step, right in steps.items():
+            d = root / run / f"global_step_{step}"
+            d.mkdir()
+            rows, summary = [], {}
+            for bench in SMALL_STUDY_BENCHES:
+                part = []
+                for i in range(4):
+                    ok = i < right
+                    part.append(
+                        {
+                            "benchmark": bench,
+                            "id": f"{bench}-{i}",
+                            "question": f"{prefix} {bench} {i}?",
+                            "prediction": "a" if ok else ("b" if i % 2 else None),
+                            "em": float(ok),
+                            "f1": 1.0 if ok else 0.25,
+                            "acc": float(ok),
+                            "searches": 1 + i % 2 + (bench == "two_hop"),
+                            "termination": "answer" if ok or i % 2 else "turn_cap",
+                        }
+                    )
+                rows += part
+                summary[bench] = {
+                    "n": 4,
+                    **{k: sum(r[k] for r in part) / 4 for k in ("em", "f1", "acc")},
+                    "abort_rate": sum(r["prediction"] is None for r in part) / 4,
+                    "searches_mean": sum(r["searches"] for r in part) / 4,
+                }
+            macro = {k: sum(s[k] for s in summary.values()) / len(summary) for k in ("em", "f1", "acc")}
+            (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / "summary.json").write_text(
+                json.dumps({"benchmarks": summary, "macro": macro, "step": step, "complete": True})
+            )
+
+
+def _write_logs(root: Path) -> None:
+    for shape, seed in SMALL_STUDY_TREE:
+        zero = {"em_only": 0.75, "f1_only": 0.25, "f1_format": 0.5}[shape]
+        lines = [
+            {
+                "step": s,
+                "data": {"reward/mean": s / 10, "grpo/zero_variance_group_frac": zero + (s % 2) * 0.25},
+            }
+            for s in range(1, SMALL_STUDY_CAPS[seed] + 1)
+        ]
+        (root / f"{shape}_s{seed}").mkdir(parents=True)
+        (root / f"{shape}_s{seed}" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(base, report): base/{test,val} results and base/logs of :data:`SMALL_STUDY_TREE`, and the
+    report of them (``--matched-horizon auto``, validation-selected) written to base/report."""
+    base = tmp_path_factory.mktemp("micro")
+    _write_tree(base / "test", SMALL_STUDY_TREE, "t")
+    # validation prefers the earliest trained checkpoint of every run (3 right at step 3, fewer later)
+    val_tree = {key: {s: (3 if s == 3 else 1) for s in steps} for key, steps in SMALL_STUDY_TREE.items()}
+    _write_tree(base / "val", val_tree, "v")
+    _write_logs(base / "logs")
+    out = base / "report"
+    argv = ["--results", str(base / "test"), "--val-results", str(base / "val"), "--logs", str(base / "logs")]
+    assert report_main([*argv, "--matched-horizon", "auto", "--bootstrap", "50", "--out", str(out)]) == 0
+    return base, out
+
+
 # ---- the CPU demo, as the e2e tests run it ----------------------------------------------------
 
 RUN_LIMIT_S = int(
@@ -227,9 +357,9 @@ def _runs_the_demo(item: pytest.Item) -> bool:
 
 LONG_FILES_FIRST = (
     "e2e/test_vllm_e2e.py",
-    "launch/test_launch_gpu.py",
-    "study/test_micro_study.py",
-    "eval/test_eval_run.py",
+    "e2e/test_eval_sh_e2e.py",
+    "e2e/test_micro_study_e2e.py",
+    "e2e/test_eval_run_e2e.py",
     "patches/test_vllm_cpu_install.py",
     "e2e/test_run_killed.py",
     "e2e/test_retriever_faults_e2e.py",
@@ -238,9 +368,12 @@ LONG_FILES_FIRST = (
     "e2e/test_semantic_training_e2e.py",
     "e2e/test_eval_sampling_e2e.py",
     "study/test_study.py",
+    "launch/test_launch_gpu.py",
+    "study/test_micro_study.py",
     "retrieval/test_index.py",
     "launch/test_recipes.py",
     "launch/test_resume.py",
+    "launch/test_doctor.py",
     "retrieval/test_client.py",
     "patches/test_patches.py",
     "retrieval/test_server.py",

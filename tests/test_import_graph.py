@@ -196,9 +196,10 @@ REPOSITORY_WIDE = {"test_import_graph.py", "test_committed_results.py", "test_he
 """The test files at tests/ top level, beside the shared helpers (conftest, study_reference,
 heavy_slot) and fixtures/: checks of the whole repository."""
 STARTS_A_DEMO_RUN = re.compile(r"\b(demo_cmd|start_demo|demo_eval)\(")
+E2E_MARK = re.compile(r"\bpytest\.mark\.e2e\b")
 
 
-def test_tests_mirror_the_packages_and_heavy_runs_carry_e2e():
+def test_tests_mirror_the_packages_and_whole_runs_live_in_e2e():
     tests = REPO_ROOT / "tests"
     files = sorted(p for p in tests.rglob("test_*.py") if "fixtures" not in p.relative_to(tests).parts)
     folders = {p.parent.relative_to(tests).as_posix() for p in files} - {"."}
@@ -211,11 +212,13 @@ def test_tests_mirror_the_packages_and_heavy_runs_carry_e2e():
     # pytest imports a test module by its file name (no __init__.py under tests/): one file per name
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
     assert not list(tests.rglob("__init__.py")), "tests/ is no package: helpers are found via pythonpath"
-    unmarked = [
-        p.relative_to(tests).as_posix()
-        for p in files
-        if STARTS_A_DEMO_RUN.search(p.read_text(encoding="utf-8")) and "pytest.mark.e2e" not in p.read_text()
-    ]
-    assert not unmarked, f"these start the CPU demo without the e2e marker: {unmarked}"
+    # the folder is the one way a test is e2e (tests/conftest.py marks tests/e2e/): no file marks it,
+    # and every whole run lives there
+    texts = {p.relative_to(tests).as_posix(): p.read_text(encoding="utf-8") for p in files}
+    marked = sorted(name for name, text in texts.items() if E2E_MARK.search(text))
+    assert not marked, f"only the folder tests/e2e/ makes a test e2e; move these there, unmarked: {marked}"
+    outside = {name: text for name, text in texts.items() if not name.startswith("e2e/")}
+    runs = sorted(name for name, text in outside.items() if STARTS_A_DEMO_RUN.search(text))
+    assert not runs, f"these start the CPU demo outside tests/e2e/ (move them there): {runs}"
     gone = [name for name in LONG_FILES_FIRST if not (tests / name).is_file()]
     assert not gone, f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {gone}"

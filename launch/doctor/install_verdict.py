@@ -1,11 +1,16 @@
-"""Verdict on a pip dry-run resolution of the ``[gpu]`` extra (used by launch/check_gpu_install.sh).
+"""Check, without a GPU and without installing anything, that ``pip install -e ".[gpu]"`` resolves.
 
-    python launch/install_verdict.py --report REPORT.json --log PIP_OUTPUT.txt --returncode RC
+    bash launch/check_gpu_install.sh        # = python -m launch.doctor.install_verdict
 
+Creates a throwaway venv (removed at the end) with the interpreter that runs this module, upgrades
+its pip, and runs pip's resolver in dry-run mode on this checkout's ``.[gpu]`` (``pip install
+--dry-run --report``): only package metadata is fetched (PEP 658), nothing is built or installed.
 Reads pip's JSON installation report (absent when pip failed before resolving) and its output,
 prints the resolved versions of the GPU path's packages, its faiss and the CUDA wheels faiss-gpu and
 torch pull, then one verdict line; exits 0 (resolves cleanly), 1 (does not) or 3 (the index was
-unreachable: no verdict). Standard library only: it runs in a throwaway venv that holds only pip.
+unreachable twice: pip is retried once; no verdict). Standard library only: it runs with a bare
+``python3``. Environment: pip's own configuration (PIP_INDEX_URL, pip.conf mirrors) applies as for a
+real install; TIMEOUT_S [600] limits each pip run; RETRY_DELAY_S [10] is the wait before the retry.
 Rules and exit statuses: docs/gpu.md ("Install on a GPU node").
 """
 
@@ -13,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,19 +288,68 @@ def format_verdict(v: Verdict) -> str:
     return "\n".join(lines)
 
 
+def verdict_of_files(report: Path, log: Path, returncode: int) -> Verdict:
+    """:func:`verdict` of pip's ``--report`` file (absent or empty: no report) and its output file."""
+    data = None
+    if report.is_file() and report.stat().st_size:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    return verdict(data, text, returncode)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout whose ``.[gpu]`` is resolved."""
+PIP_TIMEOUT_EXIT = 124
+"""pip's exit status when it ran past TIMEOUT_S (as `timeout` reports it)."""
+
+
+def _pip(python: Path, args: list[str], log: Path, timeout_s: int) -> int:
+    """``python -m pip ARGS`` with its output in ``log``; its exit status (:data:`PIP_TIMEOUT_EXIT`
+    when it ran past ``timeout_s``)."""
+    with open(log, "w") as out:
+        try:
+            command = [str(python), "-m", "pip", *args, "--disable-pip-version-check"]
+            return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            return PIP_TIMEOUT_EXIT
+
+
+def check(timeout_s: int, retry_delay_s: float) -> int:
+    """The whole check (module docstring); prints the verdict and returns its exit status."""
+    start = time.monotonic()
+    print(f"check_gpu_install: resolving {ROOT}[gpu] with {sys.executable} (Python {sys.version.split()[0]})")
+    with tempfile.TemporaryDirectory(prefix="rlvr_gpu_install.") as tmp:
+        work = Path(tmp)
+        subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
+        python = work / "venv" / "bin" / "python"
+        report, log = work / "report.json", work / "pip.log"
+        # a pip too old for --report, or no index: the verdict tells which from the log
+        returncode = _pip(python, ["install", "-q", "--upgrade", "pip>=24"], log, timeout_s)
+
+        def resolve() -> int:
+            report.unlink(missing_ok=True)
+            args = ["install", "--dry-run", "--quiet", "--report", str(report), f"{ROOT}[gpu]"]
+            return _pip(python, args, log, timeout_s)
+
+        if returncode == 0:
+            returncode = resolve()
+        result = verdict_of_files(report, log, returncode)
+        if result.exit_code == EXIT_NETWORK:
+            print(
+                f"check_gpu_install: the package index did not answer; retrying once in {retry_delay_s:g} s",
+                file=sys.stderr,
+            )
+            time.sleep(retry_delay_s)
+            result = verdict_of_files(report, log, resolve())
+    print(format_verdict(result))
+    print(f"check_gpu_install: {round(time.monotonic() - start)} s")
+    return result.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--report", type=Path, required=True, help="pip --report JSON (may be absent)")
-    parser.add_argument("--log", type=Path, required=True, help="pip's combined stdout + stderr")
-    parser.add_argument("--returncode", type=int, required=True, help="pip's exit status")
-    args = parser.parse_args(argv)
-    report = None
-    if args.report.is_file() and args.report.stat().st_size:
-        report = json.loads(args.report.read_text(encoding="utf-8"))
-    log = args.log.read_text(encoding="utf-8", errors="replace") if args.log.is_file() else ""
-    result = verdict(report, log, args.returncode)
-    print(format_verdict(result))
-    return result.exit_code
+    parser.parse_args(argv)
+    return check(int(os.environ.get("TIMEOUT_S") or 600), float(os.environ.get("RETRY_DELAY_S") or 10))
 
 
 if __name__ == "__main__":

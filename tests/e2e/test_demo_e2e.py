@@ -28,8 +28,6 @@ from search_env.paths import REPO_ROOT
 from search_env.rollout_record import TERMINATIONS
 from search_env.rollout_stats import group_metrics, group_of
 
-pytestmark = pytest.mark.e2e
-
 
 def _run_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(

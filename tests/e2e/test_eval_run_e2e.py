@@ -106,7 +106,6 @@ def reference(tmp_path_factory, run_dir: Path, retrieval_server_url: str) -> Pat
     return out / "f1_only_s3"
 
 
-@pytest.mark.e2e
 def test_every_checkpoint_evaluated_and_summarised(
     reference: Path, run_dir: Path, retrieval_server_url: str, capsys: pytest.CaptureFixture[str]
 ):
@@ -140,7 +139,6 @@ def test_every_checkpoint_evaluated_and_summarised(
     assert "retrieval server http://127.0.0.1:9 is not reachable" in capsys.readouterr().err
 
 
-@pytest.mark.e2e
 def test_kill_and_resume_gives_identical_rows(
     reference: Path, run_dir: Path, retrieval_server_url: str, tmp_path: Path
 ):
@@ -180,7 +178,6 @@ def test_kill_and_resume_gives_identical_rows(
         ).read_text()
 
 
-@pytest.mark.e2e
 def test_torn_tail_after_the_last_row_is_cut(
     reference: Path, run_dir: Path, retrieval_server_url: str, tmp_path: Path
 ):
@@ -198,7 +195,6 @@ def test_torn_tail_after_the_last_row_is_cut(
     ).read_text()
 
 
-@pytest.mark.e2e
 def test_changed_settings_are_refused(
     reference: Path, run_dir: Path, retrieval_server_url: str, capsys: pytest.CaptureFixture[str]
 ):

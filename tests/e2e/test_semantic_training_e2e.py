@@ -15,7 +15,7 @@ from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, free_port, logged_s
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.encoder import build_tiny_encoder
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 300)]
+pytestmark = pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 300)
 
 PREFIX = "reward.custom_reward_function.reward_kwargs"
 

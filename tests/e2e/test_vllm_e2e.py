@@ -46,7 +46,6 @@ from patches import vllm_cpu_version
 from search_env.paths import REPO_ROOT
 
 pytestmark = [
-    pytest.mark.e2e,
     # the module's first test also pays for the cluster and two training runs (its fixtures)
     pytest.mark.timeout(3 * DEMO_RUN_TIMEOUT_S + 300),
     pytest.mark.skipif(vllm_cpu_version._installed("vllm-cpu") is None, reason="vllm-cpu not installed"),

@@ -1,4 +1,4 @@
-"""The GPU install check (launch/check_gpu_install.sh + launch/install_verdict.py) and the package
+"""The GPU install check (launch/check_gpu_install.sh -> launch/doctor/install_verdict.py) and the package
 metadata it guards: the verdict logic runs on resolver reports and pip outputs recorded on this
 machine (tests/fixtures/pip_resolution/: the current `.[gpu]`, trimmed to names, versions and the
 Requires-Dist of torch, faiss-gpu and what they pull; an older `[gpu]` with faiss-cpu plus
@@ -18,7 +18,7 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-from launch import install_verdict
+from launch.doctor import install_verdict
 from search_env.paths import REPO_ROOT
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "pip_resolution"
@@ -166,15 +166,13 @@ def test_unreachable_index_is_no_verdict():
     assert iv.verdict(None, no_setuptools, 1).kind == "network"
 
 
-def test_cli_reads_report_and_log(tmp_path, capsys):
+def test_the_verdict_reads_report_and_log_files(tmp_path):
     iv = install_verdict
     (tmp_path / "log").write_text("")
-    assert iv.main(["--report", str(FIXTURES / "gpu_two_faiss.report.json"), "--log", str(tmp_path / "log"),
-                    "--returncode", "0"]) == 1  # fmt: skip
-    assert "FAIL (faiss)" in capsys.readouterr().out
-    rc = iv.main(["--report", str(tmp_path / "absent.json"), "--log", str(FIXTURES / "network.log"),
-                  "--returncode", "1"])  # fmt: skip
-    assert rc == 3
+    two_faiss = iv.verdict_of_files(FIXTURES / "gpu_two_faiss.report.json", tmp_path / "log", 0)
+    assert two_faiss.exit_code == 1 and "FAIL (faiss)" in iv.format_verdict(two_faiss)
+    network = iv.verdict_of_files(tmp_path / "absent.json", FIXTURES / "network.log", 1)
+    assert network.exit_code == 3
 
 
 def _pyproject() -> dict:

@@ -1,4 +1,4 @@
-"""gpu_smoke.sh's judge stage (``python -m launch.gpu_smoke judge``): a real judge on a real model,
+"""gpu_smoke.sh's judge stage (``python -m launch.doctor.gpu_smoke judge``): a real judge on a real model,
 GPU only. Without CUDA it exits 2 with a visible reason and starts nothing; the script runs it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import gpu_smoke
+from launch.doctor import gpu_smoke
 from search_env.paths import REPO_ROOT
 
 
@@ -20,8 +20,12 @@ def test_the_judge_stage_exits_2_without_cuda_and_says_why(tmp_path: Path, capsy
     assert not work.exists(), "no server is started and nothing written without a GPU"
 
 
-def test_the_script_runs_the_judge_stage_and_its_cases_are_balanced():
-    script = (REPO_ROOT / "launch" / "gpu_smoke.sh").read_text()
-    assert '-m launch.gpu_smoke judge "${JUDGE_MODEL_DIR:-$ROOT/data/models/Qwen3.5-0.8B}"' in script
+def test_the_run_has_a_judge_stage_and_its_cases_are_balanced(tmp_path: Path):
+    (judge,) = [s for s in gpu_smoke.stages(tmp_path, gpu_smoke.REAL_MODEL) if s.name == "judge"]
+    assert judge.args == (
+        "judge",
+        str(REPO_ROOT / "data" / "models" / "Qwen3.5-0.8B"),
+        str(tmp_path / "judge"),
+    )
     right = [case[3] for case in gpu_smoke.JUDGE_CASES]
     assert right.count("correct") == right.count("incorrect") == len(right) // 2
