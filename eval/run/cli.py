@@ -1,4 +1,4 @@
-"""``python -m eval run``: its command line, resolved into a :class:`eval.run.runner.RunPlan`
+"""``python -m eval run``: its command line, resolved into a :class:`eval.run.runner.RunSetup`
 (flags: docs/evaluation.md, "`python -m eval run`")."""
 
 from __future__ import annotations
@@ -273,8 +273,8 @@ def _token_file(path: Path | None) -> str | None:
     return os.path.abspath(path.expanduser())
 
 
-def prepare(args: argparse.Namespace) -> runner.RunPlan:
-    """Turn ``run`` arguments into a :class:`eval.run.runner.RunPlan` (errors name the flag to fix)."""
+def prepare(args: argparse.Namespace) -> runner.RunSetup:
+    """Turn ``run`` arguments into a :class:`eval.run.runner.RunSetup` (errors name the flag to fix)."""
 
     sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
     judge = _judge(args)
@@ -315,7 +315,7 @@ def prepare(args: argparse.Namespace) -> runner.RunPlan:
     limits = replace(limits, **{k: v for k, v in overrides.items() if v is not None})
     backend = _resolve_backend(args.backend)
     token_file = _token_file(args.retriever_auth_token_file)
-    return runner.RunPlan(
+    return runner.RunSetup(
         run_name=_run_name(args, info),
         out_root=args.out,
         suite=suite,
@@ -360,24 +360,24 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_run_parser().parse_args(argv)
     try:
-        plan = prepare(args)
+        setup = prepare(args)
         engine = EngineSettings(args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    steps = ", ".join(str(c.step) for c in plan.checkpoints)
+    steps = ", ".join(str(c.step) for c in setup.checkpoints)
     print(
-        f"plan {plan.schedule.plan} ({_resolve_plan(args.plan, args.limit)[1]}; --plan full|sequential)",
+        f"plan {setup.schedule.plan} ({_resolve_plan(args.plan, args.limit)[1]}; --plan full|sequential)",
         flush=True,
     )
     print(
-        f"run {plan.run_name}: steps [{steps}] on suite {plan.suite.name} ({plan.suite.n_rows} rows, "
-        f"{len(plan.suite.benchmarks)} benchmarks), backend {plan.backend} -> {plan.run_root}",
+        f"run {setup.run_name}: steps [{steps}] on suite {setup.suite.name} ({setup.suite.n_rows} rows, "
+        f"{len(setup.suite.benchmarks)} benchmarks), backend {setup.backend} -> {setup.run_root}",
         flush=True,
     )
     try:
         summaries = runner.run(
-            plan, lambda config, model_dir: make_backend(plan.backend, config, model_dir, settings=engine)
+            setup, lambda config, model_dir: make_backend(setup.backend, config, model_dir, settings=engine)
         )
     except (RuntimeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

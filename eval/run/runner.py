@@ -93,8 +93,9 @@ class Schedule:
 
 
 @dataclass
-class RunPlan:
-    """Everything ``run`` needs, resolved from the command line (see ``eval.__main__.prepare``)."""
+class RunSetup:
+    """Everything ``run`` needs, resolved from the command line (:func:`eval.run.cli.prepare`): the run,
+    its checkpoints, the suite, the settings and the schedule (``schedule.plan``: the evaluation plan)."""
 
     run_name: str
     out_root: Path
@@ -122,18 +123,18 @@ class RunPlan:
         return self.out_root / self.run_name
 
 
-def write_run_json(plan: RunPlan) -> None:
+def write_run_json(setup: RunSetup) -> None:
     """Create ``run.json``, or check the existing one was written with comparable eval settings
     (then record the current ones, which may name what an older run.json did not)."""
-    path = plan.run_root / "run.json"
+    path = setup.run_root / "run.json"
     doc = {
-        **{k: plan.info[k] for k in ("run", "shape", "seed", "horizon", "config")},
-        "config_path": plan.info.get("config_path"),
-        "eval": plan.eval_settings,
+        **{k: setup.info[k] for k in ("run", "shape", "seed", "horizon", "config")},
+        "config_path": setup.info.get("config_path"),
+        "eval": setup.eval_settings,
     }
-    doc["run"] = plan.run_name
+    doc["run"] = setup.run_name
     if path.is_file():
-        diffs = differences(read_json(path).get("eval") or {}, plan.eval_settings)
+        diffs = differences(read_json(path).get("eval") or {}, setup.eval_settings)
         if diffs:
             raise ValueError(
                 mismatch_message(
@@ -214,47 +215,51 @@ def _check_checkpoint(step_dir: Path, step: int, fingerprint: str, log: Callable
 
 
 def _still_valid(
-    summary: dict[str, Any], plan: RunPlan, fingerprint: str, rows: dict[str, int], stage: str
+    summary: dict[str, Any], setup: RunSetup, fingerprint: str, rows: dict[str, int], stage: str
 ) -> bool:
     """An existing summary serves a request for ``rows`` at ``stage``: same settings and checkpoint,
     and the same or more rows (a later stage is never replaced by an earlier one)."""
     ev = summary.get("eval")
-    if not isinstance(ev, dict) or ev.get("checkpoint") != fingerprint or differences(ev, plan.eval_settings):
+    if (
+        not isinstance(ev, dict)
+        or ev.get("checkpoint") != fingerprint
+        or differences(ev, setup.eval_settings)
+    ):
         return False
     have = ev.get("rows") or {}
     if any(have.get(b, 0) < n for b, n in rows.items()):
         return False
-    if _wants_judge(plan, stage) and JUDGE not in summary.get("macro", {}):
+    if _wants_judge(setup, stage) and JUDGE not in summary.get("macro", {}):
         return False
     return have != rows or ev.get("stage") == stage
 
 
-def _wants_judge(plan: RunPlan, stage: str) -> bool:
+def _wants_judge(setup: RunSetup, stage: str) -> bool:
     """The judge scores every summary but a screening one (docs/evaluation.md, "The judge")."""
-    return plan.judge is not None and stage != SCREENED
+    return setup.judge is not None and stage != SCREENED
 
 
 def judge_rows(
-    plan: RunPlan, step: int, rows: Sequence[dict[str, Any]], log: Callable[[str], None]
+    setup: RunSetup, step: int, rows: Sequence[dict[str, Any]], log: Callable[[str], None]
 ) -> list[str]:
     """The judge's judgement of each row (in order), from ``OUT/.judge/verdicts.jsonl`` or the
     endpoint (new verdicts appended there); JudgeError when the endpoint fails."""
-    assert plan.judge is not None
+    assert setup.judge is not None
     items = [(str(r["question"]), list(r["golds"]), r.get("prediction")) for r in rows]
-    verdicts, calls = judge_many(plan.judge, items, VerdictCache(plan.out_root / VERDICTS))
+    verdicts, calls = judge_many(setup.judge, items, VerdictCache(setup.out_root / VERDICTS))
     log(
-        f"step {step}: judge {plan.judge.model}: {len(rows)} rows, {calls} calls (the rest from the verdict store)"
+        f"step {step}: judge {setup.judge.model}: {len(rows)} rows, {calls} calls (the rest from the verdict store)"
     )
     return [v.judgement for v in verdicts]
 
 
 @dataclass(frozen=True)
 class CheckpointJob:
-    """One checkpoint of a run being evaluated: the run's plan, the checkpoint and its fingerprint
+    """One checkpoint of a run being evaluated: the run's setup, the checkpoint and its fingerprint
     (:func:`eval.run.settings.checkpoint_fingerprint`), how a backend is made for it (verl config,
     model folder -> backend) and where progress lines go."""
 
-    plan: RunPlan
+    setup: RunSetup
     ckpt: ckpts.Checkpoint
     fingerprint: str
     make_backend: Callable[[Any, str], Any]
@@ -264,19 +269,19 @@ class CheckpointJob:
 def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> None:
     """Roll ``todo`` out with the job's checkpoint and append the scored rows to ``store``; rows held
     back for a failed search get RETRIEVAL_RETRY_PASSES more passes, then RuntimeError."""
-    plan, ckpt, log = job.plan, job.ckpt, job.log
-    model_dir = ckpts.materialize(ckpt, plan.run_root / "merged", job.fingerprint)
+    setup, ckpt, log = job.setup, job.ckpt, job.log
+    model_dir = ckpts.materialize(ckpt, setup.run_root / "merged", job.fingerprint)
     backend = job.make_backend(
         rollout_config(
-            plan.limits,
-            plan.retriever_urls,
-            plan.backend,
+            setup.limits,
+            setup.retriever_urls,
+            setup.backend,
             model_dir,
             store.path.parent,
-            plan.topk,
-            plan.retriever_auth_token_file,
-            temperature=plan.sampling.temperature,
-            top_p=plan.sampling.top_p,
+            setup.topk,
+            setup.retriever_auth_token_file,
+            temperature=setup.sampling.temperature,
+            top_p=setup.sampling.top_p,
         ),
         str(model_dir),
     )
@@ -297,7 +302,9 @@ def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> Non
                         "stored; checking the retrievers and rolling them out again"
                     )
                     try:
-                        check_retrievers(plan.retriever_urls, auth_token_file=plan.retriever_auth_token_file)
+                        check_retrievers(
+                            setup.retriever_urls, auth_token_file=setup.retriever_auth_token_file
+                        )
                     except RuntimeError as err:
                         raise held_back_error(ckpt.step, len(pending), len(todo), str(err)) from None
                 pending = backend.run(
@@ -305,10 +312,10 @@ def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> Non
                         backend,
                         pending,
                         InOrderWriter(store),
-                        plan.limits.rules.question_mark,
-                        plan.max_in_flight,
+                        setup.limits.rules.question_mark,
+                        setup.max_in_flight,
                         progress,
-                        plan.sampling,
+                        setup.sampling,
                     )
                 )
                 if not pending:
@@ -316,7 +323,7 @@ def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> Non
         finally:
             backend.close()
     if pending:
-        urls = ", ".join(plan.retriever_urls)
+        urls = ", ".join(setup.retriever_urls)
         why = f"their searches failed again ({urls} did not answer within the search tool's retry_budget_s)"
         raise held_back_error(ckpt.step, len(pending), len(todo), why)
 
@@ -324,7 +331,7 @@ def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> Non
 def _roll_out_step0(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> None:
     """Step 0's missing rows: rolled out into the rows every run of the same base model and settings
     shares (``OUT/.step0/<key>``) unless already there, then copied into this run's ``store``."""
-    shared_dir = job.plan.out_root / STEP0_DIR / step0_key(job.fingerprint, job.plan.eval_settings)
+    shared_dir = job.setup.out_root / STEP0_DIR / step0_key(job.fingerprint, job.setup.eval_settings)
     with exclusive_lock(shared_dir, wait=True):
         shared = RowStore(shared_dir / "rows.jsonl")
         have = shared.recover()
@@ -337,7 +344,7 @@ def _roll_out_step0(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> No
 
 
 def evaluate_step(
-    plan: RunPlan,
+    setup: RunSetup,
     ckpt: ckpts.Checkpoint,
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None] = print,
@@ -349,12 +356,12 @@ def evaluate_step(
     then write and return its summary (its settings, rows per benchmark, ``stage`` and checkpoint
     fingerprint under ``eval``). The caller holds the checkpoint folder's lock. ValueError when the
     folder holds another checkpoint's results; RuntimeError when rows stay missing."""
-    step_dir = plan.run_root / step_dir_name(ckpt.step)
+    step_dir = setup.run_root / step_dir_name(ckpt.step)
     fingerprint = fingerprint or checkpoint_fingerprint(ckpt.path)
     _check_checkpoint(step_dir, ckpt.step, fingerprint, log)
     if questions is None:
-        questions = [q for qs in plan.suite.benchmarks.values() for q in qs]
-    units = units_of(questions, plan.sampling)
+        questions = [q for qs in setup.suite.benchmarks.values() for q in qs]
+    units = units_of(questions, setup.sampling)
     wanted = {key_of(u) for u in units}
     rows_wanted = dict(Counter(q.benchmark for q in questions))
     summary_path = step_dir / "summary.json"
@@ -364,22 +371,22 @@ def evaluate_step(
     done = store.recover() & wanted
     if len(done) == len(wanted) and summary_path.is_file():
         old = read_json(summary_path)
-        if _still_valid(old, plan, fingerprint, rows_wanted, stage):
+        if _still_valid(old, setup, fingerprint, rows_wanted, stage):
             return old
     todo = [u for u in units if key_of(u) not in done]
     log(f"step {ckpt.step}: {len(done)} rows done, {len(todo)} to go")
     if todo:
         roll = _roll_out_step0 if ckpt.step == 0 else _roll_out_rows
-        roll(CheckpointJob(plan, ckpt, fingerprint, make_backend, log), store, todo)
+        roll(CheckpointJob(setup, ckpt, fingerprint, make_backend, log), store, todo)
     rows = [r for r in store.rows() if row_key(r) in wanted]
     if len(rows) != len(wanted):
         raise RuntimeError(f"{store.path}: {len(rows)} of {len(wanted)} rows after evaluation")
     summary = summarize(
-        rows, list(rows_wanted), ckpt.step, plan.limits.preset, plan.sampling.samples, plan.run_name
+        rows, list(rows_wanted), ckpt.step, setup.limits.preset, setup.sampling.samples, setup.run_name
     )
-    if _wants_judge(plan, stage):
-        add_judge(summary, rows, judge_rows(plan, ckpt.step, rows, log), plan.eval_settings["judge"])
-    summary["eval"] = {**plan.eval_settings, "rows": rows_wanted, "stage": stage, "checkpoint": fingerprint}
+    if _wants_judge(setup, stage):
+        add_judge(summary, rows, judge_rows(setup, ckpt.step, rows, log), setup.eval_settings["judge"])
+    summary["eval"] = {**setup.eval_settings, "rows": rows_wanted, "stage": stage, "checkpoint": fingerprint}
     write_json_atomic(summary_path, summary)
     return summary
 
@@ -389,7 +396,7 @@ Item = tuple[ckpts.Checkpoint, Sequence[Question] | None, str]
 
 
 def _evaluate_all(
-    plan: RunPlan,
+    setup: RunSetup,
     items: Sequence[Item],
     fingerprints: dict[int, str],
     make_backend: Callable[[Any, str], Any],
@@ -401,42 +408,42 @@ def _evaluate_all(
     busy: list[Item] = []
     for item in items:
         ckpt, questions, stage = item
-        with try_lock(plan.run_root / step_dir_name(ckpt.step)) as held:
+        with try_lock(setup.run_root / step_dir_name(ckpt.step)) as held:
             if held:
                 summaries[ckpt.step] = evaluate_step(
-                    plan, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
+                    setup, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
                 )
             else:
                 log(f"step {ckpt.step}: another process is evaluating it; going on with the next")
                 busy.append(item)
     for ckpt, questions, stage in busy:
-        with exclusive_lock(plan.run_root / step_dir_name(ckpt.step), wait=True):
+        with exclusive_lock(setup.run_root / step_dir_name(ckpt.step), wait=True):
             summaries[ckpt.step] = evaluate_step(
-                plan, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
+                setup, ckpt, make_backend, log, questions, stage, fingerprints[ckpt.step]
             )
     return summaries
 
 
-def _scores(plan: RunPlan, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
+def _scores(setup: RunSetup, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
     """EM of one checkpoint's stored rows on ``questions`` (a sampled run: each question's mean
     over its samples): benchmark -> scores in question order."""
     em = {
         row_key(r): float(r["em"])
-        for r in RowStore(plan.run_root / step_dir_name(step) / "rows.jsonl").rows()
+        for r in RowStore(setup.run_root / step_dir_name(step) / "rows.jsonl").rows()
     }
     out: dict[str, list[float]] = {}
     for q in questions:
         out.setdefault(q.benchmark, []).append(
-            float(np.mean([em[unit_key(q.key, i)] for i in plan.sampling.indices()]))
+            float(np.mean([em[unit_key(q.key, i)] for i in setup.sampling.indices()]))
         )
     return {b: np.asarray(v) for b, v in out.items()}
 
 
-def _validation_choices(plan: RunPlan, rules: dict[str, list[int]]) -> dict[str, int]:
+def _validation_choices(setup: RunSetup, rules: dict[str, list[int]]) -> dict[str, int]:
     """Per rule, the eligible step with the best validation macro EM in ``schedule.val_results``."""
-    if plan.schedule.val_results is None:
+    if setup.schedule.val_results is None:
         return {}
-    root = plan.schedule.val_results / plan.run_name
+    root = setup.schedule.val_results / setup.run_name
     val = {}
     for path in root.glob(f"{step_dir_name('*')}/summary.json"):
         step = int(path.parent.name.removeprefix(step_dir_name("")))
@@ -450,41 +457,41 @@ def _validation_choices(plan: RunPlan, rules: dict[str, list[int]]) -> dict[str,
 
 
 def run_sequential(
-    plan: RunPlan,
+    setup: RunSetup,
     fingerprints: dict[int, str],
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None],
 ) -> dict[int, dict[str, Any]]:
     """Screen, decide, confirm (module docstring); writes ``plan.json``; returns ``{step: summary}``."""
-    sched = plan.schedule
-    sizes = plan.suite.sizes()
+    sched = setup.schedule
+    sizes = setup.suite.sizes()
     screen_n = {b: min(sched.screen_rows, n) for b, n in sizes.items()}
-    screen_q = plan.suite.prefix(screen_n)
-    trained = [c for c in plan.checkpoints if c.step >= 1]
+    screen_q = setup.suite.prefix(screen_n)
+    trained = [c for c in setup.checkpoints if c.step >= 1]
     items: list[Item] = [(c, screen_q, FULL if screen_n == sizes else SCREENED) for c in trained]
-    summaries = _evaluate_all(plan, items, fingerprints, make_backend, log)
-    screened = {c.step: _scores(plan, c.step, screen_q) for c in trained}
-    horizon = int(plan.info["horizon"])
+    summaries = _evaluate_all(setup, items, fingerprints, make_backend, log)
+    screened = {c.step: _scores(setup, c.step, screen_q) for c in trained}
+    horizon = int(setup.info["horizon"])
     rules = {
         "own": [s for s in screened if s <= horizon],
         "matched": [s for s in screened if s <= min(sched.matched_horizon, horizon)],
     }
     decision = seq.decide(screened, rules, sched.delta)
-    val_choices = _validation_choices(plan, rules)
+    val_choices = _validation_choices(setup, rules)
     for rule, step in val_choices.items():
         decision.why[step] = f"{decision.why.get(step, '')}; {rule}: best on validation".lstrip("; ")
     n_conf = seq.confirm_rows(decision, screened, sizes, screen_n, sched.halfwidth, sched.confirm)
     stage = FULL if n_conf == sizes else CONFIRMED
     keep = set(decision.confirm) | set(val_choices.values())
-    base = [c for c in plan.checkpoints if c.step == 0]
+    base = [c for c in setup.checkpoints if c.step == 0]
     confirm_items: list[Item] = [
-        (c, plan.suite.prefix(n_conf), stage) for c in base + trained if c.step in keep or c.step == 0
+        (c, setup.suite.prefix(n_conf), stage) for c in base + trained if c.step in keep or c.step == 0
     ]
     log(
         f"sequential plan: {len(trained)} checkpoints screened on {sum(screen_n.values())} rows; "
         f"confirming steps {sorted(keep)}{' and step 0' if base else ''} on {sum(n_conf.values())} rows"
     )
-    summaries.update(_evaluate_all(plan, confirm_items, fingerprints, make_backend, log))
+    summaries.update(_evaluate_all(setup, confirm_items, fingerprints, make_backend, log))
     checkpoints = {}
     for step, summary in sorted(summaries.items()):
         ev = summary.get("eval") or {}
@@ -497,7 +504,7 @@ def run_sequential(
             "gap_upper": None if gap is None else round(gap.upper, 6),
         }
     write_json_atomic(
-        plan.run_root / "plan.json",
+        setup.run_root / "plan.json",
         {
             "plan": SEQUENTIAL,
             "screen_rows": sched.screen_rows,
@@ -514,20 +521,20 @@ def run_sequential(
     return summaries
 
 
-def run(plan: RunPlan, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
-    """Evaluate the checkpoints of ``plan`` by its schedule; returns ``{step: summary}``."""
-    plan.eval_settings["retriever"] = check_retrievers(
-        plan.retriever_urls, auth_token_file=plan.retriever_auth_token_file
+def run(setup: RunSetup, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
+    """Evaluate the checkpoints of ``setup`` by its schedule; returns ``{step: summary}``."""
+    setup.eval_settings["retriever"] = check_retrievers(
+        setup.retriever_urls, auth_token_file=setup.retriever_auth_token_file
     )
-    with exclusive_lock(plan.run_root, wait=True):  # run.json: check and write under one lock
-        write_run_json(plan)
-    if plan.judge is not None:
-        check_model(plan.judge)  # before any rollout: a wrong --judge-url/--judge-model fails now
-    fingerprints = {c.step: checkpoint_fingerprint(c.path) for c in plan.checkpoints}
-    if plan.schedule.plan == SEQUENTIAL:
-        summaries = run_sequential(plan, fingerprints, make_backend, log)
+    with exclusive_lock(setup.run_root, wait=True):  # run.json: check and write under one lock
+        write_run_json(setup)
+    if setup.judge is not None:
+        check_model(setup.judge)  # before any rollout: a wrong --judge-url/--judge-model fails now
+    fingerprints = {c.step: checkpoint_fingerprint(c.path) for c in setup.checkpoints}
+    if setup.schedule.plan == SEQUENTIAL:
+        summaries = run_sequential(setup, fingerprints, make_backend, log)
     else:
         summaries = _evaluate_all(
-            plan, [(c, None, FULL) for c in plan.checkpoints], fingerprints, make_backend, log
+            setup, [(c, None, FULL) for c in setup.checkpoints], fingerprints, make_backend, log
         )
     return dict(sorted(summaries.items()))

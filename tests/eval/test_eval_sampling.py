@@ -131,12 +131,12 @@ class SeedEcho:
         self.loop.close()
 
 
-def _plan(tmp_path: Path, sampling: Sampling) -> runner.RunPlan:
+def _plan(tmp_path: Path, sampling: Sampling) -> runner.RunSetup:
     suite = load_suite("samples", limit=3, benchmarks=["nq", "bamboogle"])
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
-    return runner.RunPlan(
+    return runner.RunSetup(
         run_name="em_only_s1",
         out_root=tmp_path / "out",
         suite=suite,
