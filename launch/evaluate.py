@@ -1,8 +1,12 @@
-"""``python -m launch eval RUN_DIR [python -m eval run flags]``: evaluate every checkpoint of a run.
+"""``python -m launch eval RUN_DIR [--recipe R] [overrides] [-- eval run flags]``: evaluate every
+checkpoint of a run.
 
-Starts a retriever over CORPUS unless RETRIEVER_URL names running ones, probes each with one real
-search, runs ``python -m eval run`` (one process per GPU of GPUS, on one results folder), prints
-the table and stops what it started, by PID. Settings come from the environment (:data:`HELP`).
+Composes the run's saved recipe.yaml (or ``--recipe``, else recipes/eval_sample.yaml) with the hydra
+overrides, as training composes it, and reads its ``eval:`` and ``retriever:`` blocks. Starts the
+retriever ``retriever:`` describes unless ``retriever.urls`` names running ones, checks each
+(``/health``, one real search), runs ``python -m eval run`` (one process per GPU of ``eval.gpus``,
+on one results folder), prints the table and stops what it started, by PID. launch/eval.sh's
+environment variables are aliases of single overrides (:data:`ENV_ALIASES`).
 """
 
 from __future__ import annotations
@@ -12,43 +16,56 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
 
 from launch.procs import stop_on_sigterm, stop_process
-from launch.retriever import LocalRetriever
-from search_env.paths import REPO_ROOT
-from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.auth import AuthFileError, load_tokens
-from search_env.retrieval.probe import ProbeError, search_once, wait_healthy
+from launch.recipe import compose_recipe
+from launch.retriever import LocalRetriever, RetrieverSetup, retriever_gpu, setup_retriever
+from search_env.paths import REPO_ROOT, repo_path
+from search_env.retrieval.probe import ProbeError, check_retrievers
 
-HELP = """environment (defaults in brackets):
-  SUITE          suite folder/file or built-in name: fixtures | test | val        [fixtures]
-  PLAN           auto | full | sequential (docs/evaluation.md)                    [auto: sequential on a GPU]
-  LIMIT          rows per benchmark (seeded subsample); empty = all; full plan only [4 for fixtures, else all]
-  OUT            results root; the run goes to OUT/<run>                         [results/eval_<suite>]
-  BACKEND        auto | hf | vllm                                                 [auto]
-  SAMPLES        rollouts per question; > 1 adds pass@1..pass@N and avg@N, needs TEMPERATURE > 0 [1]
-  TEMPERATURE    sampling temperature (0 = greedy)                               [0]
-  SAMPLE_SEED    seed of the samples (not the run's training seed)               [0]
-  GPUS           comma-separated GPU ids, one evaluation process each; empty = one []
-  RETRIEVER_URL  running retrieval server(s), comma-separated; empty = start one  []
-  RETRIEVER_PORT port of the retriever started here                             [8010]
-  CORPUS         corpus of that retriever                                        [the bundled wiki-18 sample]
-  INDEX, ENCODER with both: that retriever is dense (this faiss index over CORPUS + this E5 folder) []
-  RETRIEVER_GPU  its --gpu: on = the index on the GPU(s) where it fits, auto = on CPU, off = all CPU
-                 [on when torch sees a GPU, else auto]
-  RETRIEVER_AUTH_TOKEN_FILE
-                 bearer-token file, mode 600 (training's retriever.auth_token_file): the retriever
-                 started here gets --auth-token-file; probes and searches send the token    []
-  JUDGE_URL, JUDGE_MODEL
-                 an OpenAI-compatible endpoint and its served model name (both or neither): an
-                 LLM judge also scores the rows (launch/serve_judge.sh; docs/evaluation.md)   []
-  TIMEOUT_S      hard wall-clock limit of the evaluation in seconds; 0 = none      [0]
-  PYTHON         interpreter (launch/_common.sh picks it; the first line printed names it)"""
-BM25_STARTUP_S = 60
-DENSE_STARTUP_S = 1800
-"""Reading (and copying to the GPU) the 16 GB wiki-18 index takes minutes."""
+DEFAULT_RECIPE = REPO_ROOT / "recipes" / "eval_sample.yaml"
+"""The recipe of a run folder without a saved recipe.yaml."""
+ENV_ALIASES = {
+    "SUITE": "eval.suite",
+    "PLAN": "eval.plan",
+    "LIMIT": "eval.limit",
+    "OUT": "eval.out",
+    "BACKEND": "eval.backend",
+    "SAMPLES": "eval.samples",
+    "TEMPERATURE": "eval.temperature",
+    "SAMPLE_SEED": "eval.sample_seed",
+    "GPUS": "eval.gpus",
+    "JUDGE_URL": "eval.judge.url",
+    "JUDGE_MODEL": "eval.judge.model",
+    "TIMEOUT_S": "eval.timeout_s",
+    "RETRIEVER_GPU": "eval.retriever_gpu",
+    "RETRIEVER_URL": "retriever.urls",
+    "RETRIEVER_PORT": "retriever.port",
+    "RETRIEVER_BACKEND": "retriever.backend",
+    "CORPUS": "retriever.corpus",
+    "INDEX": "retriever.index",
+    "ENCODER": "retriever.encoder",
+    "RETRIEVER_AUTH_TOKEN_FILE": "retriever.auth_token_file",
+}
+"""launch/eval.sh's environment variables, each an alias of one override (given before the
+command line's, so those win). An empty variable is ignored, except ``LIMIT=`` (all rows)."""
+PATH_ALIASES = ("SUITE", "OUT", "CORPUS", "INDEX", "ENCODER", "RETRIEVER_AUTH_TOKEN_FILE")
+"""Aliases holding a path, made absolute against the caller's folder (recipe paths are relative
+to the repository)."""
+HELP = (
+    "settings: the recipe's eval: and retriever: blocks (recipes/base.yaml documents each key), as\n"
+    "hydra overrides after RUN_DIR, e.g. eval.suite=test eval.gpus=[0,1] retriever.urls=[http://h1:8000,http://h2:8000]\n"
+    "environment aliases (each one override; an empty one is ignored, LIMIT= means all rows):\n"
+    + "\n".join(f"  {var:26} {key}=" for var, key in ENV_ALIASES.items())
+    + "\n  PYTHON                     interpreter (launch/_common.sh picks it; the first line printed names it)"
+)
 
 
 class EvalError(RuntimeError):
@@ -59,90 +76,51 @@ class EvalError(RuntimeError):
         self.status = status
 
 
-def _path(value: str) -> Path:
-    return Path(value).expanduser().absolute()
+def quoted(value: str) -> str:
+    """``value`` as a hydra quoted string (commas, colons and slashes kept as they are)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-@dataclass
-class Settings:
-    """eval.sh's environment, read once (:data:`HELP`)."""
+def env_overrides(env: Mapping[str, str]) -> list[str]:
+    """The overrides :data:`ENV_ALIASES` make of ``env``; path values made absolute."""
+    out = []
+    for var, key in ENV_ALIASES.items():
+        value = env.get(var)
+        if value is None or (value == "" and var != "LIMIT"):
+            continue
+        if value == "":
+            out.append(f"{key}=null")
+            continue
+        if var in PATH_ALIASES and (var != "SUITE" or Path(value).expanduser().exists()):
+            value = os.path.abspath(os.path.expanduser(value))
+        out.append(f"{key}={quoted(value)}")
+    return out
 
-    suite: str
-    plan: str
-    limit: str
-    out: Path
-    backend: str
-    gpus: list[str]
-    urls: list[str]
-    port: int
-    corpus: Path
-    index: str
-    encoder: str
-    retriever_gpu: str
-    timeout_s: float
-    auth_token_file: str = ""
-    """Absolute, or empty for none (RETRIEVER_AUTH_TOKEN_FILE)."""
-    judge_url: str = ""
-    judge_model: str = ""
-    """JUDGE_URL, JUDGE_MODEL: both or neither (empty: no judge)."""
-    sampling: list[str] = field(default_factory=list)
-    """``--samples``/``--temperature``/``--sample-seed`` for SAMPLES/TEMPERATURE/SAMPLE_SEED (given ones only)."""
-    extra: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> Settings:
-        suite = env.get("SUITE") or "fixtures"
-        if Path(suite).exists():
-            suite = str(_path(suite))
-        plan = env.get("PLAN") or "auto"
-        limit = env.get("LIMIT")
-        if limit is None:
-            limit = "4" if suite == "fixtures" and plan != "sequential" else ""
-        name = os.path.splitext(os.path.basename(suite.rstrip("/")))[0]
-        try:
-            port, timeout_s = int(env.get("RETRIEVER_PORT") or 8010), float(env.get("TIMEOUT_S") or 0)
-        except ValueError as err:
-            raise EvalError(f"RETRIEVER_PORT and TIMEOUT_S must be numbers: {err}") from None
-        token_file = env.get("RETRIEVER_AUTH_TOKEN_FILE") or ""
-        if token_file:
-            token_file = os.path.abspath(os.path.expanduser(token_file))
-            try:
-                load_tokens(token_file)
-            except AuthFileError as err:
-                raise EvalError(f"RETRIEVER_AUTH_TOKEN_FILE: {err}") from None
-        judge_url, judge_model = env.get("JUDGE_URL") or "", env.get("JUDGE_MODEL") or ""
-        if bool(judge_url) != bool(judge_model):
-            raise EvalError("JUDGE_URL and JUDGE_MODEL go together: set both (or neither)")
-        sampling = []
-        for var, flag, kind in (
-            ("SAMPLES", "--samples", int),
-            ("TEMPERATURE", "--temperature", float),
-            ("SAMPLE_SEED", "--sample-seed", int),
-        ):
-            if env.get(var):
-                try:
-                    sampling += [flag, str(kind(env[var]))]
-                except ValueError:
-                    raise EvalError(f"{var} must be a number ({kind.__name__}), got {env[var]!r}") from None
-        return cls(
-            suite=suite,
-            plan=plan,
-            limit=limit,
-            out=_path(env["OUT"]) if env.get("OUT") else REPO_ROOT / "results" / f"eval_{name}",
-            backend=env.get("BACKEND") or "auto",
-            gpus=[g for g in (env.get("GPUS") or "").split(",") if g],
-            urls=[u for u in (env.get("RETRIEVER_URL") or "").split(",") if u],
-            port=port,
-            corpus=_path(env.get("CORPUS") or str(SAMPLE_CORPUS)),
-            index=env.get("INDEX") or "",
-            encoder=env.get("ENCODER") or "",
-            retriever_gpu=env.get("RETRIEVER_GPU") or "",
-            timeout_s=timeout_s,
-            auth_token_file=token_file,
-            judge_url=judge_url,
-            judge_model=judge_model,
-            sampling=sampling,
-        )
+def default_recipe(run_dir: Path) -> Path:
+    """The run's saved recipe.yaml (launch/train.py writes it next to ``checkpoints/``), else
+    :data:`DEFAULT_RECIPE`."""
+    for folder in (run_dir, run_dir.parent):
+        if (folder / "recipe.yaml").is_file():
+            return folder / "recipe.yaml"
+    return DEFAULT_RECIPE
+
+
+def _number(cfg: DictConfig, key: str, kind: type) -> Any:
+    """``eval.<key>`` as ``kind`` (None stays None); EvalError naming the key otherwise."""
+    value = cfg.eval.get(key)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise EvalError(f"eval.{key} must be a number ({kind.__name__}), got {value!r}") from None
+
+
+def _gpu_ids(value: Any) -> list[str]:
+    """``eval.gpus`` (a list, or comma-separated text; None = none) as GPU ids."""
+    items = [] if value is None else (value.split(",") if isinstance(value, str) else list(value))
+    return [str(g).strip() for g in items if str(g).strip()]
 
 
 def _gpu_visible() -> bool:
@@ -151,49 +129,107 @@ def _gpu_visible() -> bool:
     return torch.cuda.is_available()
 
 
-def serve_args(s: Settings) -> tuple[list[str], int]:
-    """The local retriever's ``python -m search_env.retrieval`` arguments and its start-up limit."""
-    if not s.corpus.is_file():
-        raise EvalError(f"CORPUS {s.corpus} not found; set CORPUS or RETRIEVER_URL")
-    url = f"http://127.0.0.1:{s.port}"
-    try:
-        wait_healthy(url, 0)
-    except TimeoutError:
-        pass
-    else:
-        raise EvalError(
-            f"port {s.port} already serves a retriever; set RETRIEVER_URL={url} to use it, or RETRIEVER_PORT "
-            "to another port"
-        )
-    serve, startup_s = ["--backend", "bm25"], BM25_STARTUP_S
-    if s.index or s.encoder:
-        if not (Path(s.index).is_file() and (Path(s.encoder) / "config.json").is_file()):
+@dataclass
+class Settings:
+    """The composed recipe's ``eval:`` block, read once (recipes/base.yaml documents each key)."""
+
+    suite: str
+    plan: str
+    limit: str
+    out: Path
+    backend: str
+    gpus: list[str]
+    timeout_s: float
+    retriever: RetrieverSetup
+    judge_url: str = ""
+    judge_model: str = ""
+    """``eval.judge.url``, ``eval.judge.model``: both or neither (empty: no judge)."""
+    sampling: list[str] = field(default_factory=list)
+    """``--samples``/``--temperature``/``--sample-seed`` for the ``eval.`` keys that are set."""
+    extra: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> Settings:
+        """EvalError (one line per problem) when a setting is invalid or a prerequisite missing."""
+        if "eval" not in cfg:
             raise EvalError(
-                f"a dense retriever needs INDEX (a faiss index file, got '{s.index}') and ENCODER (a model "
-                f"folder with config.json, got '{s.encoder}')"
+                "the recipe has no eval: block (a recipe.yaml saved before it existed): pass "
+                "--recipe recipes/<the run's recipe>.yaml"
             )
-        gpu = s.retriever_gpu or ("on" if _gpu_visible() else "auto")  # evaluation: the index on the GPU(s)
-        serve = ["--backend", "dense", "--index", s.index, "--encoder", s.encoder, "--gpu", gpu]
-        startup_s = DENSE_STARTUP_S
-    if s.auth_token_file:
-        serve += ["--auth-token-file", s.auth_token_file]
-    return serve, startup_s
+        e = cfg.eval
+        suite = str(e.suite or "samples")
+        path = repo_path(suite)
+        if path is not None and path.exists():
+            suite = str(path)
+        plan = str(e.plan or "auto")
+        limit = "" if e.limit is None else str(e.limit)
+        if limit == "auto":
+            limit = "4" if suite == "samples" and plan != "sequential" else ""
+        name = os.path.splitext(os.path.basename(suite.rstrip("/")))[0]
+        judge = e.get("judge") or {}
+        judge_url, judge_model = str(judge.get("url") or ""), str(judge.get("model") or "")
+        if bool(judge_url) != bool(judge_model):
+            raise EvalError("eval.judge.url and eval.judge.model go together: set both (or neither)")
+        sampling = []
+        for key, flag, kind in (
+            ("samples", "--samples", int),
+            ("temperature", "--temperature", float),
+            ("sample_seed", "--sample-seed", int),
+        ):
+            value = _number(cfg, key, kind)
+            if value is not None:
+                sampling += [flag, str(value)]
+        gpu = e.get("retriever_gpu")
+        if gpu is not None:  # evaluation's own --gpu; `on` needs a GPU torch can see
+            flag = retriever_gpu(gpu)
+            OmegaConf.update(cfg, "retriever.gpu", "auto" if flag == "on" and not _gpu_visible() else gpu)
+        problems: list[str] = []
+        retriever = setup_retriever(cfg.retriever, problems)
+        if problems:
+            raise EvalError("".join(f"\n  - {p}" for p in problems).lstrip("\n "))
+        gpus = e.get("gpus")
+        return cls(
+            suite=suite,
+            plan=plan,
+            limit=limit,
+            out=repo_path(e.out) if e.get("out") else REPO_ROOT / "results" / f"eval_{name}",
+            backend=str(e.backend or "auto"),
+            gpus=_gpu_ids(gpus),
+            timeout_s=_number(cfg, "timeout_s", float) or 0.0,
+            retriever=retriever,
+            judge_url=judge_url,
+            judge_model=judge_model,
+            sampling=sampling,
+        )
+
+
+def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) -> Settings:
+    """``recipe`` composed with ``env``'s aliases (:func:`env_overrides`), then ``overrides``, read
+    into :class:`Settings`; EvalError when it does not compose or a setting is invalid."""
+    overrides = env_overrides(env) + overrides
+    print(f"recipe: {recipe} {' '.join(overrides)}", flush=True)
+    try:
+        cfg = compose_recipe(recipe, overrides)
+    except HydraException as err:
+        raise EvalError(f"recipe {recipe} does not compose with {overrides}: {err}") from None
+    return Settings.from_config(cfg)
 
 
 def start_retriever(s: Settings, log_dir: Path) -> LocalRetriever:
-    """The local retriever on 127.0.0.1:RETRIEVER_PORT, healthy; EvalError (status 1) with its log."""
-    serve, startup_s = serve_args(s)
-    print(f"starting retriever {' '.join(serve)} on 127.0.0.1:{s.port} over {s.corpus}", flush=True)
-    args = ["serve", *serve, "--corpus", str(s.corpus), "--host", "127.0.0.1", "--port", str(s.port)]
-    retriever = LocalRetriever(args, log_dir / "retriever.log")
+    """The local retriever, healthy and answering one real search; EvalError (status 1) with its log."""
+    r = s.retriever
+    print(f"starting retriever: python -m search_env.retrieval {' '.join(r.serve_args)}", flush=True)
+    retriever = LocalRetriever(r.serve_args, log_dir / "retriever.log")
     process = retriever.start()
     try:
-        wait_healthy(f"http://127.0.0.1:{s.port}", startup_s, process, auth_token_file=s.auth_token_file)
-    except (TimeoutError, RuntimeError) as err:
+        check_retrievers(r.urls, r.startup_s, process=process, auth_token_file=r.auth_token_file)
+    except ProbeError as err:
         retriever.stop()
         text = retriever.log_path.read_text(errors="replace")
         raise EvalError(
-            f"the retriever did not become healthy within {startup_s} s ({err}); its log:\n{text}", 1
+            f"the retriever did not become healthy within {r.startup_s} s or failed its test search "
+            f"({err}); its log:\n{text}",
+            1,
         ) from None
     return retriever
 
@@ -211,9 +247,9 @@ def eval_command(run_dir: Path, s: Settings) -> list[str]:
         "--out",
         str(s.out),
     ]
-    cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.urls]
-    if s.auth_token_file:
-        cmd += ["--retriever-auth-token-file", s.auth_token_file]
+    cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.retriever.urls]
+    if s.retriever.auth_token_file:
+        cmd += ["--retriever-auth-token-file", s.retriever.auth_token_file]
     if s.judge_url:
         cmd += ["--judge-url", s.judge_url, "--judge-model", s.judge_model]
     return cmd + (["--limit", s.limit] if s.limit else []) + s.sampling + s.extra
@@ -257,16 +293,48 @@ def evaluate(run_dir: Path, s: Settings, workers: list[subprocess.Popen]) -> int
     return rc
 
 
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(ours, the ``python -m eval run`` flags): those follow ``--``, or else start at the first
+    token after RUN_DIR that starts with ``-`` and is not ``--recipe`` or ``--help``."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--recipe":
+            i += 2
+        elif (
+            i > 0
+            and token.startswith("-")
+            and token not in ("-h", "--help")
+            and not token.startswith("--recipe=")
+        ):
+            return argv[:i], argv[i:]
+        else:
+            i += 1
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bash launch/eval.sh",
+        usage="bash launch/eval.sh RUN_DIR [--recipe RECIPE] [overrides ...] [[--] python -m eval run flags ...]",
         description="Evaluate every checkpoint of a training run on a suite and print a per-benchmark table.",
         epilog=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("run_dir", type=Path, help="the run's checkpoint folder (holding global_step_N/)")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="more `python -m eval run` flags")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        help="the recipe to compose (default: the run's saved recipe.yaml, else recipes/eval_sample.yaml: BM25 over the bundled sample)",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="hydra overrides of the recipe's eval: and retriever: keys"
+    )
+    ours, extra = split_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(ours)
     run_dir = args.run_dir.expanduser().absolute()
     stop_on_sigterm()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -278,17 +346,21 @@ def main(argv: list[str] | None = None) -> int:
             raise EvalError(
                 f"RUN_DIR {args.run_dir} is not a folder (expected the run's checkpoints, with global_step_N/)"
             )
-        settings = Settings.from_env(dict(os.environ))
-        settings.extra = list(args.extra)
+        recipe = args.recipe.expanduser().absolute() if args.recipe else default_recipe(run_dir)
+        if not recipe.is_file():
+            raise EvalError(f"recipe {args.recipe} not found (the recipes are in {REPO_ROOT / 'recipes'})")
+        settings = load_settings(recipe, list(args.overrides), os.environ)
+        settings.extra = extra
         with tempfile.TemporaryDirectory() as log_dir:
-            if not settings.urls:
+            if not settings.retriever.external:
                 retriever = start_retriever(settings, Path(log_dir))
-                settings.urls = [f"http://127.0.0.1:{settings.port}"]
-            for url in settings.urls:
+            else:
                 try:
-                    search_once(url, auth_token_file=settings.auth_token_file)
+                    check_retrievers(
+                        settings.retriever.urls, auth_token_file=settings.retriever.auth_token_file
+                    )
                 except ProbeError as err:
-                    raise EvalError(f"retriever {url} failed its test search: {err}", 1) from None
+                    raise EvalError(str(err), 1) from None
             try:
                 return evaluate(run_dir, settings, workers)
             finally:

@@ -16,44 +16,19 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import os
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from launch.doctor.cuda import no_cuda_reason
+from launch.recipe import compose_recipe
+from launch.retriever import PREPARE, RetrieverSetup, setup_retriever
 from reward_fns.shapes import REWARD_PATH, SHAPES, BatchShape
-from search_env.paths import REPO_ROOT
-from search_env.retrieval.auth import AuthFileError, load_tokens
-
-ROOT = REPO_ROOT
-PREPARE = "bash launch/prepare.sh"
-
-
-@dataclass
-class RetrieverPlan:
-    """The run's retrievers: external ones (``retriever.urls``) or the local one it starts."""
-
-    backend: str = ""
-    index: Path | None = None
-    """The dense index (named in the self-test's failure), None for BM25."""
-    urls: list[str] = field(default_factory=list)
-    external: bool = False
-    serve_args: list[str] = field(default_factory=list)
-    """``python -m search_env`` arguments of the local retriever (empty when external)."""
-    port: int | None = None
-    startup_s: int = 900
-    max_restarts: int = 0
-    auth_token_file: str | None = None
-    """The bearer-token file (absolute; ``retriever.auth_token_file``): the local retriever's
-    ``--auth-token-file``, sent by the probes and the search tool. Only the path, never the token."""
+from search_env.paths import REPO_ROOT, repo_path
 
 
 @dataclass
@@ -75,7 +50,7 @@ class Plan:
     """Overrides the preflight adds (GPUs per node, a model-based reward's paths)."""
     demo_assets: list[str] | None = None
     """``python -m search_demo assets`` arguments, for ``launch.build_demo_assets`` recipes."""
-    retriever: RetrieverPlan = field(default_factory=RetrieverPlan)
+    retriever: RetrieverSetup = field(default_factory=RetrieverSetup)
 
     def need(self, ok: bool, message: str) -> bool:
         if not ok:
@@ -101,20 +76,6 @@ class Plan:
         return json.dumps(fields, indent=2, default=str) + "\n"
 
 
-def repo_path(value: Any) -> Path | None:
-    """A recipe path made absolute against the repository root (None stays None)."""
-    if value in (None, ""):
-        return None
-    path = Path(str(value)).expanduser()
-    return path if path.is_absolute() else ROOT / path
-
-
-def compose_recipe(recipe: Path, overrides: list[str]) -> DictConfig:
-    """The recipe composed with verl's ``ppo_trainer`` and ``overrides`` (not resolved)."""
-    with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
-        return compose(config_name=recipe.stem, overrides=overrides)
-
-
 def validate(cfg: DictConfig) -> None:
     """verl's own semantic checks (batch divisibility, micro-batch settings, ...)."""
     from verl.trainer.ppo.utils import (  # heavy: verl/torch, only to validate
@@ -131,16 +92,6 @@ def visible_gpus() -> int:
     import torch  # heavy: torch, only to count GPUs
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no conflict
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def overridden(overrides: list[str], key: str) -> bool:
@@ -319,133 +270,26 @@ def plan_demo_assets(cfg: DictConfig, plan: Plan) -> None:
         ]
 
 
-def retriever_urls(cfg: DictConfig) -> list[str]:
-    """External retriever URLs (``retriever.urls``, comma-separated), or [] to start a local one."""
-    urls = cfg.retriever.get("urls")
-    if not urls:
-        return []
-    items = urls.split(",") if isinstance(urls, str) else list(urls)
-    return [u.strip().rstrip("/") for u in items if u.strip()]
+def write_tools_yaml(cfg: DictConfig, out: Path, plan: Plan) -> None:
+    """The recipe's tool YAML copied to ``out`` (:func:`search_env.verl_glue.write_tool_config`)
+    with every tool's ``retrieval_urls`` set to the run's retrievers, ``retry_budget_s`` to
+    ``retriever.retry_budget_s``, ``topk`` to ``retriever.top_k`` and ``auth_token_file`` to the
+    absolute ``retriever.auth_token_file`` when set (the path only)."""
+    from search_env.verl_glue import write_tool_config  # heavy: verl, only when planning a run
 
-
-def retriever_gpu(value: Any) -> str | None:
-    """``retriever.gpu`` as the server's ``--gpu`` value (YAML reads on/off as booleans); None if invalid."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    text = "auto" if value is None else str(value)
-    return text if text in ("auto", "on", "off") else None
-
-
-def check_fault_settings(r: DictConfig, plan: Plan) -> None:
-    """``retriever.{retry_budget_s, max_failed_steps, max_restarts}``: what a retriever that dies
-    mid-run costs (docs/retrieval.md "Faults during training")."""
-    budget = r.get("retry_budget_s")
-    plan.need(
-        isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= 0,
-        f"retriever.retry_budget_s must be a number of seconds >= 0, got {budget!r}",
-    )
-    for key in ("max_failed_steps", "max_restarts"):
-        value = r.get(key)
-        plan.need(
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-            f"retriever.{key} must be an integer >= 0, got {value!r} (recipes/base.yaml documents it)",
-        )
-    restarts = r.get("max_restarts")
-    plan.retriever.max_restarts = restarts if isinstance(restarts, int) else 0
-
-
-def check_auth(r: DictConfig, plan: Plan) -> None:
-    """``retriever.auth_token_file``: a token file the retrievers and the search tool can use (mode
-    600, one token or more); sets ``plan.retriever.auth_token_file`` (absolute) when it is given."""
-    path = repo_path(r.get("auth_token_file"))
-    if path is None:
-        return
-    path = Path(os.path.normpath(path))
-    try:
-        load_tokens(path)
-    except AuthFileError as err:
-        plan.problems.append(
-            f"retriever.auth_token_file: {err} (the file every retriever and the search tool read the "
-            "bearer token from; create it at mode 600, or set retriever.auth_token_file=null for a local "
-            "retriever on 127.0.0.1 without auth)"
-        )
-    plan.retriever.auth_token_file = str(path)
-
-
-def check_retriever(cfg: DictConfig, plan: Plan) -> list[str]:
-    """Check what the local retriever needs; returns the URLs the search tool will call."""
-    r = cfg.retriever
-    check_fault_settings(r, plan)
-    check_auth(r, plan)
-    plan.retriever.backend = str(r.backend)
-    plan.retriever.index = repo_path(r.get("index")) if r.backend == "dense" else None
-    external = retriever_urls(cfg)
-    if external:
-        plan.retriever.external = True
-        return external
-    port = int(r.port)
-    plan.need(
-        port_free(port), f"retriever.port={port}: 127.0.0.1:{port} is in use; pass retriever.port=<free port>"
-    )
-    corpus = repo_path(r.corpus)
-    plan.need(
-        demo_asset(cfg, corpus) or (corpus is not None and corpus.is_file()),
-        f"retriever.corpus: {corpus} is missing; run `{PREPARE} corpus` (wiki-18, 21M passages)",
-    )
-    args = [
-        "serve",
-        "--backend",
-        str(r.backend),
-        "--corpus",
-        str(corpus),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    gpu = retriever_gpu(r.get("gpu"))
-    if plan.need(gpu is not None, f"retriever.gpu must be auto, on or off, got {r.get('gpu')!r}"):
-        args += ["--gpu", str(gpu)]
-    if r.backend == "dense":
-        index, encoder = repo_path(r.index), repo_path(r.encoder)
-        plan.need(
-            index is not None and index.is_file(),
-            f"retriever.index: {index} is missing; run `{PREPARE} index` (E5 IVF4096,SQ8 faiss index)",
-        )
-        plan.need(
-            encoder is not None and (encoder / "config.json").is_file(),
-            f"retriever.encoder: no config.json in {encoder}; run `{PREPARE} encoder` (intfloat/e5-base-v2)",
-        )
-        args += ["--index", str(index), "--encoder", str(encoder), "--nprobe", str(r.nprobe)]
-    elif r.backend != "bm25":
-        plan.problems.append(f"retriever.backend must be dense or bm25, got {r.backend!r}")
-    if plan.retriever.auth_token_file:
-        args += ["--auth-token-file", plan.retriever.auth_token_file]
-    plan.retriever.serve_args = args
-    plan.retriever.startup_s = int(r.get("startup_timeout_s") or 900)
-    plan.retriever.port = port
-    return [f"http://127.0.0.1:{port}"]
-
-
-def write_tools_yaml(cfg: DictConfig, urls: list[str], out: Path, plan: Plan) -> None:
-    """Copy the recipe's tool YAML to ``out`` with every tool's ``retrieval_urls`` set to ``urls``
-    and its ``retry_budget_s`` to ``retriever.retry_budget_s``; ``topk`` to ``retriever.top_k``;
-    ``auth_token_file`` to the absolute ``retriever.auth_token_file`` when set (the path only)."""
     source = repo_path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)
     if not plan.need(source is not None and source.is_file(), f"tool config {source} is missing"):
         return
-    tools = yaml.safe_load(source.read_text())
-    for tool in tools.get("tools", []):
-        if "retrieval_urls" in tool.get("config", {}):
-            tool["config"]["retrieval_urls"] = urls
-            tool["config"]["retry_budget_s"] = cfg.retriever.retry_budget_s
-            tool["config"]["topk"] = int(cfg.retriever.top_k)
-            if plan.retriever.auth_token_file:
-                tool["config"]["auth_token_file"] = plan.retriever.auth_token_file
-    out.write_text(
-        f"# generated by launch/preflight.py from {source}\n" + yaml.safe_dump(tools, sort_keys=False)
+    plan.tool_config = write_tool_config(
+        out,
+        plan.retriever.urls,
+        topk=int(cfg.retriever.top_k),
+        timeout=None,
+        max_retries=None,
+        auth_token_file=plan.retriever.auth_token_file,
+        source=source,
+        retry_budget_s=cfg.retriever.retry_budget_s,
     )
-    plan.tool_config = out
 
 
 def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
@@ -463,8 +307,8 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     check_resume(cfg, plan)
     check_model(cfg, plan)
     check_data(cfg, plan)
-    urls = check_retriever(cfg, plan)
-    write_tools_yaml(cfg, urls, run_dir / "tools.yaml", plan)
+    plan.retriever = setup_retriever(cfg.retriever, plan.problems, lambda path: demo_asset(cfg, path))
+    write_tools_yaml(cfg, run_dir / "tools.yaml", plan)
     agent_loops = repo_path(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
     if plan.need(
         agent_loops is not None and agent_loops.is_file(), f"agent-loop config {agent_loops} is missing"
@@ -474,7 +318,6 @@ def make_plan(recipe: Path, overrides: list[str], run_dir: Path) -> Plan:
     plan.timeout_s = int(cfg.launch.timeout_s or 0)
     plan.experiment = str(cfg.trainer.experiment_name)
     plan.total_steps = cfg.trainer.total_training_steps
-    plan.retriever.urls = urls
     plan.extra_overrides = extra + reward_overrides
     return plan
 
@@ -504,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="hydra overrides, as for the trainer")
     args = parser.parse_args(argv)
     if not args.recipe.is_file():
-        print(f"error: recipe {args.recipe} not found (recipes are in {ROOT / 'recipes'})", file=sys.stderr)
+        print(
+            f"error: recipe {args.recipe} not found (recipes are in {REPO_ROOT / 'recipes'})", file=sys.stderr
+        )
         return 2
     args.run_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,18 +1,193 @@
-"""The retriever a launcher starts: ``python -m search_env.retrieval serve`` in the background, its output
-appended to a log, probed before anything uses it, and (training) restarted when it exits."""
+"""The retriever a launcher starts, from the recipe's ``retriever:`` block (training and
+evaluation alike): :func:`setup_retriever` checks the block and builds the ``serve`` arguments
+(:func:`serve_args`); :class:`LocalRetriever` runs ``python -m search_env.retrieval serve`` in the
+background, its output appended to a log, and (training) restarts it when it exits."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
 
 from launch.procs import exit_status, stop_process
+from search_env.paths import repo_path
+from search_env.retrieval.auth import AuthFileError, load_tokens
 
 MAX_BACKOFF_S = 30.0
+PREPARE = "bash launch/prepare.sh"
+HOST = "127.0.0.1"
+"""The local retriever's address (it serves this host only)."""
+
+
+@dataclass
+class RetrieverSetup:
+    """The run's retrievers: external ones (``retriever.urls``) or the local one it starts."""
+
+    backend: str = ""
+    index: Path | None = None
+    """The dense index (named in the self-test's failure), None for BM25."""
+    urls: list[str] = field(default_factory=list)
+    external: bool = False
+    serve_args: list[str] = field(default_factory=list)
+    """``python -m search_env.retrieval`` arguments of the local retriever (empty when external)."""
+    port: int | None = None
+    startup_s: int = 900
+    max_restarts: int = 0
+    auth_token_file: str | None = None
+    """The bearer-token file (absolute; ``retriever.auth_token_file``): the local retriever's
+    ``--auth-token-file``, sent by the probes and the search tool. Only the path, never the token."""
+
+
+def port_free(port: int, host: str = HOST) -> bool:
+    """Nothing listens on ``host:port`` (a bind succeeds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no conflict
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def retriever_urls(r: DictConfig) -> list[str]:
+    """External retriever URLs (``retriever.urls``, comma-separated), or [] to start a local one."""
+    urls = r.get("urls")
+    if not urls:
+        return []
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    return [u.strip().rstrip("/") for u in items if u.strip()]
+
+
+def retriever_gpu(value: Any) -> str | None:
+    """``retriever.gpu`` as the server's ``--gpu`` value (YAML reads on/off as booleans); None if invalid."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = "auto" if value is None else str(value)
+    return text if text in ("auto", "on", "off") else None
+
+
+def serve_args(
+    backend: str,
+    corpus: Path,
+    port: int,
+    gpu: str,
+    index: Path | None = None,
+    encoder: Path | None = None,
+    nprobe: int | None = None,
+    auth_token_file: str | None = None,
+) -> list[str]:
+    """``python -m search_env.retrieval`` arguments of a local retriever on 127.0.0.1:``port`` (``index``,
+    ``encoder`` and ``nprobe`` for the dense backend)."""
+    args = ["serve", "--backend", backend, "--corpus", str(corpus), "--host", HOST, "--port", str(port)]
+    args += ["--gpu", gpu]
+    if backend == "dense":
+        args += ["--index", str(index), "--encoder", str(encoder)]
+        args += [] if nprobe is None else ["--nprobe", str(nprobe)]
+    if auth_token_file:
+        args += ["--auth-token-file", auth_token_file]
+    return args
+
+
+def _check_fault_settings(r: DictConfig, problems: list[str]) -> None:
+    """``retriever.{retry_budget_s, max_failed_steps, max_restarts}``: what a retriever that dies
+    mid-run costs (docs/retrieval.md "Faults during training")."""
+    budget = r.get("retry_budget_s")
+    if not (isinstance(budget, int | float) and not isinstance(budget, bool) and budget >= 0):
+        problems.append(f"retriever.retry_budget_s must be a number of seconds >= 0, got {budget!r}")
+    for key in ("max_failed_steps", "max_restarts"):
+        value = r.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            problems.append(
+                f"retriever.{key} must be an integer >= 0, got {value!r} (recipes/base.yaml documents it)"
+            )
+
+
+def _auth_token_file(r: DictConfig, problems: list[str]) -> str | None:
+    """``retriever.auth_token_file`` (absolute) when given; a problem unless the retrievers and the
+    search tool can use it (mode 600, one token or more)."""
+    path = repo_path(r.get("auth_token_file"))
+    if path is None:
+        return None
+    path = Path(os.path.normpath(path))
+    try:
+        load_tokens(path)
+    except AuthFileError as err:
+        problems.append(
+            f"retriever.auth_token_file: {err} (the file every retriever and the search tool read the "
+            "bearer token from; create it at mode 600, or set retriever.auth_token_file=null for a local "
+            "retriever on 127.0.0.1 without auth)"
+        )
+    return str(path)
+
+
+def setup_retriever(
+    r: DictConfig, problems: list[str], built_later: Callable[[Path], bool] = lambda path: False
+) -> RetrieverSetup:
+    """The retrievers of a recipe's ``retriever:`` block ``r``: the external ones, or the local one
+    (its ``serve`` arguments, port, start-up limit); each missing or invalid setting is appended to
+    ``problems`` with its fix. ``built_later``: paths the launcher builds before starting it (the
+    demo assets)."""
+    _check_fault_settings(r, problems)
+    restarts = r.get("max_restarts")
+    setup = RetrieverSetup(
+        backend=str(r.backend),
+        index=repo_path(r.get("index")) if r.backend == "dense" else None,
+        max_restarts=restarts if isinstance(restarts, int) else 0,
+        auth_token_file=_auth_token_file(r, problems),
+    )
+    external = retriever_urls(r)
+    if external:
+        setup.external, setup.urls = True, external
+        return setup
+    port = int(r.port)
+    if not port_free(port):
+        problems.append(
+            f"retriever.port={port}: {HOST}:{port} is in use; pass retriever.port=<free port> "
+            f"(or retriever.urls=http://{HOST}:{port} to use the retriever serving there)"
+        )
+    corpus = repo_path(r.corpus)
+    if not (corpus is not None and (built_later(corpus) or corpus.is_file())):
+        problems.append(
+            f"retriever.corpus: {corpus} is missing; run `{PREPARE} corpus` (wiki-18, 21M passages)"
+        )
+    gpu = retriever_gpu(r.get("gpu"))
+    if gpu is None:
+        problems.append(f"retriever.gpu must be auto, on or off, got {r.get('gpu')!r}")
+    index = encoder = None
+    if r.backend == "dense":
+        index, encoder = repo_path(r.index), repo_path(r.encoder)
+        if not (index is not None and index.is_file()):
+            problems.append(
+                f"retriever.index: {index} is missing; run `{PREPARE} index` (E5 IVF4096,SQ8 faiss index)"
+            )
+        if not (encoder is not None and (encoder / "config.json").is_file()):
+            problems.append(
+                f"retriever.encoder: no config.json in {encoder}; run `{PREPARE} encoder` (intfloat/e5-base-v2)"
+            )
+    elif r.backend != "bm25":
+        problems.append(f"retriever.backend must be dense or bm25, got {r.backend!r}")
+    setup.serve_args = serve_args(
+        str(r.backend),
+        corpus,
+        port,
+        gpu or "auto",
+        index,
+        encoder,
+        r.get("nprobe"),
+        setup.auth_token_file,
+    )
+    setup.startup_s = int(r.get("startup_timeout_s") or 900)
+    setup.port = port
+    setup.urls = [f"http://{HOST}:{port}"]
+    return setup
 
 
 def backoff_s(restart: int) -> float:

@@ -28,39 +28,50 @@ def write_tool_config(
     path: str | Path,
     retrieval_urls: Sequence[str],
     topk: int = protocol.TOPK,
-    timeout: float = 30.0,
+    timeout: float | None = 30.0,
     max_retries: int | None = 3,
     auth_token_file: str | Path | None = None,
+    source: str | Path | None = None,
     **options: Any,
 ) -> Path:
-    """Write a tool YAML like recipes/tools.yaml for other server URLs; returns its path.
+    """Write a tool YAML for the retrieval servers ``retrieval_urls``; returns its path. The one
+    writer of training's (launch/preflight.py) and evaluation's tool YAML.
 
-    ``max_retries=None`` leaves the key out (tries are then bounded by the tool's
-    ``retry_budget_s`` alone); ``auth_token_file`` (the servers' bearer-token file) is written as an
-    absolute path, only the path; ``options`` are further ``SearchTool`` config keys (e.g.
-    ``chunk_cap``, ``chunk_cap_unit``, ``tokenizer``).
+    Without ``source``: one ``SearchTool`` like recipes/tools.yaml. With ``source`` (a tool YAML,
+    e.g. a recipe's ``tool_config_path``): a copy of it whose every tool with ``retrieval_urls``
+    gets these settings, its other settings kept. ``timeout`` or ``max_retries`` None leaves the
+    key out (tries are then bounded by the tool's ``retry_budget_s`` alone); ``auth_token_file``
+    (the servers' bearer-token file) is written as an absolute path, only the path; ``options``
+    are further ``SearchTool`` config keys (e.g. ``retry_budget_s``, ``chunk_cap``, ``tokenizer``).
     """
-    config: dict[str, Any] = {
-        "type": "native",
+    settings: dict[str, Any] = {
         "retrieval_urls": list(retrieval_urls),
         "topk": topk,
-        "timeout": timeout,
+        **({} if timeout is None else {"timeout": timeout}),
         **({} if max_retries is None else {"max_retries": max_retries}),
         **options,
     }
     if auth_token_file:
-        config["auth_token_file"] = str(Path(auth_token_file).expanduser().absolute())
-    tools = {
-        "tools": [
-            {
-                "class_name": "search_env.tool.SearchTool",
-                "config": config,
-                "tool_schema": protocol.SEARCH_TOOL_SCHEMA,
-            }
-        ]
-    }
+        settings["auth_token_file"] = str(Path(auth_token_file).expanduser().absolute())
+    header = ""
+    if source is None:
+        tools: dict[str, Any] = {
+            "tools": [
+                {
+                    "class_name": "search_env.tool.SearchTool",
+                    "config": {"type": "native", **settings},
+                    "tool_schema": protocol.SEARCH_TOOL_SCHEMA,
+                }
+            ]
+        }
+    else:
+        tools = yaml.safe_load(Path(source).read_text(encoding="utf-8"))
+        for tool in tools.get("tools", []):
+            if "retrieval_urls" in tool.get("config", {}):
+                tool["config"].update(settings)
+        header = f"# generated from {source}\n"
     path = Path(path)
-    path.write_text(yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
+    path.write_text(header + yaml.safe_dump(tools, sort_keys=False), encoding="utf-8")
     return path
 
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.evaluate import ENV_ALIASES, quoted
 from search_env.paths import REPO_ROOT, repo_relative
 from study.spec import Cell, Study, StudyError, axis_value, repo_path, resolved
 from study.store import (
@@ -161,9 +162,10 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict[str, str]:
-    """The environment of ``python -m launch eval`` (launch/eval.sh's variables) for one split of a
-    cell: suite, limit, retriever as in training (its bearer-token file too)."""
+def eval_overrides(study: Study, cell: Cell, split: str, out: Path, port: int) -> list[str]:
+    """The overrides of ``python -m launch eval`` (its recipe: the cell's, with the cell's
+    overrides) for one split of a cell: suite, limit, results root, plan, backend; the retriever is
+    the cell's ``retriever:`` block, as in training, on ``port + 1``."""
     spec = study.spec.eval
     world = resolved(cell, "launch.assets.world")
     suite = spec.test_suite if split == "test" else spec.val_suite
@@ -173,30 +175,22 @@ def eval_env(study: Study, cell: Cell, split: str, out: Path, port: int) -> dict
                 f"eval.{split}_suite: the recipe {cell.recipe.name} builds no world. Fix: set eval.{split}_suite"
             )
         suite = f"{world}/test" if split == "test" else f"{world}/val.parquet"
-    limit = spec.test_limit if split == "test" else spec.val_limit
-    env = {
-        "SUITE": str(suite),
-        "LIMIT": "" if limit is None else str(limit),
-        "OUT": str(out),
-        "PLAN": spec.plan,
-    }
-    env["BACKEND"] = spec.backend
-    env["RETRIEVER_PORT"] = str(port + 1)
-    corpus = resolved(cell, "retriever.corpus")
-    if corpus:
-        env["CORPUS"] = str(corpus)
-    token_file = resolved(cell, "retriever.auth_token_file")
-    if token_file:  # the path only; the evaluation's retriever and probes use it as training's did
-        env["RETRIEVER_AUTH_TOKEN_FILE"] = str(repo_path(Path(str(token_file)).expanduser()))
     if resolved(cell, "retriever.backend") == "dense":
-        for key, var in (("retriever.index", "INDEX"), ("retriever.encoder", "ENCODER")):
-            value = resolved(cell, key)
-            if not value:
+        for key in ("retriever.index", "retriever.encoder"):
+            if not resolved(cell, key):
                 raise StudyError(
                     f"axes.retriever: dense needs {key} in {cell.recipe.name}. Fix: set it there"
                 )
-            env[var] = str(value)
-    return env
+    limit = spec.test_limit if split == "test" else spec.val_limit
+    return [
+        *cell.overrides,
+        f"eval.suite={quoted(str(suite))}",
+        f"eval.limit={'null' if limit is None else limit}",
+        f"eval.out={quoted(str(out))}",
+        f"eval.plan={spec.plan}",
+        f"eval.backend={spec.backend}",
+        f"retriever.port={port + 1}",
+    ]
 
 
 class Runner:
@@ -252,9 +246,9 @@ class Runner:
             self.progress(f"{cell.name} eval {split}: done before")
             return
         out = (self.where.results_of(cell) / split).absolute()
-        env = {**self.env, **eval_env(self.study, cell, split, out, slot.port)}
+        overrides = eval_overrides(self.study, cell, split, out, slot.port)
         if slot.gpus is not None:
-            env["GPUS"] = slot.gpus
+            overrides.append(f"eval.gpus=[{slot.gpus}]")
         t0 = time.monotonic()
         top_k = axis_value(cell, "top_k")
         rc = self.stages.run(
@@ -264,12 +258,16 @@ class Runner:
                 "launch",
                 "eval",
                 str((run_dir / "checkpoints").absolute()),
+                "--recipe",
+                str(cell.recipe),
+                *overrides,
+                "--",
                 "--run-name",
                 cell.name,
                 "--top-k",
                 str(top_k),
             ],
-            env,
+            {k: v for k, v in self.env.items() if k not in ENV_ALIASES},  # the cell's recipe decides
             run_dir / f"study_eval_{split}.log",
         )
         if rc != 0 or not cell_complete(out / cell.name, cell.cap):

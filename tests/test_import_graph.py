@@ -36,7 +36,7 @@ ALLOWED = {
     "eval": {"search_env", "cpu_engine", "reward_fns", "patches"},
     "patches": {"search_env", "cpu_engine", "cpu_compat"},
     "launch": {"search_env", "search_demo", "reward_fns"},
-    "study": {"eval", "search_env", "reward_fns"},
+    "study": {"eval", "launch", "search_env", "reward_fns"},
 }
 """Per package, the other project packages it may import (docs/design.md §2, its last column)."""
 

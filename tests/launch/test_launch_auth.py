@@ -1,6 +1,7 @@
 """The launchers carry the retriever's bearer-token file: the retriever that ``launch run`` or
 ``launch eval`` starts on loopback gets ``--auth-token-file`` and is probed with the token, so it
-answers nobody without it; ``RETRIEVER_AUTH_TOKEN_FILE`` reaches ``python -m eval run``."""
+answers nobody without it; ``retriever.auth_token_file`` (launch/eval.sh's alias
+``RETRIEVER_AUTH_TOKEN_FILE``) reaches ``python -m eval run``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from conftest import token_file
 
 from launch import preflight, train
-from launch.evaluate import EvalError, Settings, eval_command, serve_args, start_retriever
+from launch.evaluate import DEFAULT_RECIPE, EvalError, eval_command, load_settings, start_retriever
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.probe import ProbeError, search_once
@@ -31,29 +32,35 @@ def _requires_the_token(url: str, token: Path) -> None:
         search_once(url)
 
 
+def _bm25(port: int) -> list[str]:
+    """Overrides of recipes/base.yaml for a local BM25 retriever over the bundled sample corpus."""
+    return ["retriever.backend=bm25", f"retriever.corpus={SAMPLE_CORPUS}", f"retriever.port={port}"]
+
+
 def test_eval_sh_hands_the_token_file_to_its_retriever_and_the_evaluation(tmp_path: Path) -> None:
     token = _token_file(tmp_path / "token")
-    env = {"RETRIEVER_AUTH_TOKEN_FILE": os.path.relpath(token), "RETRIEVER_PORT": str(free_port())}
-    settings = Settings.from_env(env)
-    assert settings.auth_token_file == str(token)  # absolute
-    serve, _ = serve_args(settings)
+    port = free_port()
+    env = {"RETRIEVER_AUTH_TOKEN_FILE": os.path.relpath(token)}
+    settings = load_settings(DEFAULT_RECIPE, _bm25(port), env)
+    assert settings.retriever.auth_token_file == str(token)  # absolute
+    serve = settings.retriever.serve_args
     assert serve[serve.index("--auth-token-file") + 1] == str(token)
     cmd = eval_command(tmp_path, settings)
     assert cmd[cmd.index("--retriever-auth-token-file") + 1] == str(token)
-    plain = Settings.from_env({"RETRIEVER_PORT": env["RETRIEVER_PORT"]})
-    assert "--auth-token-file" not in serve_args(plain)[0]
+    plain = load_settings(DEFAULT_RECIPE, _bm25(port), {})
+    assert "--auth-token-file" not in plain.retriever.serve_args
     assert "--retriever-auth-token-file" not in eval_command(tmp_path, plain)
     retriever = start_retriever(settings, tmp_path)
     try:
-        _requires_the_token(f"http://127.0.0.1:{settings.port}", token)
+        _requires_the_token(f"http://127.0.0.1:{port}", token)
     finally:
         retriever.stop()
 
 
-def test_eval_sh_refuses_an_open_token_file_naming_the_variable(tmp_path: Path) -> None:
+def test_eval_sh_refuses_an_open_token_file_naming_the_setting(tmp_path: Path) -> None:
     shared = _token_file(tmp_path / "shared", mode=0o644)
-    with pytest.raises(EvalError, match=f"RETRIEVER_AUTH_TOKEN_FILE: auth token file {shared}.*chmod 600"):
-        Settings.from_env({"RETRIEVER_AUTH_TOKEN_FILE": str(shared)})
+    with pytest.raises(EvalError, match=f"retriever.auth_token_file: auth token file {shared}.*chmod 600"):
+        load_settings(DEFAULT_RECIPE, _bm25(free_port()), {"RETRIEVER_AUTH_TOKEN_FILE": str(shared)})
 
 
 def test_the_training_retriever_requires_the_token_and_is_probed_with_it(tmp_path: Path, monkeypatch) -> None:

@@ -255,7 +255,7 @@ def test_semantic_scores_a_flood_in_bounded_time(tiny_encoder):
 
 @pytest.fixture(scope="module")
 def demo_config():
-    from launch.preflight import compose_recipe
+    from launch.recipe import compose_recipe
 
     return compose_recipe(REPO_ROOT / "recipes" / "demo_cpu.yaml", [])
 
@@ -305,7 +305,7 @@ def test_recipes_pass_the_settings_to_verl_only_when_given():
     """Recipes declare no reward_kwargs (verl passes them to any reward function, a user's with
     verl's plain signature too); ``+`` adds them, a URL needs no quoting, and the preflight's ``++``
     sets one whether it was given or not."""
-    from launch.preflight import compose_recipe
+    from launch.recipe import compose_recipe
 
     recipe = REPO_ROOT / "recipes" / "demo_cpu.yaml"
     assert "reward_kwargs" not in compose_recipe(recipe, []).reward.custom_reward_function

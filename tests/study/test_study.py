@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launch.recipe import compose_recipe
 from search_env.paths import REPO_ROOT
 from study.__main__ import main as study_main
 from study.cost import checkpoints
 from study.hypotheses import Gap, gap_lines, gap_pairs, parse_tests
-from study.runner import Stages, eval_env, slots, study_lock
+from study.runner import Stages, eval_overrides, slots, study_lock
 from study.spec import StudyError, load_study
 from study.store import Layout, export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
 
@@ -438,56 +438,30 @@ def test_a_stage_past_its_timeout_is_stopped_with_its_process_group(tmp_path):
         pytest.fail("the stage's grandchild outlived it")
 
 
-@pytest.mark.e2e
-def test_a_user_reward_study_trains_evaluates_and_reports_on_cpu(tmp_path):
-    """The example file's user reward, one seed, 2 steps: trained by verl, evaluated, labelled by its name."""
-    path = tmp_path / "mine.yaml"
-    path.write_text(
-        "name: mine\nbase: recipes/micro_sparse.yaml\naxes: {shape: ['my_rewards:half_credit'], seed: [42]}\n"
-        "steps: 2\noverrides: {trainer.save_freq: 2}\neval: {test_limit: 3, val_limit: 2, backend: hf}\n"
-    )
-    env = {**os.environ, "PYTHONPATH": f"{STUDIES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "study",
-        "run",
-        str(path),
-        "--runs",
-        str(tmp_path / "runs"),
-        "--results",
-        str(tmp_path / "res"),
-        "--jobs",
-        "1",
-        "--port",
-        "18930",
-    ]
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = (tmp_path / "res" / "report" / "table1.md").read_text()
-    assert "half_credit" in table
-    info = json.loads((tmp_path / "res" / "test" / "half_credit_s42" / "run.json").read_text())
-    assert info["shape"] == "half_credit"
-    assert "half_credit" in (tmp_path / "res" / "report" / "study.md").read_text()
-    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
-
-
 def test_evaluation_uses_the_cells_own_world_retriever_and_limits(tmp_path):
+    """The evaluation composes the cell's recipe with the cell's overrides and the study's eval
+    keys: the retriever is the cell's own (its world's corpus, its dense index), as in training."""
     sparse = load_study(STUDIES / "micro_sparse.yaml")
-    env = eval_env(sparse, sparse.cell("em_only_g10_s43"), "val", tmp_path / "out", 18500)
-    assert env["SUITE"] == ".demo/study_s0_u1/val.parquet" and env["LIMIT"] == "30"
-    assert env["CORPUS"] == ".demo/study_s0_u1/corpus.jsonl" and env["RETRIEVER_PORT"] == "18501"
-    assert "INDEX" not in env
+    cell = sparse.cell("em_only_g10_s43")
+    args = eval_overrides(sparse, cell, "val", tmp_path / "out", 18500)
+    assert "eval.suite='.demo/study_s0_u1/val.parquet'" in args and "eval.limit=30" in args
+    assert "retriever.port=18501" in args
+    cfg = compose_recipe(cell.recipe, args)
+    assert cfg.retriever.corpus == ".demo/study_s0_u1/corpus.jsonl" and cfg.retriever.port == 18501
+    assert cfg.retriever.backend == "bm25" and cfg.eval.limit == 30
     paper = load_study(STUDIES / "paper.yaml")
-    env = eval_env(paper, paper.cell("f1_only_s44"), "test", tmp_path / "out", 18500)
+    cell = paper.cell("f1_only_s44")
+    args = eval_overrides(paper, cell, "test", tmp_path / "out", 18500)
+    assert "eval.suite='test'" in args and "eval.limit=null" in args
+    cfg = compose_recipe(cell.recipe, args)
     assert (
-        env["SUITE"] == "test" and env["LIMIT"] == "" and env["INDEX"].endswith(".index") and env["ENCODER"]
+        cfg.retriever.backend == "dense" and cfg.retriever.index.endswith(".index") and cfg.retriever.encoder
     )
     dense = load_study(
         _write(tmp_path, BASE + "axes: {shape: [em_only], seed: [42], retriever: [dense]}\nsteps: 2\n")
     )
     with pytest.raises(StudyError, match="retriever.index"):
-        eval_env(dense, dense.cells[0], "test", tmp_path / "out", 18500)
+        eval_overrides(dense, dense.cells[0], "test", tmp_path / "out", 18500)
 
 
 def test_a_gap_on_two_seeds_gets_no_verdict():
