@@ -1,1 +1,2 @@
-"""Checkpoint evaluation, paper tables, figures and statistics."""
+"""Checkpoint evaluation in two lifecycles: ``eval.run`` produces results (``python -m eval run``),
+``eval.report`` reads them (selection, tables, figures, the report); ``eval.stats`` serves both."""
