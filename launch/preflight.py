@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +88,15 @@ def validate(cfg: DictConfig) -> None:
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 
 
-def visible_gpus() -> int:
-    """CUDA devices torch can see (0 on a CPU-only torch build)."""
+def visible_gpus() -> list[str]:
+    """The ids of the CUDA devices torch can see ([] on a CPU-only torch build): those
+    CUDA_VISIBLE_DEVICES names when set (what a child given them sees), else 0..N-1."""
     import torch  # heavy: torch, only to count GPUs
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [g.strip() for g in named.split(",") if g.strip()] if named is not None else []
+    return ids[:count] if named is not None else [str(i) for i in range(count)]
 
 
 def overridden(overrides: list[str], key: str) -> bool:
@@ -102,7 +107,7 @@ def check_gpus(cfg: DictConfig, overrides: list[str], plan: Plan, recipe: Path) 
     """GPU recipes need CUDA GPUs; returns the extra overrides to pass (GPUs per node)."""
     if cfg.launch.device == "cpu":
         return []
-    gpus = visible_gpus()
+    gpus = len(visible_gpus())
     if gpus == 0:
         why = no_cuda_reason()
         plan.problems.append(

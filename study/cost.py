@@ -3,7 +3,7 @@ at the stated per-step and per-rollout costs (the study file's ``cost``, or the 
 
 from __future__ import annotations
 
-from study.spec import Cell, Study, compose_recipe, dotted
+from study.spec import Cell, Study, dotted, recipe_tree
 
 
 def checkpoints(cap: int, save_freq: int | None) -> int:
@@ -23,7 +23,7 @@ def cost_table(study: Study, cells: list[Cell], step_s: float | None, rollout_s:
     bases: set[str] = set()
     total = [0, 0, 0, 0.0, 0.0]
     for c in cells:
-        cfg = compose_recipe(c.recipe)
+        cfg = recipe_tree(c.recipe)
         ckpts = checkpoints(c.cap, dotted(cfg, "trainer.save_freq")[1])
         base = str(c.axes.get("model", dotted(cfg, "actor_rollout_ref.model.path")[1]))
         evals = ckpts + (0 if base in bases else 1)

@@ -20,10 +20,11 @@ from eval.report.tables import order_shapes
 from eval.run.settings import differences, mismatch_message
 from eval.stats import seed_ci
 from search_env.markdown import markdown_table
+from search_env.paths import repo_path
 from search_env.safe_fs import write_atomic
 from study import regimes
 from study.hypotheses import METRICS, Gap, LastPlace, axis_column, gap_lines, last_place_lines, parse_tests
-from study.spec import Cell, Study, axis_value, repo_path
+from study.spec import Cell, Study, axis_value
 from study.store import Layout, raw_complete, reuse_root, tree_root
 
 EVICTED = "training/filter_groups/evicted_samples"

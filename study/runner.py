@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch.evaluate import ENV_ALIASES, quoted
-from search_env.paths import REPO_ROOT, repo_relative
-from study.spec import Cell, Study, StudyError, axis_value, repo_path, resolved
+from launch.preflight import visible_gpus
+from launch.procs import stop_group
+from search_env.paths import REPO_ROOT, repo_path, repo_relative
+from study.spec import Cell, Study, StudyError, axis_value, resolved
 from study.store import (
     SPLITS,
     Layout,
@@ -73,16 +75,12 @@ class Stages:
                     self._children.discard(proc)
 
     def _stop(self, proc: subprocess.Popen) -> None:
-        for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait_s)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        """Its process group: SIGTERM, SIGKILL after :data:`STOP_GRACE_S` (launch.procs.stop_group)."""
+        stop_group(proc.pid, STOP_GRACE_S)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
     def stop_all(self) -> None:
         self.stopping = True
@@ -147,19 +145,6 @@ def slots(jobs: int, port: int, gpus_per_cell: int | None, visible: list[str]) -
         Slot(port + 10 * j, ",".join(visible[j * gpus_per_cell : (j + 1) * gpus_per_cell]))
         for j in range(lanes)
     ]
-
-
-def visible_gpus() -> list[str]:
-    """The GPU ids this process may use (CUDA_VISIBLE_DEVICES, else torch's count); [] without GPUs."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [g for g in env.split(",") if g.strip()]
-    try:
-        import torch  # heavy: only when CUDA_VISIBLE_DEVICES does not say
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except ImportError:
-        return []
 
 
 def eval_overrides(study: Study, cell: Cell, split: str, out: Path, port: int) -> list[str]:

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from launch.recipe import compose_recipe
 from reward_fns.shapes import SHAPES
-from search_env.paths import REPO_ROOT
+from search_env.paths import repo_path
 
 
 class StudyError(ValueError):
@@ -192,23 +192,17 @@ class Study:
         return sorted({c.tree for c in self.cells}, key=lambda t: (t != "", t))
 
 
-def repo_path(path: str | Path) -> Path:
-    """A path of a study file: absolute, or relative to the repository root."""
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
 @cache
-def compose_recipe(recipe: Path) -> dict[str, Any]:
-    """The recipe's composed hydra config as a plain dict (unresolved interpolations left as text)."""
+def recipe_tree(recipe: Path) -> dict[str, Any]:
+    """The recipe's composed config as a plain dict (unresolved interpolations left as text)."""
     return OmegaConf.to_container(cell_config(recipe), resolve=False)  # type: ignore[return-value]
 
 
 @cache
 def cell_config(recipe: Path, overrides: tuple[str, ...] = ()) -> Any:
-    """The recipe composed with ``overrides`` (a cell's), as an OmegaConf tree."""
-    with initialize_config_dir(config_dir=str(recipe.parent), version_base=None):
-        return compose(config_name=recipe.stem, overrides=list(overrides))
+    """The recipe composed with ``overrides`` (a cell's) as training composes it
+    (:func:`launch.recipe.compose_recipe`), as an OmegaConf tree."""
+    return compose_recipe(recipe, overrides)
 
 
 def resolved(cell: Cell, key: str) -> Any:
@@ -319,7 +313,7 @@ def _block_cells(spec: StudyFile, block: Block, index: str, path: Path) -> list[
         recipe = repo_path(spec.base.format(shape=point["shape"], seed=seed))
         if not recipe.is_file():
             raise StudyError(f"base: recipe {recipe} does not exist. Fix: a recipe file under recipes/")
-        cfg = compose_recipe(recipe)
+        cfg = recipe_tree(recipe)
         label, overrides = shape_overrides(str(point["shape"]), f"{index}axes.shape")
         overrides.append(f"seed={seed}")
         tags = []
@@ -387,4 +381,4 @@ def axis_value(cell: Cell, axis: str) -> object:
     """``cell``'s value of ``axis``: its own, else its recipe's."""
     if axis in cell.axes:
         return cell.axes[axis]
-    return dotted(compose_recipe(cell.recipe), SHORTHANDS.get(axis, axis))[1]
+    return dotted(recipe_tree(cell.recipe), SHORTHANDS.get(axis, axis))[1]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from search_env.checkpoint_layout import TRACKER, step_dir_name
-from search_env.paths import repo_relative
+from search_env.paths import repo_path, repo_relative
 from search_env.safe_fs import fsync_tree, remove_tree, replace_durably, write_atomic
-from study.spec import Cell, Study, StudyError, repo_path
+from study.spec import Cell, Study, StudyError
 
 SPLITS = ("test", "val")
 TRAINED = ".study_trained"

@@ -242,7 +242,7 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
         "retriever.corpus=/nonexistent/wiki.jsonl",
         "retriever.index=/nonexistent/ivf.index",
     ]
-    if preflight.visible_gpus() == 0:  # on a GPU node the cell's GPU check passes
+    if not preflight.visible_gpus():  # on a GPU node the cell's GPU check passes
         assert (
             preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "f1_only_s44.yaml"), *overrides]) == 2
         )
