@@ -1,7 +1,7 @@
 """Does the CPU demo learn? Runs it end to end and checks its learning targets
 (``check``).
 
-    .venv/bin/python bench/demo_learning.py [--run-dir runs/demo_learning] [--other-world-seed 1]
+    .venv/bin/python -m bench.demo_learning [--run-dir runs/demo_learning] [--other-world-seed 1]
                                             [--check-only] [hydra overrides...]
 
 1. ``python -m search_demo run --also-world-seed S2``: world + warm start (cached in

@@ -12,9 +12,9 @@ full-suite macro EM, and the selection effect of each plan's reported number. La
 
 ``--measure``: real CPU runs (:mod:`bench.eval_plan_measure`).
 
-    .venv/bin/python bench/eval_plan.py [--studies 200] [--seed 0] [--screen-rows 200]
+    .venv/bin/python -m bench.eval_plan [--studies 200] [--seed 0] [--screen-rows 200]
                                         [--delta 0.01] [--halfwidth 0.01]
-    .venv/bin/python bench/eval_plan.py --measure [--steps 4] [--test-people 1100] [--replay] [--work DIR]
+    .venv/bin/python -m bench.eval_plan --measure [--steps 4] [--test-people 1100] [--replay] [--work DIR]
 """
 
 from __future__ import annotations

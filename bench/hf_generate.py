@@ -24,7 +24,7 @@ rollouts per CPU-second (target >= 6).
 Model: ``--model DIR`` (e.g. the warm-started demo model), else a random-weight model of the demo
 size (``search_demo.tiny.DEMO_TEXT_CONFIG``) with the tiny tokenizer.
 
-    .venv/bin/python bench/hf_generate.py [--model DIR] [--rollouts 32] [--threads 1]   # ~2-3 min
+    .venv/bin/python -m bench.hf_generate [--model DIR] [--rollouts 32] [--threads 1]   # ~2-3 min
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Prints, per engine: start-up seconds, rollouts/s (median and each round), model 
 searches per rollout; then the ratio vllm / hf in rollouts/s, the decision rule (vLLM becomes
 the CPU default at >= 0.8) and its verdict.
 
-    .venv/bin/python bench/rollout_engines.py [--model .demo/warm_start] [--world .demo/world_s0]
+    .venv/bin/python -m bench.rollout_engines [--model .demo/warm_start] [--world .demo/world_s0]
 """
 
 from __future__ import annotations
