@@ -630,7 +630,7 @@ def emit_zero_variance(r: Report) -> None:
 
 def validation_cells(test: Results, val: Results, matched: int) -> pd.DataFrame:
     """Checkpoints chosen by validation Avg (all) EM (the ``val_matched`` / ``val_own`` rules of
-    :func:`eval.report.tables.select_checkpoints`, as ``python -m eval select`` reports them) next to the
+    :func:`eval.report.select.select_checkpoints`, as ``python -m eval select`` reports them) next to the
     test-chosen ones: ``rule, shape, seed, run, val_step, val_em, test_em, test_step,
     test_pick_em`` (EM fractions on the validation / test suite), runs in name order. Raises
     ResultsError when a run's validation rows share a question with its test rows."""

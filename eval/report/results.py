@@ -2,7 +2,7 @@
 
 Reads what ``python -m eval run`` writes (``OUT/<run>/run.json``, ``global_step_<N>/summary.json``
 and ``rows.jsonl``; step 0 is the untrained model) and verl's file-logger JSONL (one
-``{"step": N, "data": {metric: value}}`` line per step), so ``select``, ``report`` and ``regimes``
+``{"step": N, "data": {metric: value}}`` line per step), so ``select``, ``report`` and ``study.regimes``
 share one validated view. Bad input raises :class:`ResultsError` naming the file and the fix.
 Formats and checks: docs/report.md ("Inputs").
 """

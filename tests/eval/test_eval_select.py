@@ -1,4 +1,4 @@
-"""The selection rules (eval.report.tables.select_checkpoints, through eval.report.select) and eval.run.checkpoints (discovery, run info)."""
+"""The selection rules (eval.report.select) and eval.run.checkpoints (discovery, run info)."""
 
 from __future__ import annotations
 
