@@ -23,7 +23,11 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv[0]`` names; 0 with the usage for ``-h``/``--help``, 2 with it otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2

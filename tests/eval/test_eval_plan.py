@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eval.__main__ import main
+from eval.__main__ import COMMANDS, main
 from eval.run import checkpoints as ckpts
 from eval.run import runner
 from eval.run import sequential as seq
@@ -218,3 +218,15 @@ def test_plan_simulation_prints_its_machine_readable_line():
     assert set(fields) == {"rollout_fraction", "within_delta", "step0_evals"}
     assert 0 < float(fields["rollout_fraction"]) < 1 and fields["within_delta"].endswith("/18")
     assert fields["step0_evals"] == "1"
+
+
+def test_python_m_eval_dispatches_to_each_commands_module(capsys: pytest.CaptureFixture[str]):
+    assert main(["--help"]) == 0
+    usage = capsys.readouterr().out
+    assert all(f"python -m eval {command}" in usage for command in COMMANDS)
+    assert main(["regimes"]) == 2  # the micro study's report: python -m study.regimes
+    for command, module in COMMANDS.items():
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0
+        assert f"python -m eval {command}" in capsys.readouterr().out, module
