@@ -27,6 +27,7 @@ from search_env.retrieval.auth import AuthFileError, load_tokens
 
 
 def build_run_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m eval run`` (docs/evaluation.md lists them with their defaults)."""
     p = argparse.ArgumentParser(prog="python -m eval run", description="Evaluate every checkpoint of a run.")
     p.add_argument(
         "--run-dir",
@@ -275,7 +276,6 @@ def _token_file(path: Path | None) -> str | None:
 
 def prepare(args: argparse.Namespace) -> runner.RunSetup:
     """Turn ``run`` arguments into a :class:`eval.run.runner.RunSetup` (errors name the flag to fix)."""
-
     sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
     judge = _judge(args)
     plan_name, _ = _resolve_plan(args.plan, args.limit)
