@@ -2,7 +2,7 @@
 
 The run folder is built like verl's trainer builds it: step 5 is saved by verl's own
 ``FSDPCheckpointManager`` (FSDP2, gloo, world size 1) and merged back by verl's model merger;
-step 0 is the run config's untrained model. Rows are real fixture questions (``--suite
+step 0 is the run config's untrained model. Rows are real sample questions (``--suite
 samples``), rolled out through verl's AgentLoopWorker and scored by reward_fns.
 """
 
