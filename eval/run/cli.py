@@ -1,4 +1,4 @@
-"""``python -m eval run``: its command line, resolved into a :class:`eval.run.runner.RunSetup`
+"""``python -m eval run``: its command line, resolved into a :class:`eval.run.runner.EvalSetup`
 (flags: docs/evaluation.md, "`python -m eval run`")."""
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ def _token_file(path: Path | None) -> str | None:
     return os.path.abspath(path.expanduser())
 
 
-def prepare(args: argparse.Namespace) -> runner.RunSetup:
-    """Turn ``run`` arguments into a :class:`eval.run.runner.RunSetup` (errors name the flag to fix)."""
+def prepare(args: argparse.Namespace) -> runner.EvalSetup:
+    """Turn ``run`` arguments into a :class:`eval.run.runner.EvalSetup` (errors name the flag to fix)."""
     sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
     judge = _judge(args)
     plan_name, _ = _resolve_plan(args.plan, args.limit)
@@ -315,7 +315,7 @@ def prepare(args: argparse.Namespace) -> runner.RunSetup:
     limits = replace(limits, **{k: v for k, v in overrides.items() if v is not None})
     backend = _resolve_backend(args.backend)
     token_file = _token_file(args.retriever_auth_token_file)
-    return runner.RunSetup(
+    return runner.EvalSetup(
         run_name=_run_name(args, info),
         out_root=args.out,
         suite=suite,

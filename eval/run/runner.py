@@ -93,7 +93,7 @@ class Schedule:
 
 
 @dataclass
-class RunSetup:
+class EvalSetup:
     """Everything ``run`` needs, resolved from the command line (:func:`eval.run.cli.prepare`): the run,
     its checkpoints, the suite, the settings and the schedule (``schedule.plan``: the evaluation plan)."""
 
@@ -123,7 +123,7 @@ class RunSetup:
         return self.out_root / self.run_name
 
 
-def write_run_json(setup: RunSetup) -> None:
+def write_run_json(setup: EvalSetup) -> None:
     """Create ``run.json``, or check the existing one was written with comparable eval settings
     (then record the current ones, which may name what an older run.json did not)."""
     path = setup.run_root / "run.json"
@@ -215,7 +215,7 @@ def _check_checkpoint(step_dir: Path, step: int, fingerprint: str, log: Callable
 
 
 def _still_valid(
-    summary: dict[str, Any], setup: RunSetup, fingerprint: str, rows: dict[str, int], stage: str
+    summary: dict[str, Any], setup: EvalSetup, fingerprint: str, rows: dict[str, int], stage: str
 ) -> bool:
     """An existing summary serves a request for ``rows`` at ``stage``: same settings and checkpoint,
     and the same or more rows (a later stage is never replaced by an earlier one)."""
@@ -234,13 +234,13 @@ def _still_valid(
     return have != rows or ev.get("stage") == stage
 
 
-def _wants_judge(setup: RunSetup, stage: str) -> bool:
+def _wants_judge(setup: EvalSetup, stage: str) -> bool:
     """The judge scores every summary but a screening one (docs/evaluation.md, "The judge")."""
     return setup.judge is not None and stage != SCREENED
 
 
 def judge_rows(
-    setup: RunSetup, step: int, rows: Sequence[dict[str, Any]], log: Callable[[str], None]
+    setup: EvalSetup, step: int, rows: Sequence[dict[str, Any]], log: Callable[[str], None]
 ) -> list[str]:
     """The judge's judgement of each row (in order), from ``OUT/.judge/verdicts.jsonl`` or the
     endpoint (new verdicts appended there); JudgeError when the endpoint fails."""
@@ -259,7 +259,7 @@ class CheckpointJob:
     (:func:`eval.run.settings.checkpoint_fingerprint`), how a backend is made for it (verl config,
     model folder -> backend) and where progress lines go."""
 
-    setup: RunSetup
+    setup: EvalSetup
     ckpt: ckpts.Checkpoint
     fingerprint: str
     make_backend: Callable[[Any, str], Any]
@@ -344,7 +344,7 @@ def _roll_out_step0(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> No
 
 
 def evaluate_step(
-    setup: RunSetup,
+    setup: EvalSetup,
     ckpt: ckpts.Checkpoint,
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None] = print,
@@ -396,7 +396,7 @@ Item = tuple[ckpts.Checkpoint, Sequence[Question] | None, str]
 
 
 def _evaluate_all(
-    setup: RunSetup,
+    setup: EvalSetup,
     items: Sequence[Item],
     fingerprints: dict[int, str],
     make_backend: Callable[[Any, str], Any],
@@ -424,7 +424,7 @@ def _evaluate_all(
     return summaries
 
 
-def _scores(setup: RunSetup, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
+def _scores(setup: EvalSetup, step: int, questions: Sequence[Question]) -> dict[str, np.ndarray]:
     """EM of one checkpoint's stored rows on ``questions`` (a sampled run: each question's mean
     over its samples): benchmark -> scores in question order."""
     em = {
@@ -439,7 +439,7 @@ def _scores(setup: RunSetup, step: int, questions: Sequence[Question]) -> dict[s
     return {b: np.asarray(v) for b, v in out.items()}
 
 
-def _validation_choices(setup: RunSetup, rules: dict[str, list[int]]) -> dict[str, int]:
+def _validation_choices(setup: EvalSetup, rules: dict[str, list[int]]) -> dict[str, int]:
     """Per rule, the eligible step with the best validation macro EM in ``schedule.val_results``."""
     if setup.schedule.val_results is None:
         return {}
@@ -457,7 +457,7 @@ def _validation_choices(setup: RunSetup, rules: dict[str, list[int]]) -> dict[st
 
 
 def run_sequential(
-    setup: RunSetup,
+    setup: EvalSetup,
     fingerprints: dict[int, str],
     make_backend: Callable[[Any, str], Any],
     log: Callable[[str], None],
@@ -521,7 +521,9 @@ def run_sequential(
     return summaries
 
 
-def run(setup: RunSetup, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print) -> dict:
+def run(
+    setup: EvalSetup, make_backend: Callable[[Any, str], Any], log: Callable[[str], None] = print
+) -> dict:
     """Evaluate the checkpoints of ``setup`` by its schedule; returns ``{step: summary}``."""
     setup.eval_settings["retriever"] = check_retrievers(
         setup.retriever_urls, auth_token_file=setup.retriever_auth_token_file

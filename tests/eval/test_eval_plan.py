@@ -116,7 +116,7 @@ def _plan(tmp: Path, name: str, url: str, levels: dict[int, float] = LEVELS, hal
     limits = Limits()
     found = [ckpts.Checkpoint(s, _checkpoint(tmp / name / f"step{s}", lv), "hf") for s, lv in levels.items()]
     found[0] = ckpts.Checkpoint(0, _checkpoint(tmp / "base", levels[0]), "hf")
-    return runner.RunSetup(
+    return runner.EvalSetup(
         run_name=name,
         out_root=tmp / "out",
         suite=suite,
@@ -131,7 +131,7 @@ def _plan(tmp: Path, name: str, url: str, levels: dict[int, float] = LEVELS, hal
     )
 
 
-def _rows(plan: runner.RunSetup, step: int) -> int:
+def _rows(plan: runner.EvalSetup, step: int) -> int:
     return len(RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows())
 
 

@@ -168,7 +168,7 @@ def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http:
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")  # what the checkpoint fingerprint reads
-    return runner.RunSetup(
+    return runner.EvalSetup(
         run_name="f1_only_s1",
         out_root=tmp_path / "out",
         suite=suite,

@@ -18,9 +18,9 @@ from eval.run.suite import load_suite
 from search_env import protocol
 
 
-def _plan(tmp_path: Path, limits: rollout.Limits) -> runner.RunSetup:
+def _plan(tmp_path: Path, limits: rollout.Limits) -> runner.EvalSetup:
     suite = load_suite("samples", limit=2, benchmarks=["nq"])
-    return runner.RunSetup(
+    return runner.EvalSetup(
         run_name="r",
         out_root=tmp_path,
         suite=suite,

@@ -131,12 +131,12 @@ class SeedEcho:
         self.loop.close()
 
 
-def _plan(tmp_path: Path, sampling: Sampling) -> runner.RunSetup:
+def _plan(tmp_path: Path, sampling: Sampling) -> runner.EvalSetup:
     suite = load_suite("samples", limit=3, benchmarks=["nq", "bamboogle"])
     model = tmp_path / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
-    return runner.RunSetup(
+    return runner.EvalSetup(
         run_name="em_only_s1",
         out_root=tmp_path / "out",
         suite=suite,
