@@ -11,7 +11,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (train.main, "train one recipe end to end (launch/run.sh)"),
     "eval": (evaluate.main, "evaluate every checkpoint of a run (launch/eval.sh)"),
     "prepare": (prepare.main, "fetch what the GPU recipes need (launch/prepare.sh)"),
-    "preflight": (preflight.main, "check a recipe's prerequisites and write its plan"),
+    "preflight": (preflight.main, "check a recipe's prerequisites and write its run setup"),
     "resume": (resume.main, "strays of an earlier run; the checkpoint to resume from"),
 }
 

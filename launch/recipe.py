@@ -1,5 +1,5 @@
-"""A recipe composed as the trainer composes it: the one compose of training's preflight, the
-evaluation launcher and the study (docs/training.md "Recipes")."""
+"""A recipe composed as the trainer composes it (the one compose of training's preflight, the
+evaluation launcher and the study), and verl's own checks of it."""
 
 from __future__ import annotations
 
@@ -18,3 +18,14 @@ def compose_recipe(recipe: Path, overrides: list[str] | tuple[str, ...] = ()) ->
     ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved."""
     with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
         return compose(config_name=recipe.stem, overrides=[VERL_SEARCHPATH, *overrides])
+
+
+def validate(cfg: DictConfig) -> None:
+    """verl's own semantic checks (batch divisibility, micro-batch settings, ...)."""
+    from verl.trainer.ppo.utils import (  # heavy: verl/torch, only to validate
+        need_critic,
+        need_reference_policy,
+    )
+    from verl.utils.config import validate_config  # heavy: verl/torch, only to validate
+
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

@@ -1,6 +1,6 @@
 """``python -m launch run RECIPE [overrides]``: one training run, top to bottom (docs/design.md §2).
 
-Strays of an earlier run stop it; then the preflight's plan, the checkpoint to resume from, the demo
+Strays of an earlier run stop it; then the preflight's run setup, the checkpoint to resume from, the demo
 assets, the retriever (started, probed, watched and restarted), verl's trainer in its own process
 group, and a summary. Everything it started is stopped by PID / process group on exit, error,
 SIGINT and SIGTERM. The steps and the run directory's files: docs/training.md.
@@ -144,14 +144,14 @@ def check_strays(run: RunDir) -> None:
         run.ray_tmp_record.unlink()
 
 
-def plan_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.Plan:
+def set_up_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.RunSetup:
     """The preflight (its output in preflight.log), then the checkpoint verl will resume from."""
     log(f"preflight: {recipe.stem} (run dir {run.path})")
     with open(run.path / "preflight.log", "w") as out:
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out
         try:
-            plan = preflight.plan_run(recipe, overrides, run.path)
+            setup = preflight.set_up_run(recipe, overrides, run.path)
         except ValueError as err:
             print(f"error: {err}", file=out)
             raise LaunchError(str(err)) from None
@@ -163,7 +163,7 @@ def plan_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.Plan:
     except resume.ResumeError as err:
         raise LaunchError(str(err)) from None
     log(f"resume: {note}")
-    return plan
+    return setup
 
 
 def ray_join_problem(env: Mapping[str, str], insecure_ok: bool) -> str | None:
@@ -198,10 +198,10 @@ def ray_join_problem(env: Mapping[str, str], insecure_ok: bool) -> str | None:
     return None
 
 
-def check_ray_join(plan: preflight.Plan) -> None:
+def check_ray_join(setup: preflight.RunSetup) -> None:
     """LaunchError when :func:`ray_join_problem` refuses this run's RAY_ADDRESS; a warning when
     :data:`RAY_INSECURE_KEY` lets it join a cluster without auth."""
-    insecure_ok = bool(OmegaConf.select(plan.config, RAY_INSECURE_KEY, default=False))
+    insecure_ok = bool(OmegaConf.select(setup.config, RAY_INSECURE_KEY, default=False))
     problem = ray_join_problem(os.environ, insecure_ok)
     if problem:
         raise LaunchError(problem)
@@ -258,11 +258,11 @@ def build_demo_assets(args: list[str], run: RunDir) -> None:
         print(f"  {last[-1]}", file=sys.stderr, flush=True)
 
 
-def start_retriever(plan: preflight.Plan, started: Started) -> None:
+def start_retriever(setup: preflight.RunSetup, started: Started) -> None:
     """Start the local retriever (unless ``retriever.urls`` names running ones), then check every
     retriever (:func:`search_env.retrieval.probe.check_retrievers`: ``/health``, one index, one
     real search); LaunchError when one fails."""
-    r, run = plan.retriever, started.run
+    r, run = setup.retriever, started.run
     process = None
     if not r.external:
         log(f"retriever: python -m search_env.retrieval {' '.join(r.serve_args)}")
@@ -296,10 +296,12 @@ def start_retriever(plan: preflight.Plan, started: Started) -> None:
     log(f"retriever ready: {','.join(r.urls)} (backend {r.backend}, one real /retrieve answered)")
 
 
-def trainer_command(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Started) -> list[str]:
-    """``python -m verl.trainer.main_ppo`` with the user's overrides, then the plan's, then Ray's."""
+def trainer_command(
+    recipe: Path, overrides: list[str], setup: preflight.RunSetup, started: Started
+) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the user's overrides, then the run setup's, then Ray's."""
     args = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(recipe.parent)]
-    args += ["--config-name", recipe.stem, *overrides, *plan.trainer_overrides(started.run.ckpt)]
+    args += ["--config-name", recipe.stem, *overrides, *setup.trainer_overrides(started.run.ckpt)]
     if not os.environ.get("RAY_ADDRESS"):  # a private local Ray instance, removed on exit
         started.ray_tmp = Path(tempfile.mkdtemp(prefix="rlvr_ray.", dir="/tmp"))
         started.run.ray_tmp_record.write_text(
@@ -340,16 +342,16 @@ def _pump(source: IO[bytes], started: Started) -> None:
                 print(line, file=sys.stderr, flush=True)
 
 
-def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Started) -> int:
+def train(recipe: Path, overrides: list[str], setup: preflight.RunSetup, started: Started) -> int:
     """Run the trainer in its own process group, watching the retriever every second; its exit
     status (124 when it hit ``launch.timeout_s``)."""
     os.environ["VERL_FILE_LOGGER_PATH"] = str(started.run.metrics)
     os.environ["RLVR_SEARCH_PATCHES"] = "1"  # this run uses rlvr-search: patches/activation.py RUN_ENV
-    if plan.device == "cpu":
+    if setup.device == "cpu":
         os.environ["VERL_PLATFORM"] = "cpu"
-    command = trainer_command(recipe, overrides, plan, started)
+    command = trainer_command(recipe, overrides, setup, started)
     log(
-        f"training {plan.experiment} ({plan.total_steps} steps, device {plan.device}); log: {started.run.train_log}"
+        f"training {setup.experiment} ({setup.total_steps} steps, device {setup.device}); log: {started.run.train_log}"
     )
     started.trainer = subprocess.Popen(
         command,
@@ -361,7 +363,7 @@ def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Sta
     )
     started.pump = threading.Thread(target=_pump, args=(started.trainer.stdout, started), daemon=True)
     started.pump.start()
-    deadline = time.monotonic() + plan.timeout_s if plan.timeout_s > 0 else None
+    deadline = time.monotonic() + setup.timeout_s if setup.timeout_s > 0 else None
     while True:
         try:
             return exit_status(started.trainer.wait(timeout=1.0))
@@ -372,20 +374,20 @@ def train(recipe: Path, overrides: list[str], plan: preflight.Plan, started: Sta
         if deadline is not None and time.monotonic() > deadline:
             stop_group(started.trainer.pid, TRAINER_GRACE_S)
             started.trainer.wait()
-            log(f"the trainer hit launch.timeout_s={plan.timeout_s} s and was stopped")
+            log(f"the trainer hit launch.timeout_s={setup.timeout_s} s and was stopped")
             return 124
 
 
-def summary(rc: int, plan: preflight.Plan, run: RunDir) -> None:
+def summary(rc: int, setup: preflight.RunSetup, run: RunDir) -> None:
     """Where the checkpoint, the logs and the metrics are; the log's end when training failed."""
     tracker = run.ckpt / resume.TRACKER
     latest = tracker.read_text().strip() if tracker.is_file() else ""
     lines = run.metrics.read_text(errors="replace").splitlines() if run.metrics.is_file() else []
     text = [
         "",
-        f"training finished: {plan.experiment}"
+        f"training finished: {setup.experiment}"
         if rc == 0
-        else f"training FAILED (exit {rc}): {plan.experiment}",
+        else f"training FAILED (exit {rc}): {setup.experiment}",
     ]
     if latest:
         text.append(
@@ -394,7 +396,7 @@ def summary(rc: int, plan: preflight.Plan, run: RunDir) -> None:
     else:
         text.append(f"  checkpoint: none written yet under {run.ckpt}")
     text.append(f"  train log:  {run.train_log}")
-    if not plan.retriever.external:
+    if not setup.retriever.external:
         text.append(f"  retriever:  {run.retriever_log}")
     text.append(f"  metrics:    {run.metrics} ({sum(1 for line in lines if line.strip())} steps logged)")
     text.append(f"  config:     {run.path / 'recipe.yaml'}")
@@ -419,14 +421,14 @@ def run(recipe: Path, overrides: list[str], run_dir: Path) -> int:
     try:
         check_strays(paths)
         os.environ[resume.MARKER] = str(paths.path)  # inherited by everything started below
-        plan = plan_run(recipe, overrides, paths)
-        check_ray_join(plan)
-        if plan.demo_assets is not None:
-            build_demo_assets(plan.demo_assets, paths)
-        start_retriever(plan, started)
-        rc = train(recipe, overrides, plan, started)
+        setup = set_up_run(recipe, overrides, paths)
+        check_ray_join(setup)
+        if setup.demo_assets is not None:
+            build_demo_assets(setup.demo_assets, paths)
+        start_retriever(setup, started)
+        rc = train(recipe, overrides, setup, started)
         started.stop()
-        summary(rc, plan, paths)
+        summary(rc, setup, paths)
         return rc
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

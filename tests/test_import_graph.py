@@ -163,7 +163,7 @@ def test_function_local_imports_say_why():
 
 
 def test_one_training_run_reads_in_the_launch_package():
-    """``python -m launch run`` (launch/run.sh) -> launch.train -> the preflight's plan, the resume
+    """``python -m launch run`` (launch/run.sh) -> launch.train -> the preflight's run setup, the resume
     check, the retriever it starts and watches, the shared probe (docs/design.md §2)."""
     graph = import_graph()
     assert {"launch.train", "launch.evaluate", "launch.prepare"} <= graph["launch.__main__"]

@@ -171,7 +171,7 @@ def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_va
     overrides = [f"retriever.port={free_port()}", f"actor_rollout_ref.model.path={tmp_path / 'm'}"]
     overrides += [f"data.train_files={tmp_path / 'data' / 'train.parquet'}"]
     overrides += [f"data.val_files={tmp_path / 'data' / 'val.parquet'}"]
-    plan = preflight.make_plan(RECIPES / "gpu_smoke.yaml", overrides, tmp_path)
+    plan = preflight.run_setup(RECIPES / "gpu_smoke.yaml", overrides, tmp_path)
     cfg = plan.config
     assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.model.use_remove_padding
     assert cfg.actor_rollout_ref.actor.use_dynamic_bsz

@@ -71,12 +71,12 @@ def test_the_training_retriever_requires_the_token_and_is_probed_with_it(tmp_pat
         f"retriever.corpus={SAMPLE_CORPUS.relative_to(REPO_ROOT)}",
         f"retriever.auth_token_file={token}",
     ]
-    plan = preflight.make_plan(REPO_ROOT / "recipes" / "demo_cpu.yaml", overrides, tmp_path)
-    assert not plan.problems
+    setup = preflight.run_setup(REPO_ROOT / "recipes" / "demo_cpu.yaml", overrides, tmp_path)
+    assert not setup.problems
     started = train.Started(train.RunDir(tmp_path))
     try:
-        train.start_retriever(plan, started)  # wait_healthy + search_once with the token
-        _requires_the_token(plan.retriever.urls[0], token)
+        train.start_retriever(setup, started)  # wait_healthy + search_once with the token
+        _requires_the_token(setup.retriever.urls[0], token)
     finally:
         started.stop()
     assert TOKEN not in (tmp_path / "retriever.log").read_text()

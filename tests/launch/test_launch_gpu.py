@@ -21,6 +21,8 @@ import torch
 
 from launch import preflight
 from launch.doctor import gpu_smoke
+from launch.recipe import compose_recipe
+from launch.retriever import retriever_gpu
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 
@@ -104,14 +106,14 @@ def test_preflight_prints_torch_cuda_and_driver_when_no_device(tmp_path: Path, c
     ("value", "flag"), [("auto", "auto"), ("off", "off"), ("true", "on"), ("false", "off")]
 )
 def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, flag: str):
-    plan = preflight.make_plan(
+    plan = preflight.run_setup(
         RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={free_port()}"], tmp_path
     )
     args = plan.retriever.serve_args
     assert args[args.index("--gpu") + 1] == flag
     assert not any("retriever.gpu" in p for p in plan.problems)
     assert plan.retriever.backend == "bm25" and plan.retriever.index is None
-    bad = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
+    bad = preflight.run_setup(RECIPES / "demo_cpu.yaml", ["retriever.gpu=maybe"], tmp_path)
     assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
 
 
@@ -129,7 +131,7 @@ def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
     setters = [p.name for p in sorted(RECIPES.glob("*.yaml")) if "gpu" in retriever_keys(p)]
     assert setters == ["base.yaml"], "only recipes/base.yaml sets retriever.gpu"
     for recipe in ("f1_only_s44.yaml", "micro_dense.yaml", "demo_cpu.yaml", "gpu_smoke.yaml"):
-        flag = preflight.retriever_gpu(preflight.compose_recipe(RECIPES / recipe, []).retriever.get("gpu"))
+        flag = retriever_gpu(compose_recipe(RECIPES / recipe, []).retriever.get("gpu"))
         assert flag == "auto" and not index_on_gpu(flag), f"{recipe}: retriever.gpu={flag}"
     assert index_on_gpu("on") and index_on_gpu("true") and not index_on_gpu("off")
     assert use_gpu("auto") is None, "auto still puts the encoder on CUDA when one is visible"
@@ -176,18 +178,18 @@ def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
 
 
 def test_preflight_names_missing_kernels(tmp_path: Path):
-    cfg = preflight.compose_recipe(RECIPES / "f1_only_s44.yaml", [])
+    cfg = compose_recipe(RECIPES / "f1_only_s44.yaml", [])
     for present, expected in (
         (set(), {"flash-linear-attention (fla)", "needs flash-attn"}),
         ({"fla"}, {"needs flash-attn"}),
         ({"fla", "flash_attn"}, set()),
     ):
-        plan = preflight.Plan()
+        plan = preflight.RunSetup()
         preflight.check_kernels(cfg, plan, has_module=lambda name, have=present: name in have)
         assert {e for e in expected if any(e in p for p in plan.problems)} == expected
         assert len(plan.problems) == len(expected)
-    cpu = preflight.compose_recipe(RECIPES / "demo_cpu.yaml", [])
-    plan = preflight.Plan()
+    cpu = compose_recipe(RECIPES / "demo_cpu.yaml", [])
+    plan = preflight.RunSetup()
     preflight.check_kernels(cpu, plan, has_module=lambda name: False)
     assert plan.problems == [], "the CPU demo needs neither (sdpa, no remove-padding)"
 

@@ -248,8 +248,8 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
         )
         err = capsys.readouterr().err
         assert "torch sees no CUDA device" in err and "recipes/demo_cpu.yaml" in err
-    plan = preflight.make_plan(RECIPES / "f1_only_s44.yaml", overrides, tmp_path)
-    text = "\n".join(plan.problems)
+    setup = preflight.run_setup(RECIPES / "f1_only_s44.yaml", overrides, tmp_path)
+    text = "\n".join(setup.problems)
     for expected in (
         "/nonexistent/model",
         "launch/prepare.sh model",
@@ -260,61 +260,61 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
         "launch/prepare.sh index",
     ):
         assert expected in text
-    assert not (tmp_path / "plan.json").exists()
+    assert not (tmp_path / "setup.json").exists()
 
 
-def test_preflight_plans_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
+def test_preflight_sets_up_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        busy = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.port={port}"], tmp_path)
+        busy = preflight.run_setup(RECIPES / "demo_cpu.yaml", [f"retriever.port={port}"], tmp_path)
         assert any(f"127.0.0.1:{port} is in use" in p for p in busy.problems)
     assert (
         preflight.main(["--run-dir", str(tmp_path), str(RECIPES / "demo_cpu.yaml"), f"retriever.port={port}"])
         == 0
     )
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan["device"] == "cpu" and plan["retriever"]["urls"] == [f"http://127.0.0.1:{port}"]
-    assert plan["model_path"].endswith(".demo/warm_start") and plan["train_files"].startswith("/")
-    assets = " ".join(plan["demo_assets"])
+    setup = json.loads((tmp_path / "setup.json").read_text())
+    assert setup["device"] == "cpu" and setup["retriever"]["urls"] == [f"http://127.0.0.1:{port}"]
+    assert setup["model_path"].endswith(".demo/warm_start") and setup["train_files"].startswith("/")
+    assets = " ".join(setup["demo_assets"])
     assert "--world-seed 0" in assets and ".demo/world_s0" in assets
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == [f"http://127.0.0.1:{port}"]
     assert tools["tools"][0]["config"]["topk"] == protocol.TOPK
-    assert tools["tools"][0]["config"]["retry_budget_s"] == 60 and plan["retriever"]["max_restarts"] == 3
+    assert tools["tools"][0]["config"]["retry_budget_s"] == 60 and setup["retriever"]["max_restarts"] == 3
     assert OmegaConf.load(tmp_path / "recipe.yaml").retriever.port == port
 
 
 def test_preflight_checks_the_retriever_fault_settings(tmp_path):
-    plan = preflight.make_plan(
+    setup = preflight.run_setup(
         RECIPES / "demo_cpu.yaml",
         ["retriever.retry_budget_s=-1", "retriever.max_failed_steps=1.5", "retriever.max_restarts=-2"],
         tmp_path,
     )
-    text = "\n".join(plan.problems)
+    text = "\n".join(setup.problems)
     for key in ("retry_budget_s", "max_failed_steps", "max_restarts"):
         assert f"retriever.{key} must be" in text, key
-    plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["retriever.retry_budget_s=5"], tmp_path)
+    setup = preflight.run_setup(RECIPES / "demo_cpu.yaml", ["retriever.retry_budget_s=5"], tmp_path)
     assert yaml.safe_load((tmp_path / "tools.yaml").read_text())["tools"][0]["config"]["retry_budget_s"] == 5
 
 
 def test_preflight_names_an_unknown_reward_shape(tmp_path):
-    plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
+    setup = preflight.run_setup(RECIPES / "demo_cpu.yaml", ["shape=f1_onyl"], tmp_path)
     assert (
         "reward shape 'f1_onyl' is unknown: set shape= to one of em_only, f1_format, f1_only, judge, semantic"
-        in plan.problems
+        in setup.problems
     )
     assert not any(
-        "reward shape" in p for p in preflight.make_plan(RECIPES / "demo_cpu.yaml", [], tmp_path).problems
+        "reward shape" in p for p in preflight.run_setup(RECIPES / "demo_cpu.yaml", [], tmp_path).problems
     )
 
 
 def test_preflight_takes_external_retrievers(tmp_path):
-    plan = preflight.make_plan(
+    setup = preflight.run_setup(
         RECIPES / "demo_cpu.yaml", ["retriever.urls=[http://h1:8000,http://h2:8000/]"], tmp_path
     )
-    assert plan.retriever.urls == ["http://h1:8000", "http://h2:8000"] and plan.retriever.external
+    assert setup.retriever.urls == ["http://h1:8000", "http://h2:8000"] and setup.retriever.external
     tools = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     assert tools["tools"][0]["config"]["retrieval_urls"] == ["http://h1:8000", "http://h2:8000"]
 
@@ -342,20 +342,20 @@ def test_preflight_hands_the_token_file_path_to_the_retriever_and_the_tool(tmp_p
     relative = os.path.relpath(token, REPO_ROOT)  # recipe paths are relative to the repository
     overrides = [f"retriever.port={free_port()}", f"retriever.auth_token_file={relative}"]
     assert preflight.main(["--run-dir", str(run), str(RECIPES / "demo_cpu.yaml"), *overrides]) == 0
-    serve = json.loads((run / "plan.json").read_text())["retriever"]["serve_args"]
+    serve = json.loads((run / "setup.json").read_text())["retriever"]["serve_args"]
     assert serve[serve.index("--auth-token-file") + 1] == str(token)
     assert serve[serve.index("--host") + 1] == "127.0.0.1"
     assert _tool_config(run)["auth_token_file"] == str(token)
-    for name in ("tools.yaml", "plan.json", "recipe.yaml"):
+    for name in ("tools.yaml", "setup.json", "recipe.yaml"):
         assert TOKEN not in (run / name).read_text(), name  # the path only, never the token
-    external = preflight.make_plan(
+    external = preflight.run_setup(
         RECIPES / "demo_cpu.yaml",
         ["retriever.urls=[http://h1:8000]", f"retriever.auth_token_file={token}"],
         run,
     )
     assert external.retriever.auth_token_file == str(token) and not external.retriever.serve_args
     assert _tool_config(run)["auth_token_file"] == str(token)
-    plain = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.port={free_port()}"], run)
+    plain = preflight.run_setup(RECIPES / "demo_cpu.yaml", [f"retriever.port={free_port()}"], run)
     assert "--auth-token-file" not in plain.retriever.serve_args
     assert "auth_token_file" not in _tool_config(run)
 
@@ -365,8 +365,10 @@ def test_preflight_names_an_unusable_token_file_and_the_fix(tmp_path):
         (tmp_path / "absent", "cannot read it"),
         (_token_file(tmp_path / "open", 0o644), "chmod 600"),
     ):
-        plan = preflight.make_plan(RECIPES / "demo_cpu.yaml", [f"retriever.auth_token_file={path}"], tmp_path)
-        (problem,) = [p for p in plan.problems if "auth_token_file" in p]
+        setup = preflight.run_setup(
+            RECIPES / "demo_cpu.yaml", [f"retriever.auth_token_file={path}"], tmp_path
+        )
+        (problem,) = [p for p in setup.problems if "auth_token_file" in p]
         assert problem.startswith(f"retriever.auth_token_file: auth token file {path}") and fix in problem
         assert "mode 600" in problem and "retriever.auth_token_file=null" in problem
 

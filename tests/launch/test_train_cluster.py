@@ -83,7 +83,7 @@ def test_the_ray_token_is_never_forwarded_to_the_cluster_workers(tmp_path, monke
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     started = train.Started(train.RunDir(tmp_path))
-    args = train.trainer_command(tmp_path / "r.yaml", [], preflight.Plan(), started)
+    args = train.trainer_command(tmp_path / "r.yaml", [], preflight.RunSetup(), started)
     assert "++ray_kwargs.ray_init.runtime_env.env_vars.HF_HUB_OFFLINE='1'" in args
     assert not [a for a in args if "RAY_AUTH" in a or TOKEN in a or str(path) in a]
 

@@ -262,13 +262,13 @@ def demo_config():
 
 def _reward_check(cfg, run_dir: Path, shape: str, **reward_kwargs) -> tuple[list[str], list[str]]:
     """The preflight's reward check of the demo recipe with ``shape`` and ``reward_kwargs`` set."""
-    from launch.preflight import Plan, check_reward
+    from launch.preflight import RunSetup, check_reward
 
     cfg = cfg.copy()
     cfg.shape = shape
     for key, value in reward_kwargs.items():
         OmegaConf.update(cfg, f"{PREFIX}.{key}", value, force_add=True)
-    plan = Plan()
+    plan = RunSetup()
     found = check_reward(cfg, plan, run_dir)
     return plan.problems, found
 

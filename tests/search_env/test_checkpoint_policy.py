@@ -190,6 +190,6 @@ def test_preflight_refuses_to_resume_from_a_pruned_checkpoint(tmp_path: Path):
                 }
             }
         )
-        plan = preflight.Plan()
+        plan = preflight.RunSetup()
         preflight.check_resume(cfg, plan)
         assert bool(plan.problems) == refused and all("weights only" in p for p in plan.problems)
