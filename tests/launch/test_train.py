@@ -1,0 +1,117 @@
+"""``python -m launch run`` (launch/train.py) without verl: the trainer's command and environment,
+its exit status (a signal as 128 + N, the time limit as 124), what a preflight problem does to
+the run (stops it with status 2 before anything starts, the reason in preflight.log), and the
+summary printed at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import preflight, resume, train
+from launch.procs import exit_status
+from launch.retriever import RetrieverSetup
+from search_env.checkpoint_layout import TRACKER
+from search_env.paths import REPO_ROOT
+
+DEMO = REPO_ROOT / "recipes" / "demo_cpu.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state(monkeypatch):
+    """run() and train() set environment variables and a SIGTERM handler for the processes they
+    start; put both back after each test."""
+    for var in (resume.MARKER, "VERL_FILE_LOGGER_PATH", "VERL_PLATFORM", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def _setup(**fields) -> preflight.RunSetup:
+    return preflight.RunSetup(
+        experiment="demo_s0", total_steps=3, device="cpu", retriever=RetrieverSetup(external=True), **fields
+    )
+
+
+def test_exit_status_is_the_shells():
+    assert [exit_status(code) for code in (0, 1, -signal.SIGKILL, -signal.SIGTERM)] == [0, 1, 137, 143]
+
+
+def test_the_trainer_gets_the_users_overrides_then_the_setups_and_a_private_ray(tmp_path: Path):
+    started = train.Started(train.RunDir(tmp_path))
+    setup = _setup(train_files=tmp_path / "t.parquet", extra_overrides=["trainer.n_gpus_per_node=2"])
+    try:
+        cmd = train.trainer_command(tmp_path / "r.yaml", ["shape=em_only"], setup, started)
+        assert cmd[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+        assert cmd[cmd.index("--config-name") + 1] == "r"
+        user, extra = cmd.index("shape=em_only"), cmd.index("trainer.n_gpus_per_node=2")
+        assert user < extra < cmd.index(f"data.train_files={tmp_path / 't.parquet'}"), "the user's first"
+        assert f"trainer.default_local_dir={tmp_path / 'checkpoints'}" in cmd
+        ray_tmp = started.ray_tmp
+        assert ray_tmp is not None and ray_tmp.is_dir() and train.RAY_TMP.match(str(ray_tmp))
+        assert cmd[-1] == f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"
+        assert (tmp_path / ".ray_tmp").read_text().strip() == str(ray_tmp), "the next run removes it"
+    finally:
+        started.stop()
+    assert not ray_tmp.exists() and not (tmp_path / ".ray_tmp").exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "timeout_s", "expected"),
+    [("exit 3", 0, 3), ("kill -TERM $$", 0, 143), ("sleep 60", 1, 124)],
+)
+def test_the_trainers_exit_status(tmp_path: Path, monkeypatch, script: str, timeout_s: int, expected: int):
+    """A trainer's own status, 128 + N when signal N ended it, 124 when launch.timeout_s stopped it."""
+    monkeypatch.setattr(train, "trainer_command", lambda *args: ["sh", "-c", f"echo step 1; {script}"])
+    monkeypatch.setattr(train, "TRAINER_GRACE_S", 5)
+    started = train.Started(train.RunDir(tmp_path))
+    try:
+        assert train.train(tmp_path / "r.yaml", [], _setup(timeout_s=timeout_s), started) == expected
+    finally:
+        started.stop()
+    assert os.environ["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "metrics.jsonl")
+    assert os.environ["VERL_PLATFORM"] == "cpu"
+    assert "step 1" in (tmp_path / "train.log").read_text(), "the trainer's output goes to train.log"
+
+
+def test_a_preflight_problem_stops_the_run_before_anything_starts(tmp_path: Path, capsys):
+    """An unknown reward shape: status 2, the problem on stderr and in preflight.log, no retriever
+    or trainer started, no recipe.yaml or setup.json written."""
+    assert train.run(DEMO, ["shape=no_such_shape"], tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "error: 1 prerequisite(s) missing" in err and "reward shape 'no_such_shape' is unknown" in err
+    assert "no_such_shape" in (tmp_path / "preflight.log").read_text()
+    for name in ("recipe.yaml", "setup.json", "train.log", "retriever.log", "retriever.pid"):
+        assert not (tmp_path / name).exists(), name
+    assert os.environ[resume.MARKER] == str(tmp_path), "what it would start is marked with its run dir"
+
+
+def test_a_recipe_that_is_not_there_is_named(tmp_path: Path, capsys):
+    assert train.main([str(tmp_path / "nope.yaml")]) == 2
+    assert f"error: recipe {tmp_path / 'nope.yaml'} not found" in capsys.readouterr().err
+
+
+def test_the_summary_names_the_checkpoint_and_the_end_of_a_failed_log(tmp_path: Path, capsys):
+    run = train.RunDir(tmp_path)
+    (run.ckpt / "global_step_2").mkdir(parents=True)
+    (run.ckpt / TRACKER).write_text("2\n")
+    run.metrics.write_text('{"step": 1}\n{"step": 2}\n\n')
+    run.train_log.write_text("target_num_threads=2\n" + "".join(f"line {i}\n" for i in range(30)))
+    train.summary(1, _setup(), run)
+    err = capsys.readouterr().err
+    assert "training FAILED (exit 1): demo_s0" in err
+    assert f"checkpoint: {run.ckpt}/global_step_2/actor" in err and "(2 steps logged)" in err
+    assert "line 29" in err and "line 4\n" not in err and "target_num_threads" not in err
+    assert "retriever:" not in err, "an external retriever has no log here"
+    shutil.rmtree(run.ckpt)
+    train.summary(0, _setup(), run)
+    err = capsys.readouterr().err
+    assert "training finished: demo_s0" in err and f"none written yet under {run.ckpt}" in err
+    assert "last lines" not in err
