@@ -150,7 +150,8 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Settings:
-        """EvalError (one line per problem) when a setting is invalid or a prerequisite missing."""
+        """EvalError when a setting is invalid or a prerequisite missing (each problem on a line,
+        with its fix)."""
         if "eval" not in cfg:
             raise EvalError(
                 "the recipe has no eval: block (a recipe.yaml saved before it existed): pass "
@@ -186,7 +187,8 @@ class Settings:
         problems: list[str] = []
         retriever = setup_retriever(cfg.retriever, problems)
         if problems:
-            raise EvalError("".join(f"\n  - {p}" for p in problems).lstrip("\n "))
+            lines = "".join(f"\n  - {problem}" for problem in problems)
+            raise EvalError(f"{len(problems)} retriever setting(s) to fix:{lines}")
         gpus = e.get("gpus")
         return cls(
             suite=suite,
