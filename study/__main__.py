@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from eval.report.results import ResultsError
+from eval.run.checkpoints import get_dotted
 from launch.preflight import visible_gpus
 from search_env.cli import positive_int
 from study.cost import cost_table
 from study.hypotheses import parse_tests
 from study.report import write_study_report
 from study.runner import run_study
-from study.spec import Study, StudyError, dotted, load_study, recipe_tree
+from study.spec import Study, StudyError, load_study, recipe_tree
 from study.store import layout
 
 
@@ -77,7 +78,7 @@ def print_list(study: Study, cells: list, gpu_hours: bool, args: argparse.Namesp
         f"study {study.name} ({study.path}): {len(cells)} cells, trees {', '.join(t or 'main' for t in study.trees)}"
     )
     for c in cells:
-        save = dotted(recipe_tree(c.recipe), "trainer.save_freq")[1]
+        save = get_dotted(recipe_tree(c.recipe), "trainer.save_freq")
         print(f"{c.name}  cap={c.cap}  tree={c.tree or 'main'}  save_freq={save}  recipe={c.recipe.name}")
         print(f"    {shlex.join(c.overrides)}")
     table = cost_table(study, cells, args.step_seconds, args.rollout_seconds)

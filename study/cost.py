@@ -3,7 +3,8 @@ at the stated per-step and per-rollout costs (the study file's ``cost``, or the 
 
 from __future__ import annotations
 
-from study.spec import Cell, Study, dotted, recipe_tree
+from eval.run.checkpoints import get_dotted
+from study.spec import Cell, Study, recipe_tree
 
 
 def checkpoints(cap: int, save_freq: int | None) -> int:
@@ -24,8 +25,8 @@ def cost_table(study: Study, cells: list[Cell], step_s: float | None, rollout_s:
     total = [0, 0, 0, 0.0, 0.0]
     for c in cells:
         cfg = recipe_tree(c.recipe)
-        ckpts = checkpoints(c.cap, dotted(cfg, "trainer.save_freq")[1])
-        base = str(c.axes.get("model", dotted(cfg, "actor_rollout_ref.model.path")[1]))
+        ckpts = checkpoints(c.cap, get_dotted(cfg, "trainer.save_freq"))
+        base = str(c.axes.get("model", get_dotted(cfg, "actor_rollout_ref.model.path")))
         evals = ckpts + (0 if base in bases else 1)
         bases.add(base)
         rollouts = evals * cost.suite_rows

@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from eval.run.checkpoints import get_dotted
 from launch.recipe import compose_recipe
 from reward_fns.shapes import SHAPES
 from search_env.paths import repo_path
@@ -26,6 +27,9 @@ from search_env.paths import repo_path
 class StudyError(ValueError):
     """A study file that cannot run; the message names the key and the fix."""
 
+
+_ABSENT = object()
+"""get_dotted's default where a key's absence must be told from a null value."""
 
 SHORTHANDS: dict[str, str] = {
     "seed": "seed",
@@ -210,16 +214,6 @@ def resolved(cell: Cell, key: str) -> Any:
     return OmegaConf.select(cell_config(cell.recipe, cell.overrides), key, default=None)
 
 
-def dotted(cfg: dict[str, Any], key: str) -> tuple[bool, Any]:
-    """(present, value) of a dotted key in a nested dict."""
-    node: Any = cfg
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def shape_overrides(shape: str, where: str) -> tuple[str, list[str]]:
     """(label, overrides) of a ``shape`` axis value: a built-in name, or ``module:function`` on PYTHONPATH."""
     if ":" not in shape:
@@ -322,7 +316,8 @@ def _block_cells(spec: StudyFile, block: Block, index: str, path: Path) -> list[
             if axis in ("shape", "seed"):
                 continue
             key = SHORTHANDS.get(axis, axis)
-            present, default = dotted(cfg, key)
+            default = get_dotted(cfg, key, _ABSENT)
+            present = default is not _ABSENT
             if not present and axis not in SHORTHANDS:
                 raise StudyError(
                     f"{index}axes.{axis}: the recipe {recipe.name} has no key {key}. Fix: a key it has"
@@ -332,7 +327,7 @@ def _block_cells(spec: StudyFile, block: Block, index: str, path: Path) -> list[
                 tags.append(check_name(axis_tag(axis, value), f"{index}axes.{axis}"))
         for key, value in {**spec.overrides, **block.overrides}.items():
             overrides.append(f"{key}={_value_text(value)}")
-        cap = _cap(steps, seed, dotted(cfg, "trainer.total_training_steps")[1], f"{index}steps")
+        cap = _cap(steps, seed, get_dotted(cfg, "trainer.total_training_steps"), f"{index}steps")
         tree = "_".join(tags)
         name = check_name(f"{label}_{tree}_s{seed}" if tree else f"{label}_s{seed}", f"{index}axes")
         overrides += [f"trainer.total_training_steps={cap}", f"trainer.experiment_name={name}"]
@@ -381,4 +376,4 @@ def axis_value(cell: Cell, axis: str) -> object:
     """``cell``'s value of ``axis``: its own, else its recipe's."""
     if axis in cell.axes:
         return cell.axes[axis]
-    return dotted(recipe_tree(cell.recipe), SHORTHANDS.get(axis, axis))[1]
+    return get_dotted(recipe_tree(cell.recipe), SHORTHANDS.get(axis, axis))

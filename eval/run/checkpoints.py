@@ -150,11 +150,13 @@ def load_config(path: Path) -> dict[str, Any]:
         return OmegaConf.to_container(conf, resolve=False)  # type: ignore[return-value]
 
 
-def get_dotted(cfg: dict[str, Any], dotted: str) -> Any:
+def get_dotted(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value of the dotted key ``dotted`` (``"data.seed"``) in the nested dict ``cfg``, or
+    ``default`` when a part is missing (pass a sentinel to tell a missing key from a null value)."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 

@@ -14,7 +14,7 @@ import yaml
 from eval.run import checkpoints as ckpts
 from eval.run.suite import Question
 from search_env import protocol
-from search_env.paths import REPO_ROOT
+from search_env.paths import repo_path
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,6 @@ def limits_for_preset(preset: str, config: dict[str, Any]) -> Limits:
     )
 
 
-def _repo_path(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
-
-
 def limits_from_config(config: dict[str, Any]) -> Limits:
     """The rollout limits a run trained with (protocol defaults for whatever its config lacks)."""
     found: dict[str, int] = {}
@@ -68,8 +63,9 @@ def limits_from_config(config: dict[str, Any]) -> Limits:
         if isinstance(value, int) and not isinstance(value, bool):
             found[field] = value
     loops_path = ckpts.get_dotted(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
-    if isinstance(loops_path, str) and _repo_path(loops_path).is_file():
-        for entry in yaml.safe_load(_repo_path(loops_path).read_text()) or []:
+    loops_file = repo_path(loops_path) if isinstance(loops_path, str) else None
+    if loops_file is not None and loops_file.is_file():
+        for entry in yaml.safe_load(loops_file.read_text()) or []:
             if isinstance(entry, dict) and entry.get("name") == "search_agent":
                 for field in ("max_turn_tokens", "max_total_tokens"):
                     if isinstance(entry.get(field), int):

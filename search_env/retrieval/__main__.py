@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval import DEFAULT_NPROBE, SAMPLE_CORPUS
 from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
@@ -49,7 +49,6 @@ from search_env.retrieval.server import (
 from search_env.retrieval.worker import ProcessRetriever
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
-DEFAULT_NPROBE = 64
 
 
 def _gpu_choice(text: str) -> str:

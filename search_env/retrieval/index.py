@@ -16,13 +16,13 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from search_env.retrieval import DEFAULT_NPROBE
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.placement import place_index
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NPROBE = 64
 META_SUFFIX = ".meta.json"
 
 
