@@ -1,7 +1,7 @@
 """Command line of the evaluation harness (docs/evaluation.md): each command's flags live with its module.
 
 python -m eval run ...     evaluate a run's checkpoints (eval/run/cli.py)
-python -m eval plan ...    rows per benchmark for a precision (eval/run/sequential.py)
+python -m eval plan ...    rows per benchmark for a precision (eval/report/plan_rows.py)
 python -m eval select ...  each run's selected checkpoints (eval/report/select.py)
 python -m eval report ...  tables, statistics and figures (eval/report/document.py)
 
@@ -15,7 +15,7 @@ import sys
 
 COMMANDS = {
     "run": "eval.run.cli",
-    "plan": "eval.run.sequential",
+    "plan": "eval.report.plan_rows",
     "select": "eval.report.select",
     "report": "eval.report.document",
 }

@@ -174,6 +174,43 @@ def test_one_training_run_reads_in_the_launch_package():
     assert "search_env.retrieval.probe" in graph["eval.run.runner"] & graph["search_env.retrieval.process"]
 
 
+def test_one_evaluation_reads_in_its_two_lifecycles():
+    """eval/run/ produces results and imports nothing of eval/report/, which reads them (the reverse is
+    allowed); every eval module but the shared statistics and the dispatcher sits in one of the two;
+    the launcher and the runner share one setup of the retriever and one tool writer."""
+    graph = import_graph()
+    eval_modules = {m for m in graph if m.split(".")[0] == "eval"}
+    loose = sorted(m for m in eval_modules if not m.startswith(("eval.run", "eval.report")))
+    assert loose == ["eval", "eval.__main__", "eval.stats"], loose
+    wrong = sorted(
+        f"{m} imports {t}"
+        for m in eval_modules
+        if m.startswith("eval.run")
+        for t in graph[m]
+        if t.startswith("eval.report")
+    )
+    assert not wrong, wrong
+    assert "launch.recipe" in graph["launch.evaluate"] & graph["launch.preflight"]
+    assert "launch.retriever" in graph["launch.evaluate"] & graph["launch.train"]
+    assert "search_env.verl_glue" in graph["launch.preflight"] & graph["eval.run.rollout"]
+
+
+def test_diagnostics_stand_apart_from_the_launchers():
+    """launch/doctor/ holds diagnostics, not launchers: a launcher uses only its CUDA diagnosis, and
+    the install check imports nothing of ours (a bare python3 runs it before anything is installed)."""
+    graph = import_graph()
+    into = sorted(
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        if m.split(".")[0] == "launch" and not m.startswith("launch.doctor")
+        for t in targets
+        if t.startswith("launch.doctor") and t != "launch.doctor.cuda"
+    )
+    assert not into, into
+    assert graph["launch.doctor.install_verdict"] == set()
+    assert "search_env.__main__" not in graph, "the retrieval CLI is search_env.retrieval's"
+
+
 EMBEDDED_PYTHON = re.compile(r"(PYTHON|python3?)\"?\s+-\s*<<|<<\s*'?PY'?|(PYTHON|python3?)\"?\s+-c\s")
 
 

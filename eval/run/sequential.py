@@ -1,6 +1,7 @@
 """The sequential evaluation plan: screen every checkpoint on a small nested subsample, keep those that
 may be within ``delta`` of the best, confirm those (and step 0) to a requested precision
-(docs/evaluation.md, "Sequential plan"). Pure functions; :mod:`eval.run.runner` carries them out.
+(docs/evaluation.md, "Sequential plan"). Pure functions; :mod:`eval.run.runner` carries them out,
+``python -m eval plan`` (:mod:`eval.report.plan_rows`) sizes them.
 
 Precision is stated against the full-suite value: with equal allocation of n rows per benchmark
 (n_b = min(n, N_b)) the macro average's standard error is
@@ -9,17 +10,11 @@ Precision is stated against the full-suite value: with equal allocation of n row
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-
-from eval.run.suite import canonical_benchmark, load_suite
 
 Z95 = 1.959963984540054
 """Two-sided 95 % normal quantile."""
@@ -194,65 +189,3 @@ def confirm_rows(
     best = screened[decision.best["own"]] if decision.best else {}
     p = {b: smoothed_rate(float(np.sum(best.get(b, []))), len(best.get(b, []))) for b in sizes}
     return {b: max(n, screen_n[b]) for b, n in rows_for_halfwidth(halfwidth, p, sizes).items()}
-
-
-# ---- python -m eval plan -------------------------------------------------------------------------
-
-
-def levels_from_results(root: Path) -> tuple[dict[str, int], dict[str, float]]:
-    """Benchmark sizes (the suite recorded in each run.json) and the mean per-benchmark EM of every
-    complete checkpoint under a results folder."""
-    from eval.report.results import load_results  # heavy: pandas
-
-    res = load_results(root)
-    frame = res.scores[res.scores["benchmark"].isin(res.suite)]
-    p = frame.groupby("benchmark")["em"].mean().to_dict()
-    sizes: dict[str, int] = {}
-    for run in res.runs.values():
-        recorded = json.loads((run.path / "run.json").read_text()).get("eval", {}).get("benchmarks") or {}
-        sizes.update({canonical_benchmark(b): int(n) for b, n in recorded.items()})
-    missing = sorted(set(p) - set(sizes))
-    if missing:
-        raise ValueError(f"{root}: run.json records no size for {missing}; pass --suite instead")
-    return {b: sizes[b] for b in p}, p
-
-
-def plan_table(halfwidth: float, sizes: Mapping[str, int], p: Mapping[str, float]) -> str:
-    """Markdown: rows per benchmark for ``halfwidth``, the total and its share of the full suite."""
-    n = rows_for_halfwidth(halfwidth, p, sizes)
-    total, full = sum(n.values()), sum(sizes.values())
-    lines = [
-        f"95 % half-width {halfwidth} (macro EM) against the full-suite value:",
-        "",
-        "| benchmark | rows | of | EM used |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {b} | {n[b]} | {sizes[b]} | {p[b]:.3f} |" for b in sizes]
-    lines.append(f"| **total** | **{total}** | {full} | share of full-suite rows: **{total / full:.1%}** |")
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m eval plan --halfwidth H [--suite S | --results OUT]``."""
-    parser = argparse.ArgumentParser(prog="python -m eval plan", description=main.__doc__)
-    parser.add_argument("--halfwidth", type=float, default=HALFWIDTH, help="95 %% half-width, macro EM")
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--suite", help="a suite (sizes from its files); EM levels: the study's floor")
-    src.add_argument("--results", type=Path, help="a results folder: its suite and per-benchmark EMs")
-    parser.add_argument("--em", type=float, help="one EM level for every benchmark instead")
-    args = parser.parse_args(argv)
-    try:
-        if args.results is not None:
-            sizes, p = levels_from_results(args.results)
-        elif args.suite is not None:
-            sizes = load_suite(args.suite).sizes()
-            p = {b: STUDY_FLOOR.get(b, sum(STUDY_FLOOR.values()) / len(STUDY_FLOOR)) for b in sizes}
-        else:
-            sizes, p = dict(STUDY_SIZES), dict(STUDY_FLOOR)
-        if args.em is not None:
-            p = dict.fromkeys(sizes, args.em)
-        print(plan_table(args.halfwidth, sizes, p))
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
