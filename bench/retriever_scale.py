@@ -51,7 +51,7 @@ import retriever as rb  # noqa: E402  bench/retriever.py: load generator, in-pro
 from search_env.retrieval.corpus import OFFSETS_SUFFIX  # noqa: E402
 from search_env.retrieval.encoder import build_tiny_encoder  # noqa: E402
 from search_env.retrieval.probe import wait_healthy  # noqa: E402
-from search_env.retrieval.process import ServerProcess, free_port  # noqa: E402
+from search_env.retrieval.process import ServerProcess, start_server  # noqa: E402
 from search_env.safe_fs import remove_tree, replace_durably  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324
@@ -227,24 +227,6 @@ def serve_args(assets: dict, opts, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def launch(args: list[str], log: Path) -> ServerProcess:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "search_env.retrieval",
-        "serve",
-        *args,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with open(log, "ab") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    return ServerProcess(process, f"http://127.0.0.1:{port}", log)
-
-
 async def _count_load(url: str, queries: list[str], clients: int) -> list[float]:
     """Send every query once, 1 per request, from `clients` closed-loop clients; latencies in s."""
     host, port = url.removeprefix("http://").split(":")
@@ -280,7 +262,7 @@ def cold_start(
     latencies of the first `n_queries` queries. Returns the figures and the running server."""
     drop_page_cache(assets, opts.evict)
     started = time.perf_counter()
-    server = launch(serve_args(assets, opts, "--prewarm", prewarm), work / f"server_{tag}.log")
+    server = start_server(serve_args(assets, opts, "--prewarm", prewarm), log_path=work / f"server_{tag}.log")
     try:
         health = wait_healthy(server.url, opts.startup_timeout, server.process)
         boot_s = time.perf_counter() - started
@@ -402,7 +384,7 @@ def run(opts, work: Path) -> dict:
 
         # memory: one server, then two replicas on the same files
         one = tree_memory(server.process.pid)
-        replica = launch(serve_args(assets, opts), work / "server_replica.log")
+        replica = start_server(serve_args(assets, opts), log_path=work / "server_replica.log")
         try:
             wait_healthy(replica.url, opts.startup_timeout, replica.process)
             wait_prewarm(replica, opts.startup_timeout)

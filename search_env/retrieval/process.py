@@ -46,18 +46,14 @@ class ServerProcess:
         self.stop()
 
 
-def spawn_server(
+def start_server(
     serve_args: list[str],
     host: str = "127.0.0.1",
     port: int | None = None,
-    startup_timeout_s: float = 120.0,
     log_path: str | Path | None = None,
 ) -> ServerProcess:
-    """Start `python -m search_env.retrieval serve <serve_args> --host H --port P` and wait until healthy.
-
-    Used by tests, benchmarks and launchers. stdout/stderr go to `log_path` (default: discarded).
-    The child is stopped if it does not become healthy within `startup_timeout_s` seconds.
-    """
+    """Start `python -m search_env.retrieval serve <serve_args> --host H --port P` without waiting for it
+    (a free port when ``port`` is None); stdout/stderr go to `log_path` (default: discarded)."""
     port = free_port(host) if port is None else port
     command = [
         sys.executable,
@@ -76,9 +72,21 @@ def spawn_server(
     finally:
         if log_path is not None:
             sink.close()
-    server = ServerProcess(process, f"http://{host}:{port}", Path(log_path) if log_path else None)
+    return ServerProcess(process, f"http://{host}:{port}", Path(log_path) if log_path else None)
+
+
+def spawn_server(
+    serve_args: list[str],
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    startup_timeout_s: float = 120.0,
+    log_path: str | Path | None = None,
+) -> ServerProcess:
+    """:func:`start_server`, then wait until it is healthy; it is stopped if it is not within
+    `startup_timeout_s` seconds. Used by tests, benchmarks and launchers."""
+    server = start_server(serve_args, host, port, log_path)
     try:
-        wait_healthy(server.url, startup_timeout_s, process)
+        wait_healthy(server.url, startup_timeout_s, server.process)
     except BaseException:
         server.stop()
         raise
