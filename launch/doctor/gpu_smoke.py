@@ -689,19 +689,19 @@ def report_text(head: list[str], outcomes: list[Outcome], footer: list[str]) -> 
     return "\n".join(lines) + "\n"
 
 
-def run(smoke: Path, plan: list[Stage], budget_s: int) -> int:
-    """Run ``plan``'s stages one after the other under ``budget_s`` seconds in all, writing
+def run(smoke: Path, stages: list[Stage], budget_s: int) -> int:
+    """Run ``stages`` one after the other under ``budget_s`` seconds in all, writing
     SMOKE_DIR/report.md after each; print the report. 0 when every stage passed, else 1."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
     ).stdout.strip()
-    now = datetime.datetime.now(datetime.UTC)
+    now = datetime.datetime.now(datetime.timezone.utc)
     head = [f"# GPU smoke test ({now:%Y-%m-%dT%H:%MZ}, {socket.gethostname()})", ""]
     head += [f"python: {sys.executable}; commit {commit or 'unknown'}", ""]
     report = smoke / "report.md"
     start = time.monotonic()
     outcomes: list[Outcome] = []
-    for stage in plan:
+    for stage in stages:
         left = budget_s - round(time.monotonic() - start)
         if left < SKIP_BELOW_S:
             outcomes.append(Outcome(stage.name, "SKIPPED", 0, f"the {budget_s} s budget is spent"))

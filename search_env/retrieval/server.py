@@ -524,7 +524,7 @@ class MicroBatcher:
             del self._queues[client]
         return batch
 
-    def _plan(self, batch: list[_Slice]) -> tuple[list[str], int, list[list[tuple[int, int]]]]:
+    def _queries_to_search(self, batch: list[_Slice]) -> tuple[list[str], int, list[list[tuple[int, int]]]]:
         """The texts to search for `batch`, the topk to search them with (the largest topk of a slice
         with a query to search; 0 when none) and, per slice, (query index, position in that list) for
         each query to search. Looks the slice's queries up in the cache again; with the cache on,
@@ -532,7 +532,7 @@ class MicroBatcher:
         topk = 0
         searched: list[str] = []
         position: dict[str, int] = {}
-        plan: list[list[tuple[int, int]]] = []
+        positions: list[list[tuple[int, int]]] = []
         stats = self.cache.stats
         for job, indices in batch:
             where: list[tuple[int, int]] = []
@@ -550,8 +550,8 @@ class MicroBatcher:
                     searched.append(query)
                 where.append((i, position[query]))
                 topk = max(topk, job.topk)
-            plan.append(where)
-        return searched, topk, plan
+            positions.append(where)
+        return searched, topk, positions
 
     async def _run(self) -> None:
         assert self._wakeup is not None
@@ -574,7 +574,7 @@ class MicroBatcher:
         alone gets its job `BackendFailure` (and the job's queued queries are dropped) (`retry`: this
         is such a second search; it logs one line instead of a traceback; `shared`: taken while several
         clients were active, so its search time adapts `shared_batch`)."""
-        searched, topk, plan = self._plan(batch)
+        searched, topk, positions = self._queries_to_search(batch)
         hits: list[list[Hit]] = []
         if searched:
             self.busy = True
@@ -604,7 +604,7 @@ class MicroBatcher:
             self.stats.batches += 1
             self.stats.searched += len(searched)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
-        for (job, _), where in zip(batch, plan, strict=True):
+        for (job, _), where in zip(batch, positions, strict=True):
             for i, pos in where:
                 job.answers[i] = hits[pos][: job.topk]
                 self.cache.put(job.queries[i], job.topk, job.answers[i])
