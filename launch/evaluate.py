@@ -318,7 +318,10 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(RUN_DIR, --recipe and the overrides; the ``python -m eval run`` flags). ``--recipe`` may stand
+    anywhere among the overrides (argparse's intermixed parsing: a plain parse drops the overrides
+    after it)."""
     parser = argparse.ArgumentParser(
         prog="bash launch/eval.sh",
         usage="bash launch/eval.sh RUN_DIR [--recipe RECIPE] [overrides ...] [[--] python -m eval run flags ...]",
@@ -335,8 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="hydra overrides of the recipe's eval: and retriever: keys"
     )
-    ours, extra = split_args(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(ours)
+    ours, extra = split_args(argv)
+    return parser.parse_intermixed_args(ours), extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     run_dir = args.run_dir.expanduser().absolute()
     stop_on_sigterm()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
