@@ -396,6 +396,25 @@ that take no slot, then the files of CPU demo runs (one slot each), side by side
 longest of ``make test-fast`` (7-35 s each), so that the two workers end together."""
 
 
+TIMELINE_ENV = "RLVR_TEST_TIMELINE"
+"""A file to append ``start|end <unix s> <worker> <test id>`` lines to, for balancing LONG_FILES_FIRST
+(e.g. ``RLVR_TEST_TIMELINE=/tmp/timeline.txt make test``); unset: nothing is written."""
+
+
+def _timeline(what: str, nodeid: str) -> None:
+    if path := os.environ.get(TIMELINE_ENV):
+        with open(path, "a") as out:
+            out.write(f"{what} {time.time():.1f} {os.environ.get('PYTEST_XDIST_WORKER', 'main')} {nodeid}\n")
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    _timeline("end", nodeid)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ carries ``e2e``; long files are handed out first (``LONG_FILES_FIRST``)."""
