@@ -46,10 +46,14 @@ MULTI_NODE_DOCS = 'docs/training.md "Multi-node"'
 ASSETS_TIMEOUT_S = 3600
 TRAINER_GRACE_S = 30
 EXTERNAL_HEALTH_S = 30
+PATCHES_ENV = "RLVR_SEARCH_PATCHES"
+"""``1`` declares to every process of the run that it uses rlvr-search, so verl's plugin installs the
+run patches (patches/activation.py ``RUN_ENV``, which launch may not import: importing ``patches``
+installs them)."""
 RAY_ENV = (
     "VERL_FILE_LOGGER_PATH",
     "VERL_PLATFORM",
-    "RLVR_SEARCH_PATCHES",
+    PATCHES_ENV,
     resume.MARKER,
     RETRIEVER_LOG_ENV,
     "HF_HUB_OFFLINE",
@@ -342,13 +346,19 @@ def _pump(source: IO[bytes], started: Started) -> None:
                 print(line, file=sys.stderr, flush=True)
 
 
+def export_run_env(setup: preflight.RunSetup, run: RunDir) -> None:
+    """What the trainer and every Ray worker inherit from this process (a joined cluster's workers
+    through :data:`RAY_ENV`): the metrics log's path, that the run uses rlvr-search, CPU mode."""
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(run.metrics)
+    os.environ[PATCHES_ENV] = "1"
+    if setup.device == "cpu":
+        os.environ["VERL_PLATFORM"] = "cpu"
+
+
 def train(recipe: Path, overrides: list[str], setup: preflight.RunSetup, started: Started) -> int:
     """Run the trainer in its own process group, watching the retriever every second; its exit
     status (124 when it hit ``launch.timeout_s``)."""
-    os.environ["VERL_FILE_LOGGER_PATH"] = str(started.run.metrics)
-    os.environ["RLVR_SEARCH_PATCHES"] = "1"  # this run uses rlvr-search: patches/activation.py RUN_ENV
-    if setup.device == "cpu":
-        os.environ["VERL_PLATFORM"] = "cpu"
+    export_run_env(setup, started.run)
     command = trainer_command(recipe, overrides, setup, started)
     log(
         f"training {setup.experiment} ({setup.total_steps} steps, device {setup.device}); log: {started.run.train_log}"

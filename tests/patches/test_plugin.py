@@ -8,12 +8,12 @@ run side by side (about 10 s in all).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -140,11 +140,19 @@ def test_cpu_mode_gets_every_patch_and_the_torch_hook_one_line_each(probes):
     assert _patch_lines(lines) == [p.module for p in (*CPU_MODE_ONLY, *RUN)]
 
 
-def test_the_launcher_declares_its_runs_to_the_trainer_and_every_ray_worker():
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_the_launcher_declares_its_runs_to_the_trainer_and_every_ray_worker(monkeypatch, tmp_path, device):
+    assert train.PATCHES_ENV == activation.RUN_ENV
     assert activation.RUN_ENV in train.RAY_ENV, (
         "a joined Ray cluster's workers get it through the runtime env"
     )
-    assert f'os.environ["{activation.RUN_ENV}"] = "1"' in inspect.getsource(train.train)
+    clean = {k: v for k, v in os.environ.items() if k not in (activation.RUN_ENV, "VERL_PLATFORM")}
+    monkeypatch.setattr(os, "environ", clean)  # a copy: nothing leaks into the other tests
+    run = train.RunDir(tmp_path)
+    train.export_run_env(SimpleNamespace(device=device), run)
+    assert activation.run_uses_rlvr_search()
+    assert os.environ["VERL_FILE_LOGGER_PATH"] == str(run.metrics)
+    assert os.environ.get("VERL_PLATFORM") == ("cpu" if device == "cpu" else None)
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", True), (" 1 ", True), ("0", False), ("", False)])
