@@ -1,4 +1,5 @@
-"""GitHub-flavoured Markdown tables, the one builder of every table the project prints or writes."""
+"""GitHub-flavoured Markdown tables from a header and rows of cells (tables with aligned columns or
+rows rendered elsewhere, as study/cost.py and the GPU smoke report, write their own lines)."""
 
 from __future__ import annotations
 
