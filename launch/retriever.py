@@ -184,7 +184,7 @@ def setup_retriever(
         r.get("nprobe"),
         setup.auth_token_file,
     )
-    setup.startup_s = int(r.get("startup_timeout_s") or 900)
+    setup.startup_s = int(r.get("startup_timeout_s") or setup.startup_s)
     setup.port = port
     setup.urls = [f"http://{HOST}:{port}"]
     return setup
