@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from launch import preflight, progress, resume
 from launch.procs import exit_status, stop_group, stop_on_sigterm
 from launch.retriever import LocalRetriever
+from search_demo.driver import assets_ready, build_parser
 from search_env import safe_fs
 from search_env.checkpoint_layout import step_dir_name
 from search_env.paths import REPO_ROOT
@@ -237,13 +238,18 @@ def wait_lock(path: Path, timeout_s: float) -> int:
 def build_demo_assets(args: list[str], run: RunDir) -> None:
     """``python -m search_demo assets`` (world + warm start, each rebuilt only when missing or
     stale), one build at a time for this user (a flock on :data:`ASSETS_LOCK` in the user's
-    runtime folder)."""
+    runtime folder); when both are current (``search_demo.driver.assets_ready``, checked in this
+    process under the lock) no build process starts."""
     out = run.path / "assets.log"
     log(f"demo assets: world + warm start (first build ~3 min on 2 cores, then cached; log: {out})")
     deadline = time.monotonic() + ASSETS_TIMEOUT_S
     with open(out, "a") as sink:
         lock = wait_lock(safe_fs.user_runtime_dir() / ASSETS_LOCK, ASSETS_TIMEOUT_S)
         try:
+            if ready := assets_ready(build_parser().parse_args(["assets", *args])):
+                print(ready, file=sink, flush=True)
+                print(f"  {ready}", file=sys.stderr, flush=True)
+                return
             done = subprocess.run(
                 [sys.executable, "-m", "search_demo", "assets", *args],
                 stdout=sink,

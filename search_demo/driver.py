@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_demo import world as world_mod
+from search_demo.study_world import ensure_study_world, study_world_stamp
 from search_env.checkpoint_layout import TRACKER, by_step, step_dir_name
 from search_env.markdown import markdown_table
 from search_env.paths import REPO_ROOT
@@ -37,9 +38,42 @@ importing torch; a test keeps the two equal)."""
 
 def ensure_world(seed: int, out: Path) -> Path:
     """``out`` holding the world of ``seed`` (built when missing, or of another seed/version)."""
-    if world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION}):
+    if _world_current(seed, None, out):
         return out
     return world_mod.write_world(world_mod.build_world(seed), out)
+
+
+def _world_current(seed: int, unseen_seed: int | None, out: Path) -> bool:
+    """Whether ``out`` holds the world of ``seed`` (the study world with ``unseen_seed``)."""
+    if unseen_seed is None:
+        return world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION})
+    return world_mod.stamp_matches(out, study_world_stamp(seed, unseen_seed))
+
+
+def _ready_line(args: argparse.Namespace, model: Path, key: str) -> str:
+    return f"demo assets ready: world {args.world} (seed {args.world_seed}), warm start {model} (key {key})"
+
+
+def _warm_start_config(args: argparse.Namespace) -> Any:
+    """The ``search_demo.warm_start.WarmStartConfig`` of ``--regime`` and ``--sft-steps``."""
+    from search_demo.warm_start import REGIMES  # heavy: torch/transformers, only for assets
+
+    cfg = REGIMES[args.regime]
+    return cfg if args.sft_steps is None else replace(cfg, steps=args.sft_steps)
+
+
+def assets_ready(args: argparse.Namespace) -> str | None:
+    """The ``assets`` ready line when the world and the warm start of ``args`` (the ``assets``
+    subcommand's arguments) are both current, so that there is nothing to build; else None. Reads
+    two stamps and hashes the warm start's inputs (~0.3 s once torch is imported)."""
+    from search_demo.warm_start import base_model, cache_key, stamp_key  # heavy: torch/transformers
+
+    if args.unseen_world_seed == args.world_seed or not _world_current(
+        args.world_seed, args.unseen_world_seed, args.world
+    ):
+        return None
+    key = cache_key(_warm_start_config(args), Path(args.base or base_model.SHIPPED))
+    return _ready_line(args, args.warm_start, key) if stamp_key(args.warm_start) == key else None
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
@@ -50,24 +84,17 @@ def cmd_assets(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from search_demo.study_world import ensure_study_world  # heavy: pandas (parquet), only for assets
-    from search_demo.warm_start import (  # heavy: torch/transformers, only for assets
-        REGIMES,
-        ensure_warm_start,
-    )
+    from search_demo.warm_start import ensure_warm_start  # heavy: torch/transformers, only for assets
 
     if args.unseen_world_seed is None:
-        world_dir = ensure_world(args.world_seed, args.world)
+        ensure_world(args.world_seed, args.world)
     else:  # the micro study's paper-shaped suite (search_demo.study_world)
-        world_dir = ensure_study_world(args.world_seed, args.unseen_world_seed, args.world)
-    cfg = REGIMES[args.regime]
-    if args.sft_steps is not None:
-        cfg = replace(cfg, steps=args.sft_steps)
-    model = ensure_warm_start(args.warm_start, cfg, base=args.base, log=lambda m: print(m, flush=True))
-    stamp = json.loads((model / "warm_start.json").read_text())
-    print(
-        f"demo assets ready: world {world_dir} (seed {args.world_seed}), warm start {model} (key {stamp['key']})"
+        ensure_study_world(args.world_seed, args.unseen_world_seed, args.world)
+    model = ensure_warm_start(
+        args.warm_start, _warm_start_config(args), base=args.base, log=lambda m: print(m, flush=True)
     )
+    stamp = json.loads((model / "warm_start.json").read_text())
+    print(_ready_line(args, model, stamp["key"]))
     return 0
 
 

@@ -190,11 +190,7 @@ def write_study_world(
     val_rows = [(name, r) for name, rows in built["val"].items() for r in rows]
     write_parquet(qa([r for _, r in val_rows]), [n for n, _ in val_rows], "val", out / "val.parquet")
     meta = {
-        "kind": "study",
-        "seed": seed,
-        "unseen_seed": unseen_seed,
-        "version": world.WORLD_VERSION,
-        "study_version": STUDY_WORLD_VERSION,
+        **study_world_stamp(seed, unseen_seed),
         "passages": len(built["passages"]),
         "train": len(built["train"]),
         "val": {k: len(v) for k, v in built["val"].items()},
@@ -204,16 +200,20 @@ def write_study_world(
     return out
 
 
-def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
-    """``out`` holding the study world of these seeds (rebuilt when missing or of other seeds/versions)."""
-    want = {
+def study_world_stamp(seed: int, unseen_seed: int) -> dict[str, Any]:
+    """What ``world.json`` of the study world of these seeds holds (:func:`world.stamp_matches`)."""
+    return {
         "kind": "study",
         "seed": seed,
         "unseen_seed": unseen_seed,
         "version": world.WORLD_VERSION,
         "study_version": STUDY_WORLD_VERSION,
     }
-    if world.stamp_matches(out, want):
+
+
+def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
+    """``out`` holding the study world of these seeds (rebuilt when missing or of other seeds/versions)."""
+    if world.stamp_matches(out, study_world_stamp(seed, unseen_seed)):
         return Path(out)
     return write_study_world(seed, unseen_seed, out)
 

@@ -449,8 +449,9 @@ SHIPPED = {name: REPO_ROOT / "assets" / f"warm_start_{name}" for name in ("dense
 committed: see the module docstring. ``tests/search_demo/test_warm_start.py`` fails when one is stale."""
 
 
-def _key_of(folder: Path) -> str | None:
-    stamp = folder / STAMP
+def stamp_key(folder: Path) -> str | None:
+    """The :func:`cache_key` ``folder``'s stamp records (None: no stamp, so no warm start there)."""
+    stamp = Path(folder) / STAMP
     return json.loads(stamp.read_text()).get("key") if stamp.is_file() else None
 
 
@@ -461,9 +462,9 @@ def ensure_warm_start(
     of that key, if any; else a fresh :func:`build_warm_start`."""
     out = Path(out)
     key = cache_key(cfg, Path(base or base_model.SHIPPED))
-    if _key_of(out) == key:
+    if stamp_key(out) == key:
         return out
-    shipped = next((f for f in SHIPPED.values() if _key_of(f) == key), None)
+    shipped = next((f for f in SHIPPED.values() if stamp_key(f) == key), None)
     if shipped is None or shipped.resolve() == out.resolve():
         return build_warm_start(out, cfg, base=base, log=log)
     base_model.own_folder(out, STAMP, check_only=True)

@@ -20,10 +20,21 @@ pytestmark = pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 300)
 PREFIX = "reward.custom_reward_function.reward_kwargs"
 
 
+TWO_PROMPTS = (
+    "data.train_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=10",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=10",
+)
+"""Steps of 2 prompts x 5 rollouts (the CI demo's 4 halved, micro-batches dividing 10): these tests
+check that a shape's reward reaches verl and is logged, not what it teaches."""
+
+
 def train_two_steps(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """Two GRPO steps of the CI demo (4 prompts x 5 rollouts), no checkpoint, with ``overrides``."""
+    """Two GRPO steps of the CI demo at :data:`TWO_PROMPTS`, no checkpoint, with ``overrides``."""
+    steps = ("trainer.total_training_steps=2", "trainer.save_freq=-1")
     return subprocess.run(
-        demo_cmd(free_port(), "trainer.total_training_steps=2", "trainer.save_freq=-1", *overrides),
+        demo_cmd(free_port(), *steps, *TWO_PROMPTS, *overrides),
         cwd=REPO_ROOT,
         env=demo_env(run_dir),
         capture_output=True,

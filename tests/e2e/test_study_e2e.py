@@ -15,11 +15,13 @@ STUDIES = REPO_ROOT / "recipes" / "studies"
 
 
 def test_a_user_reward_study_trains_evaluates_and_reports_on_cpu(tmp_path):
-    """The example file's user reward, one seed, 2 steps: trained by verl, evaluated, labelled by its name."""
+    """The example file's user reward, one seed, one step of 4 prompts: trained by verl, evaluated,
+    labelled by its name."""
     path = tmp_path / "mine.yaml"
     path.write_text(
         "name: mine\nbase: recipes/micro_sparse.yaml\naxes: {shape: ['my_rewards:half_credit'], seed: [42]}\n"
-        "steps: 2\noverrides: {trainer.save_freq: 2}\neval: {test_limit: 3, val_limit: 2, backend: hf}\n"
+        "steps: 1\noverrides: {trainer.save_freq: 1, data.train_batch_size: 4}\n"
+        "eval: {test_limit: 3, val_limit: 2, backend: hf}\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{STUDIES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [

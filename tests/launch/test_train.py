@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -115,3 +116,38 @@ def test_the_summary_names_the_checkpoint_and_the_end_of_a_failed_log(tmp_path: 
     err = capsys.readouterr().err
     assert "training finished: demo_s0" in err and f"none written yet under {run.ckpt}" in err
     assert "last lines" not in err
+
+
+def test_current_demo_assets_start_no_build_process_and_stale_ones_do(tmp_path: Path, monkeypatch, capsys):
+    """World and warm start stamped as the arguments ask: the ready line, no ``search_demo assets``
+    process; a warm start of other inputs (its stamp's key differs): the build process runs."""
+    from search_demo import base_model, world
+    from search_demo.warm_start import REGIMES, STAMP, cache_key
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "runtime"))
+    (tmp_path / "world").mkdir()
+    (tmp_path / "world" / "world.json").write_text(f'{{"seed": 3, "version": {world.WORLD_VERSION}}}')
+    (tmp_path / "warm").mkdir()
+    key = cache_key(REGIMES["dense"], base_model.SHIPPED)
+    (tmp_path / "warm" / STAMP).write_text(f'{{"key": "{key}"}}')
+    run = train.RunDir(tmp_path / "run")
+    run.path.mkdir()
+    started: list[list[str]] = []
+
+    def fake_build(cmd: list[str], **kwargs):
+        started.append(cmd)
+        print("demo assets ready: rebuilt", file=kwargs["stdout"], flush=True)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(train.subprocess, "run", fake_build)
+    args = ["--world-seed", "3", "--world", str(tmp_path / "world"), "--warm-start", str(tmp_path / "warm")]
+    train.build_demo_assets(args, run)
+    ready = (
+        f"demo assets ready: world {tmp_path / 'world'} (seed 3), warm start {tmp_path / 'warm'} (key {key})"
+    )
+    assert started == [] and ready in capsys.readouterr().err
+    assert ready in (run.path / "assets.log").read_text()
+
+    train.build_demo_assets([*args, "--sft-steps", "7"], run)  # other inputs: another key
+    assert started == [[sys.executable, "-m", "search_demo", "assets", *args, "--sft-steps", "7"]]
+    assert "demo assets ready: rebuilt" in capsys.readouterr().err
