@@ -212,7 +212,7 @@ def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) ->
     print(f"recipe: {recipe} {' '.join(overrides)}", flush=True)
     try:
         cfg = compose_recipe(recipe, overrides)
-    except HydraException as err:
+    except (HydraException, ValueError) as err:  # ValueError: verl not installed
         raise EvalError(f"recipe {recipe} does not compose with {overrides}: {err}") from None
     return Settings.from_config(cfg)
 

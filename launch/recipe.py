@@ -3,21 +3,35 @@ evaluation launcher and the study), and verl's own checks of it."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-VERL_SEARCHPATH = "hydra.searchpath=[pkg://verl.trainer.config]"
-"""Where verl's ``ppo_trainer`` (every recipe's first default) is found; given here so that
-recipes/base.yaml, which does not declare it, composes on its own too."""
+
+def verl_config_dir() -> Path:
+    """verl's config folder (``verl/trainer/config``, where ``ppo_trainer.yaml`` lives), found
+    without importing verl: hydra's ``pkg://verl.trainer.config`` imports the package, torch and
+    tensordict with it (~3.5 CPU-s a process), for YAML files alone. ValueError when verl is not
+    installed in this interpreter."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "verl is not installed in this interpreter: recipes compose with its trainer config; "
+            "run `make venv` and use .venv/bin/python (or set PYTHON for the launch scripts)"
+        )
+    return Path(spec.submodule_search_locations[0]) / "trainer" / "config"
 
 
 def compose_recipe(recipe: Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """``recipe`` (a YAML file: a recipe, or a run's saved recipe.yaml) composed with verl's
-    ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved."""
+    ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved. verl's config
+    folder is the search path, as the recipes' ``pkg://verl.trainer.config`` names it (given here so
+    that recipes/base.yaml, which declares none, composes on its own too)."""
+    searchpath = f"hydra.searchpath=[file://{verl_config_dir()}]"
     with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
-        return compose(config_name=recipe.stem, overrides=[VERL_SEARCHPATH, *overrides])
+        return compose(config_name=recipe.stem, overrides=[searchpath, *overrides])
 
 
 def validate(cfg: DictConfig) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -17,6 +19,8 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from launch import preflight
+from launch import recipe as recipe_mod
+from launch.recipe import compose_recipe
 from search_env import protocol
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
@@ -388,3 +392,27 @@ def test_agent_loops_state_the_protocol_once():
         protocol.MAX_TURN_TOKENS,
         protocol.MAX_TOTAL_TOKENS,
     )
+
+
+def test_the_launchers_compose_is_the_trainers_and_imports_no_verl():
+    """launch.recipe.compose_recipe reads verl's config folder as files (no ``import verl``: ~3.5
+    CPU-s a process) and gives the tree hydra's ``pkg://verl.trainer.config`` gives the trainer."""
+    for name in ("demo_cpu", "f1_only_s44", "micro_sparse"):
+        overrides = ["trainer.total_training_steps=3"]
+        ours = compose_recipe(RECIPES / f"{name}.yaml", overrides)
+        assert OmegaConf.to_container(ours) == OmegaConf.to_container(_compose(name, overrides)), name
+    probe = (
+        "import sys; from pathlib import Path; from launch.recipe import compose_recipe; "
+        f"compose_recipe(Path({str(RECIPES / 'demo_cpu.yaml')!r})); print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('verl', 'torch', 'tensordict')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
+def test_compose_without_verl_names_the_fix(monkeypatch):
+    monkeypatch.setattr(recipe_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match="verl is not installed in this interpreter.*make venv"):
+        compose_recipe(RECIPES / "demo_cpu.yaml")
