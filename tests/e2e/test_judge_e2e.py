@@ -12,7 +12,8 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
 
 One server for the file (its start is 30-60 s of vLLM on 2 cores). Measured 77 s for the evaluation
 on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s beside three
-other jobs at load ~9): one row per question type, 32-token verdicts; the training ~130 s.
+other jobs at load ~9): one row per question type, 32-token verdicts; the training (2 steps of
+2 prompts x 5 rollouts) ~150 s in CI beside another heavy run.
 """
 
 from __future__ import annotations
