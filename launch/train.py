@@ -9,6 +9,7 @@ SIGINT and SIGTERM. The steps and the run directory's files: docs/training.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import re
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import psutil
 from omegaconf import OmegaConf
 
 from launch import preflight, progress, resume
@@ -46,6 +48,8 @@ RAY_INSECURE_KEY = "launch.ray_insecure_no_auth"
 MULTI_NODE_DOCS = 'docs/training.md "Multi-node"'
 ASSETS_TIMEOUT_S = 3600
 TRAINER_GRACE_S = 30
+LEFTOVER_GRACE_S = 5.0
+"""Seconds a process of the run that outlived the trainer's group gets to exit before it is killed."""
 EXTERNAL_HEALTH_S = 30
 PATCHES_ENV = "RLVR_SEARCH_PATCHES"
 """``1`` declares to every process of the run that it uses rlvr-search, so verl's plugin installs the
@@ -108,6 +112,7 @@ class Started:
             out.write(line)
 
     def stop(self) -> None:
+        trained = self.trainer is not None
         if self.trainer is not None:  # also whatever Ray left in the group after a normal exit
             stop_group(self.trainer.pid, TRAINER_GRACE_S)
             self.trainer.wait()
@@ -117,10 +122,37 @@ class Started:
         if self.retriever is not None:
             self.retriever.stop(10)
             self.retriever = None
+        if trained:
+            self.stop_leftovers()
         if self.ray_tmp is not None:
             _remove_tree(self.ray_tmp)
             self.run.ray_tmp_record.unlink(missing_ok=True)
             self.ray_tmp = None
+
+    def stop_leftovers(self) -> None:
+        """Kill the processes of this run that outlived the trainer's process group: a Ray actor
+        sits in a process group of its own, and one whose raylet exited first can keep running
+        (CI, 05 Dec 2026: verl's ``GlobalRequestLoadBalancer``, 660 MB, after a normal exit). Such
+        a process carries the run's :data:`launch.resume.MARKER` and started after this launcher;
+        it gets :data:`LEFTOVER_GRACE_S` seconds to exit on its own, and is named in the log."""
+        since = psutil.Process().create_time()
+        left = [
+            p
+            for p in resume.strays(self.run.path, os.getpid(), wait_s=LEFTOVER_GRACE_S)
+            if _started_after(p, since)
+        ]
+        for proc in left:
+            self.note(f"stopping a process of this run that outlived the trainer: {resume.describe(proc)}")
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(left, timeout=10)
+
+
+def _started_after(proc: psutil.Process, since: float) -> bool:
+    try:
+        return proc.create_time() >= since
+    except psutil.Error:
+        return False
 
 
 def _remove_tree(path: Path) -> None:

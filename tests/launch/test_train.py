@@ -5,6 +5,7 @@ summary printed at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from launch import preflight, resume, train
@@ -151,3 +153,47 @@ def test_current_demo_assets_start_no_build_process_and_stale_ones_do(tmp_path: 
     train.build_demo_assets([*args, "--sft-steps", "7"], run)  # other inputs: another key
     assert started == [[sys.executable, "-m", "search_demo", "assets", *args, "--sft-steps", "7"]]
     assert "demo assets ready: rebuilt" in capsys.readouterr().err
+
+
+def _orphan() -> psutil.Process:
+    """``sleep 120`` in a session of its own whose parent has exited, with this process's environment."""
+    shell = subprocess.run(
+        ["bash", "-c", "setsid sleep 120 </dev/null >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return psutil.Process(int(shell.stdout))
+
+
+def test_a_process_of_the_run_that_outlives_the_trainers_group_is_stopped_and_named(tmp_path, monkeypatch):
+    """A process carrying the run's marker in a session of its own, its parent gone (as a Ray actor
+    whose raylet exited first): stopped when the run ends, and named in train.log."""
+    monkeypatch.setattr(train, "LEFTOVER_GRACE_S", 0.5)
+    run = train.RunDir(tmp_path / "run")
+    run.path.mkdir()
+    monkeypatch.setenv(resume.MARKER, str(run.path))
+    leftover = _orphan()
+    started = train.Started(run)
+    started.trainer = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        started.stop()
+        assert not resume.alive(leftover)
+        assert f"outlived the trainer: PID {leftover.pid}" in run.train_log.read_text()
+    finally:
+        with contextlib.suppress(psutil.Error):
+            leftover.kill()
+
+
+def test_a_run_that_never_trained_stops_no_marked_process(tmp_path, monkeypatch):
+    """Stopped before its trainer started (e.g. refused for a stray): nothing marked is touched."""
+    run = train.RunDir(tmp_path / "run")
+    run.path.mkdir()
+    monkeypatch.setenv(resume.MARKER, str(run.path))
+    stray = _orphan()
+    try:
+        train.Started(run).stop()
+        assert resume.alive(stray)
+    finally:
+        stray.kill()
