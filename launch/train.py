@@ -48,6 +48,8 @@ RAY_INSECURE_KEY = "launch.ray_insecure_no_auth"
 MULTI_NODE_DOCS = 'docs/training.md "Multi-node"'
 ASSETS_TIMEOUT_S = 3600
 TRAINER_GRACE_S = 30
+STRAY_GRACE_S = 10.0
+"""Seconds a process of an earlier run of the run directory gets to exit before the run refuses to start."""
 LEFTOVER_GRACE_S = 5.0
 """Seconds a process of the run that outlived the trainer's group gets to exit before it is killed."""
 EXTERNAL_HEALTH_S = 30
@@ -170,7 +172,7 @@ def _remove_tree(path: Path) -> None:
 def check_strays(run: RunDir) -> None:
     """Stop when a process an earlier run of this run directory started still runs; remove the
     private Ray temp dir a killed run left."""
-    left = resume.strays(run.path, os.getpid(), wait_s=10.0)
+    left = resume.strays(run.path, os.getpid(), wait_s=STRAY_GRACE_S)
     if left:
         raise LaunchError(resume.strays_message(run.path, left))
     if run.ray_tmp_record.is_file():

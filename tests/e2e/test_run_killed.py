@@ -6,7 +6,7 @@ once, and nothing of the killed runs holds a port or a lock.
 The test runs the CPU demo three times on one run directory (10.6 min measured on 2 cores shared
 with other runs, about 3 min a run; each in one of the heavy-run slots, tests/heavy_slot.py). The
 fast checks (what verl 0.9.1 does under a kill, ``launch.resume``'s checkpoint choice on hand-made
-checkpoints, run.sh stopping on a stray process) are in tests/launch/test_resume.py.
+checkpoints, the launcher stopping on a stray process) are in tests/launch/test_resume.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,29 @@
 """The launcher's resume after a run killed as a whole (``launch.resume``), without a training run:
 what verl 0.9.1 does under a kill (so an upgrade fails here first), the launcher's checkpoint choice
-on hand-made checkpoints, and run.sh stopping on a stray process of a killed run. The kill of a real
+on hand-made checkpoints, and the launcher stopping on a stray process of a killed run. The kill of a real
 run and its resume: tests/e2e/test_run_killed.py."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import verl
-from conftest import demo_env, free_port
+from conftest import free_port
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from launch import resume
+from launch import resume, train
 from launch.resume import TRACKER, complete_torch_file, problems
 from search_env.paths import REPO_ROOT
 
@@ -128,35 +132,47 @@ def test_special_files_are_never_opened(tmp_path: Path):
     assert problems(step_dir) == ["actor/extra_state_world_size_1_rank_0.pt is missing or truncated"]
 
 
-# ---- run.sh and a stray process of a killed run ----------------------------------------------------
+# ---- the launcher and a stray process of a killed run-----------------------------------------------
 
 
-def test_run_sh_names_a_stray_of_an_earlier_run_and_kills_nothing(tmp_path: Path):
+def test_the_launcher_names_a_stray_of_an_earlier_run_and_kills_nothing(tmp_path: Path, monkeypatch, capsys):
+    """``python -m launch run`` (run.sh's entry point), in this process with a 1 s grace instead of
+    :data:`launch.train.STRAY_GRACE_S`: a live process marked with the run directory stops the run
+    (status 2) before the preflight, named with its port and the command that stops it."""
     run_dir, port = tmp_path.resolve() / "run", free_port()
     code = (
         f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
         "print('listening', flush=True); time.sleep(300)"
     )
-    stray = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env={**os.environ, resume.MARKER: str(run_dir)},  # as the retriever of a killed run
-        stdout=subprocess.PIPE,
+    out = tmp_path / "stray.out"
+    shell = subprocess.run(  # its parent gone, as the retriever of a killed run
+        ["bash", "-c", f'setsid "$0" -c "$1" >{out} 2>&1 </dev/null & echo $!', sys.executable, code],
+        env={**os.environ, resume.MARKER: str(run_dir)},
+        capture_output=True,
         text=True,
+        timeout=30,
+        check=True,
     )
+    stray = psutil.Process(int(shell.stdout))
+    monkeypatch.setattr(train, "STRAY_GRACE_S", 1.0)
+    monkeypatch.setenv("RLVR_RUN_DIR", str(run_dir))
+    monkeypatch.delenv(resume.MARKER, raising=False)
+    monkeypatch.chdir(tmp_path)  # main() changes to the repository; monkeypatch changes back
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert stray.stdout.readline() == "listening\n"
-        done = subprocess.run(
-            ["bash", "launch/run.sh", "recipes/demo_cpu.yaml", f"retriever.port={port}"],
-            cwd=REPO_ROOT,
-            env=demo_env(run_dir),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 2, done.stderr[-3000:]
-        assert f"PID {stray.pid} listening on 127.0.0.1:{port}: {sys.executable} -c" in done.stderr
-        assert f"stop them by PID (kill {stray.pid})" in done.stderr
-        assert stray.poll() is None and not (run_dir / "preflight.log").exists()
+        deadline = time.monotonic() + 30
+        while "listening" not in (out.read_text() if out.exists() else ""):
+            assert time.monotonic() < deadline and stray.is_running(), out.read_text()
+            time.sleep(0.1)
+        rc = train.main([str(REPO_ROOT / "recipes" / "demo_cpu.yaml"), f"retriever.port={port}"])
+        err = capsys.readouterr().err
+        assert rc == 2, err[-3000:]
+        assert f"PID {stray.pid} listening on 127.0.0.1:{port}: {sys.executable} -c" in err
+        assert f"stop them by PID (kill {stray.pid})" in err
+        assert resume.alive(stray) and not (run_dir / "preflight.log").exists()
     finally:
-        stray.kill()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        with contextlib.suppress(psutil.Error):
+            stray.kill()
         stray.wait(timeout=30)
