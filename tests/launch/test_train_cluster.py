@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from launch import preflight, train
+from launch import preflight, resume, train
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 
@@ -96,21 +95,30 @@ def test_a_private_ray_instance_gets_its_own_token_so_ray_writes_none_to_home():
     assert "RAY_AUTH_TOKEN" not in train.trainer_env({"RAY_ADDRESS": HEAD})  # the cluster's own token
 
 
-def test_launch_run_refuses_to_join_ray_without_auth_before_starting_anything(tmp_path):
+def test_launch_run_refuses_to_join_ray_without_auth_before_starting_anything(tmp_path, monkeypatch, capsys):
+    """``python -m launch run``'s main, in this process: RAY_ADDRESS without token auth stops the run
+    (status 2) after its preflight, naming both fixes, with nothing started."""
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env.update(RLVR_RUN_DIR=str(run_dir), RAY_ADDRESS=f"127.0.0.1:{free_port()}", HF_HUB_OFFLINE="1")
-    env["XDG_RUNTIME_DIR"] = str(tmp_path / "runtime")
-    done = subprocess.run(
-        [sys.executable, "-m", "launch", "run", "recipes/demo_cpu.yaml", f"retriever.port={free_port()}"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "RAY_AUTH_MODE" in done.stderr and "launch.ray_insecure_no_auth=true" in done.stderr
+    for var in [k for k in os.environ if k.startswith("RAY_AUTH")]:
+        monkeypatch.delenv(var)
+    for var, value in {
+        "RLVR_RUN_DIR": str(run_dir),
+        "RAY_ADDRESS": f"127.0.0.1:{free_port()}",
+        "HF_HUB_OFFLINE": "1",
+        "XDG_RUNTIME_DIR": str(tmp_path / "runtime"),
+        resume.MARKER: "",  # run() sets it; monkeypatch puts the original back
+    }.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.chdir(tmp_path)  # main() changes to the repository
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = train.main([str(REPO_ROOT / "recipes" / "demo_cpu.yaml"), f"retriever.port={free_port()}"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert rc == 2, err[-3000:]
+    assert "RAY_AUTH_MODE" in err and "launch.ray_insecure_no_auth=true" in err
     started = ("assets.log", "retriever.log", "retriever.pid", "train.log", ".ray_tmp")
     assert not [name for name in started if (run_dir / name).exists()]
 
