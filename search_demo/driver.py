@@ -84,7 +84,10 @@ def cmd_assets(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from search_demo.warm_start import ensure_warm_start  # heavy: torch/transformers, only for assets
+    from search_demo.warm_start import (  # heavy: torch/transformers, only for assets
+        ensure_warm_start,
+        stamp_key,
+    )
 
     if args.unseen_world_seed is None:
         ensure_world(args.world_seed, args.world)
@@ -93,8 +96,7 @@ def cmd_assets(args: argparse.Namespace) -> int:
     model = ensure_warm_start(
         args.warm_start, _warm_start_config(args), base=args.base, log=lambda m: print(m, flush=True)
     )
-    stamp = json.loads((model / "warm_start.json").read_text())
-    print(_ready_line(args, model, stamp["key"]))
+    print(_ready_line(args, model, stamp_key(model)))
     return 0
 
 
