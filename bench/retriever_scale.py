@@ -453,7 +453,7 @@ def main() -> None:
         out = run(opts, work)
     finally:
         if tmp is not None:
-            remove_tree(tmp, Path(tmp).parent)
+            remove_tree(tmp, tempfile.gettempdir())
     out["total_s"] = time.perf_counter() - started
     out["load_avg"] = os.getloadavg()[0]
     print(json.dumps(out, indent=1, default=str))

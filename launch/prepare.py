@@ -320,12 +320,12 @@ def fetch_snapshot(pin: Pin, final: Path, at: Layout, first_use: bool) -> None:
                        "then rerun prepare")  # fmt: skip
     revision = pinned_revision(pin, first_use)
     staging = final.with_name(f".{final.name}.partial")
-    remove_tree(staging, final.parent)
+    remove_tree(staging, at.data)
     snapshot_download(repo_id=pin.repo, revision=revision, local_dir=str(staging), repo_type=pin.repo_type)
     try:
         done = settle(pin, revision, staging, at, first_use)
     except BaseException:
-        remove_tree(staging, final.parent)
+        remove_tree(staging, at.data)
         raise
     if final.exists():
         final.rmdir()  # empty (checked above)

@@ -47,7 +47,7 @@ from search_env.checkpoint_layout import TRACKER, step_dir_name, step_of
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port, spawn_server
-from search_env.safe_fs import UnsafeDeleteError, remove_owned
+from search_env.safe_fs import UnsafeDeleteError, clear_owned
 
 REAL_VOCAB = 248_320
 QWEN35_08B_TEXT = {
@@ -523,7 +523,7 @@ def fresh_dir(given: str) -> Path | None:
     and the repository never); else None, after saying why on stderr, nothing deleted."""
     folder = Path(os.path.realpath(given))
     try:
-        remove_owned(folder, folder.parent, MARKER)
+        clear_owned(folder, MARKER)
     except UnsafeDeleteError as err:
         print(
             f"gpu_smoke: SMOKE_DIR={given}: {err}. Fix: SMOKE_DIR=<a new or empty folder>, or one "
@@ -531,7 +531,7 @@ def fresh_dir(given: str) -> Path | None:
             file=sys.stderr,
         )
         return None
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / MARKER).write_text("written by launch/gpu_smoke.sh; its next run wipes this folder\n")
     return folder
 

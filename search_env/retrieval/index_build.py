@@ -255,7 +255,7 @@ def fill_on_disk(
     lists are written to a shard file next to `out`; then the shards are merged list by list into
     `out` (`_merge_shards`) and removed. RAM: one chunk of vectors and its codes."""
     shards = out.with_name(out.name + ".shards")
-    remove_tree(shards, out.parent)  # a killed build's leftover
+    remove_tree(shards, out.absolute().parent)  # a killed build's leftover
     shards.mkdir(parents=True)
     try:
         sizes = []
@@ -268,7 +268,7 @@ def fill_on_disk(
         empty = faiss.index_gpu_to_cpu(work) if gpu else work
         _merge_shards(empty, sizes, shards, out)
     finally:
-        remove_tree(shards, out.parent)
+        remove_tree(shards, out.absolute().parent)
 
 
 def build_index_file(

@@ -1,5 +1,6 @@
-"""search_env.safe_fs: deletes stay inside their root and spare `/`, home and the repository; a
-builder deletes only what it stamped; replaces and writes are whole or absent."""
+"""search_env.safe_fs: deletes stay inside their root (walked by descriptor, a folder swapped for a
+symlink mid-delete is never entered) and spare `/`, home and the repository; a builder deletes only
+what it stamped; results are copied only from regular files; replaces and writes are whole or absent."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from pathlib import Path
 import pytest
 from test_import_graph import PACKAGES
 
+from search_env import safe_fs
 from search_env.paths import REPO_ROOT
 from search_env.safe_fs import (
+    NotRegularFileError,
     UnsafeDeleteError,
+    clear_owned,
+    copy_regular,
     open_lock,
     remove_owned,
     remove_tree,
@@ -52,6 +57,118 @@ def test_remove_tree_unlinks_a_symlink_and_keeps_its_target(tmp_path):
     link.symlink_to(target)
     assert remove_tree(link, tmp_path / "root")
     assert not link.is_symlink() and (target / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("root", "path"),
+    [
+        ("/", "/no-such-folder-rlvr"),
+        ("~", "~/no-such-folder-rlvr"),
+        (Path.home(), Path.home() / "no-such-folder-rlvr"),
+        (REPO_ROOT, REPO_ROOT / "no-such-folder-rlvr"),
+        (f"{REPO_ROOT}/", REPO_ROOT / ".git" / "no-such-folder-rlvr"),
+        ("", "victim"),
+        (".", "victim"),
+    ],
+)
+def test_remove_tree_refuses_root_home_the_repository_and_the_working_directory_as_root(
+    root, path, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "victim").mkdir()
+    with pytest.raises(UnsafeDeleteError, match="never a delete's root"):
+        remove_tree(path, root)
+    assert (tmp_path / "victim").is_dir()
+
+
+def test_remove_tree_refuses_a_path_holding_the_home_folder_or_the_repository():
+    for path in (REPO_ROOT, REPO_ROOT.parent, Path.home()):
+        if path.parent != Path("/"):
+            with pytest.raises(UnsafeDeleteError, match="home folder or the repository"):
+                remove_tree(path, path.parent)
+
+
+def _two_trees(tmp_path: Path) -> tuple[Path, Path]:
+    """``root/a/b/f`` (to delete) and ``outside/b/f`` (never to delete)."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    for top, text in ((root / "a", "own"), (outside, "precious")):
+        (top / "b" / "sub").mkdir(parents=True)
+        (top / "b" / "f").write_text(text)
+        (top / "b" / "sub" / "g").write_text(text)
+    return root, outside
+
+
+def test_a_parent_swapped_for_a_symlink_after_the_check_deletes_nothing_outside(tmp_path, monkeypatch):
+    """The check passes on the real folder ``root/a``; then ``a`` becomes a symlink to ``outside``.
+    The walk from the root's descriptor refuses to enter it."""
+    root, outside = _two_trees(tmp_path)
+    checked = safe_fs.check_inside
+
+    def check_then_swap(path, owner):
+        target = checked(path, owner)
+        (root / "a").rename(tmp_path / "a.moved")
+        (root / "a").symlink_to(outside)
+        return target
+
+    monkeypatch.setattr(safe_fs, "check_inside", check_then_swap)
+    with pytest.raises(UnsafeDeleteError, match="not a folder"):
+        remove_tree(root / "a" / "b", root)
+    assert (outside / "b" / "f").read_text() == "precious"
+    assert (outside / "b" / "sub" / "g").read_text() == "precious"
+
+
+def test_a_folder_swapped_for_a_symlink_mid_delete_is_not_entered(tmp_path, monkeypatch):
+    """``sub`` is listed as a folder, then swapped for a symlink to ``outside/b`` just before it is
+    opened: the open refuses the link (ELOOP) and ``outside`` keeps everything."""
+    root, outside = _two_trees(tmp_path)
+    real_open = os.open
+
+    def swap_then_open(path, flags, mode=0o777, *, dir_fd=None):
+        if path == "sub" and dir_fd is not None and not (root / "a" / "b" / "sub").is_symlink():
+            (root / "a" / "b" / "sub").rename(tmp_path / "sub.moved")
+            (root / "a" / "b" / "sub").symlink_to(outside / "b")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    with pytest.raises(OSError):
+        remove_tree(root / "a" / "b", root)
+    monkeypatch.undo()
+    assert (outside / "b" / "f").read_text() == "precious"
+    assert (outside / "b" / "sub" / "g").read_text() == "precious"
+
+
+def test_clear_owned_empties_only_a_marked_folder_which_is_its_root(tmp_path):
+    smoke = tmp_path / "smoke"
+    clear_owned(smoke, "MARK")  # absent: nothing to do
+    smoke.mkdir()
+    (smoke / "MARK").write_text("")
+    (smoke / "logs").mkdir()
+    (smoke / "logs" / "a.log").write_text("x")
+    clear_owned(smoke, "MARK")
+    assert smoke.is_dir() and not any(smoke.iterdir())
+    (smoke / "thesis.tex").write_text("years of work")
+    with pytest.raises(UnsafeDeleteError, match="holds no MARK"):
+        clear_owned(smoke, "MARK")
+    assert (smoke / "thesis.tex").read_text() == "years of work"
+    for protected in ("/", Path.home(), REPO_ROOT):
+        with pytest.raises(UnsafeDeleteError, match="never a delete's root"):
+            clear_owned(protected, "MARK")
+
+
+def test_copy_regular_refuses_a_symlink_a_fifo_and_a_folder_naming_it(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("private")
+    (tmp_path / "link").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for name, kind in (("link", "a symlink"), ("fifo", "a FIFO"), ("folder", "a folder")):
+        with pytest.raises(NotRegularFileError, match=f"{name} is {kind}"):
+            copy_regular(tmp_path / name, tmp_path / f"{name}.copy")
+        assert not (tmp_path / f"{name}.copy").exists()
+    copy_regular(secret, tmp_path / "copy")
+    assert (tmp_path / "copy").read_text() == "private"
+    with pytest.raises(FileExistsError):
+        copy_regular(secret, tmp_path / "copy")
 
 
 def test_remove_owned_deletes_only_empty_or_stamped_folders(tmp_path):
