@@ -10,13 +10,22 @@ export puts a stranded ``.old`` back or deletes it). A restore takes only cells 
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import repo_path, repo_relative
-from search_env.safe_fs import fsync_tree, remove_tree, replace_durably, write_atomic
+from search_env.safe_fs import (
+    NotRegularFileError,
+    copy_regular,
+    fsync_tree,
+    open_regular,
+    remove_tree,
+    replace_durably,
+    write_atomic,
+)
 from study.spec import Cell, Study, StudyError
 
 SPLITS = ("test", "val")
@@ -86,16 +95,55 @@ def reuse_root(export: Path, cell: Cell) -> Path | None:
     return root if raw_complete(root, cell) else None
 
 
-def _copy_results(src: Path, dst: Path) -> None:
-    """``OUT/<cell>`` without merged weights or locks: run.json and each step's summary and rows."""
-    dst.mkdir(parents=True)
-    shutil.copy(src / "run.json", dst / "run.json")
+def _not_copied(path: Path, what: str) -> StudyError:
+    return StudyError(
+        f"refusing to copy {path}: {what}; results, logs and exports hold regular files and folders "
+        f"only (a link could carry a file from elsewhere into the export). Fix: replace {path.name} by "
+        "the file itself, or delete it"
+    )
+
+
+def _check_plain(path: Path, folder: bool = False) -> None:
+    """StudyError naming ``path`` unless it is a regular file (a real folder when ``folder``)."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        raise _not_copied(path, "it is a symlink")
+    if not (stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode)):
+        raise _not_copied(path, "it is not a folder" if folder else "it is not a regular file")
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Copy the regular file ``src`` without following a symlink (:func:`copy_regular`)."""
+    try:
+        copy_regular(src, dst)
+    except NotRegularFileError as err:
+        raise _not_copied(src, str(err)) from None
+
+
+def _result_files(src: Path) -> list[Path]:
+    """What :func:`_copy_results` copies from ``src``, relative: run.json and each step's summary and
+    rows; StudyError naming the first symlink or special file among them and their folders."""
+    _check_plain(src, folder=True)
+    files = [Path("run.json")]
     for step in sorted(src.glob(step_dir_name("*"))):
-        if (step / "summary.json").is_file():
-            (dst / step.name).mkdir()
-            for name in ("summary.json", "rows.jsonl"):
-                if (step / name).is_file():
-                    shutil.copy(step / name, dst / step.name / name)
+        if os.path.lexists(step / "summary.json"):
+            _check_plain(step, folder=True)
+            files += [
+                step.relative_to(src) / n for n in ("summary.json", "rows.jsonl") if os.path.lexists(step / n)
+            ]
+    for file in files:
+        _check_plain(src / file)
+    return files
+
+
+def _copy_results(src: Path, dst: Path) -> None:
+    """``OUT/<cell>`` without merged weights or locks (:func:`_result_files`, all checked before the
+    first copy)."""
+    files = _result_files(src)
+    dst.mkdir(parents=True)
+    for file in files:
+        (dst / file).parent.mkdir(exist_ok=True)
+        _copy(src / file, dst / file)
 
 
 def _recover(target: Path, root: Path) -> None:
@@ -133,7 +181,7 @@ def export_cell(where: Layout, cell: Cell) -> None:
         _copy_results(results / split / cell.name, staged / split)
     log = where.runs / cell.name / "metrics.jsonl"
     (staged / "logs").mkdir(parents=True)
-    shutil.copy(log, staged / "logs" / "metrics.jsonl")
+    _copy(log, staged / "logs" / "metrics.jsonl")
     for split in SPLITS:
         target = root / split / cell.name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -142,8 +190,12 @@ def export_cell(where: Layout, cell: Cell) -> None:
     replace_durably(staged / "logs" / "metrics.jsonl", root / "logs" / cell.name / "metrics.jsonl")
     remove_tree(staged, where.export)
     progress = where.runs / "progress.log"
-    if progress.is_file():
-        write_atomic(where.export / "raw" / "progress.log", progress.read_bytes())
+    if progress.exists() or progress.is_symlink():
+        try:
+            with open_regular(progress) as log_file:
+                write_atomic(where.export / "raw" / "progress.log", log_file.read())
+        except NotRegularFileError as err:
+            raise _not_copied(progress, str(err)) from None
 
 
 def local_copy(where: Layout, cell: Cell) -> list[str]:
@@ -184,12 +236,15 @@ def restore_cell(where: Layout, cell: Cell) -> bool:
             f"above likewise) and run again; to finish it here, run with --export OTHER_FOLDER so the "
             "export is not restored from"
         )
+    for split in SPLITS:  # a link or special file is refused before anything is copied
+        _result_files(root / split / cell.name)
+    _check_plain(root / "logs" / cell.name / "metrics.jsonl")
     run_dir.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
         dst = where.results_of(cell) / split / cell.name
         _copy_results(root / split / cell.name, dst)
         fsync_tree(dst)
-    shutil.copy(root / "logs" / cell.name / "metrics.jsonl", run_dir / "metrics.jsonl")
+    _copy(root / "logs" / cell.name / "metrics.jsonl", run_dir / "metrics.jsonl")
     fsync_tree(run_dir / "metrics.jsonl")
     for split in SPLITS:
         write_marker(run_dir / f".study_eval_{split}", f"restored from {repo_relative(root)}")
