@@ -43,6 +43,9 @@ SHORTHANDS: dict[str, str] = {
 TAGS: dict[str, str] = {"group_size": "g", "top_k": "k"}
 """Name prefixes of numeric axis values in a cell's name (``g10``, ``k3``)."""
 RETRIEVERS = ("bm25", "dense")
+MAX_YAML_NODES = 100_000
+"""Nodes a study file may hold once its YAML aliases are expanded (a few hundred in practice): a file
+of nested aliases (a "billion laughs") is refused before anything expands it."""
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """What a study's name, its cells' names, tags and trees match (each names a folder), with no ``..``."""
 
@@ -335,13 +338,50 @@ def _block_cells(spec: StudyFile, block: Block, index: str, path: Path) -> list[
     return sorted(out, key=lambda c: c.seed)  # seed-major: each seed complete before the next
 
 
+def _expanded_nodes(node: yaml.Node, path: Path, sizes: dict[int, int], entered: set[int]) -> int:
+    """How many nodes ``node`` holds with every alias expanded (each shared node counted once per
+    use); StudyError naming :data:`MAX_YAML_NODES` past it, or for an alias inside itself."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in entered:
+        raise StudyError(f"{path.name}: a YAML alias refers to a node that holds it. Fix: remove the alias")
+    entered.add(key)
+    if isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    total = 1 + sum(_expanded_nodes(child, path, sizes, entered) for child in children)
+    if total > MAX_YAML_NODES:
+        raise StudyError(
+            f"{path.name}: its YAML aliases expand to more than {MAX_YAML_NODES:,} nodes "
+            "(MAX_YAML_NODES). Fix: write the values out, or use fewer nested aliases"
+        )
+    sizes[key] = total
+    return total
+
+
+def _load_yaml(path: Path) -> Any:
+    """``yaml.safe_load`` of ``path``, refusing a document whose aliases expand past
+    :data:`MAX_YAML_NODES` nodes before it is constructed."""
+    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(node, path, {}, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_study(path: str | Path) -> Study:
     """Read and check a study file; every error is one ``StudyError`` line naming the key."""
     path = repo_path(path)
     if not path.is_file():
         raise StudyError(f"{path}: no such study file. Fix: a file under recipes/studies/")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = _load_yaml(path)
     except yaml.YAMLError as err:
         raise StudyError(f"{path}: not YAML ({err}). Fix: the file's syntax") from None
     if not isinstance(raw, dict):
