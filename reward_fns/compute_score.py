@@ -5,7 +5,7 @@ Select the shape with ``reward.custom_reward_function.name`` = any built-in shap
 or use ``compute_score`` with ``+reward.custom_reward_function.reward_kwargs.shape=…`` (the three
 string shapes). The per-shape functions are made from ``SHAPES`` (module ``__getattr__``), none is
 written by hand. Every function returns ``{"score", <each metric of reward_fns.registry.METRICS:
-"em", "f1", "acc">, "well_formed", "answered"}`` (floats). A string shape never raises on any
+"em", "f1", "acc">, "well_formed", "answered"}`` (floats; ``judge`` adds ``judge_suspicious``). A string shape never raises on any
 ``solution_str``; a model-based shape (:class:`reward_fns.shapes.BatchShape`) is a coroutine
 function, and raises when its model fails (never a silent 0).
 
@@ -143,7 +143,9 @@ async def score_batched(
     batcher = batchers.get(key)
     if batcher is None:
         batcher = batchers[key] = _Batcher(batch_shape, used)
-    return scored.as_dict(await batcher.score((question, golds, extract_answer(text))))
+    item = (question, golds, extract_answer(text))
+    extra = batch_shape.extra(item, used) if batch_shape.extra is not None else {}
+    return {**scored.as_dict(await batcher.score(item)), **extra}
 
 
 def _entry_point(shape: str) -> Callable[..., Any]:

@@ -1,13 +1,13 @@
 """An LLM judge over any OpenAI-compatible chat-completions endpoint (docs/evaluation.md, "The judge").
 
-The judge reads a question, its gold answers and a prediction (cut to ``answer_chars`` characters) and
-answers the field's JSON verdict ``{"rationale": ..., "judgement": "correct" | "incorrect"}`` at
-temperature 0. A reply that does not parse is ``"unparsed"``, never correct. Calls run concurrently
-(at most ``max_concurrency`` in flight; the server batches them), each with a timeout and retries with
-exponential backoff; an endpoint that still fails raises :class:`JudgeError`, never a silent 0.
-Verdicts are cached in an append-only JSONL file keyed by :func:`verdict_key`, so a rerun calls nothing.
-
-The prompt text lives here only; :data:`PROMPT_VERSION` names it and changes whenever it changes.
+The judge reads a question, its gold answers and a prediction (cut to ``answer_chars`` characters)
+in :mod:`reward_fns.judge_prompt`'s prompt and answers a JSON verdict at temperature 0. Calls run
+concurrently (at most ``max_concurrency`` in flight; the server batches them). Each request gets
+``retries + 1`` attempts in one loop (:func:`_attempts`): a timeout, a connection error or a retryable
+status is tried again after a backoff, a reply without a verdict is asked again at once; an endpoint
+that still fails raises :class:`JudgeError`, never a silent 0, and a question whose every reply was
+unparsable is ``unparsed``. Final verdicts are cached in an append-only JSONL file keyed by
+:func:`verdict_key`, so a rerun calls nothing for them and asks the ``unparsed`` ones again.
 """
 
 from __future__ import annotations
@@ -17,43 +17,40 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
-PROMPT_VERSION = "judge-v1"
-"""Names the prompt below; part of every verdict's cache key and of an evaluation's settings."""
-
-PROMPT = """You grade answers to questions. Decide whether the predicted answer means the same as at \
-least one of the gold answers. It need not match word for word: a different spelling, an alias, a \
-fuller or shorter name of the same entity, or the same number or date written another way is correct. \
-An answer that names a different entity, is more vague than the gold answer, hedges between several \
-candidates, or does not answer the question is incorrect.
-
-Question: {question}
-Gold answers: {golds}
-Predicted answer: {prediction}
-
-Reply with one JSON object and nothing else, giving your reason first:
-{{"rationale": "<one or two sentences>", "judgement": "correct" or "incorrect"}}"""
-"""The judge's prompt (version :data:`PROMPT_VERSION`); ``{golds}`` is a JSON list."""
-
-JUDGEMENTS = ("correct", "incorrect", "unparsed")
-"""A verdict's possible judgements; ``unparsed``: the judge's reply held no valid verdict."""
+from reward_fns.judge_prompt import (
+    FINAL,
+    PROMPT_VERSION,
+    RATIONALE_CHARS,
+    Verdict,
+    parse_verdict,
+    render_prompt,
+)
 
 NO_ANSWER = "no answer to judge"
 """The rationale of the ``incorrect`` verdict given, without a call, to a missing or empty prediction."""
 
+TOO_LONG = "answer longer than max_answer_chars={}: not judged"
+"""The rationale of the ``incorrect`` verdict given, without a call, to an answer over the limit."""
+
+REASK_TEMPERATURE = 0.6
+"""Temperature of a request asked again after a reply without a verdict (at T = 0 a server would
+repeat the same reply); the first request of every question is at T = 0."""
+
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
-"""HTTP statuses retried with backoff; any other error status fails at once (a wrong model or URL)."""
+"""HTTP statuses retried with backoff; any other error status fails at once (:func:`_refused`)."""
 
 _BACKOFF_S = 0.5
 _BACKOFF_CAP_S = 8.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,9 +59,11 @@ class JudgeConfig:
 
     ``url``: the endpoint's base (``http://127.0.0.1:8000`` or ``.../v1``) or the full
     ``.../v1/chat/completions``. ``model``: the served model name. ``timeout_s``: per request, seconds.
-    ``retries``: extra attempts after the first on a timeout, connection error or retryable status.
-    ``answer_chars``: the prediction is cut to this many characters. ``max_tokens``: of the reply.
-    An API key, when the endpoint needs one, is read from the ``JUDGE_API_KEY`` environment variable.
+    ``retries``: extra attempts after the first on a timeout, connection error, retryable status or a
+    reply without a verdict. ``answer_chars``: the prediction is cut to this many characters.
+    ``max_answer_chars``: a longer prediction (stripped) is ``incorrect`` without a call (None: no
+    limit). ``max_tokens``: of the reply. An API key, when the endpoint needs one, is read from the
+    ``JUDGE_API_KEY`` environment variable.
     """
 
     url: str
@@ -74,15 +73,17 @@ class JudgeConfig:
     retries: int = 4
     answer_chars: int = 500
     max_tokens: int = 512
+    max_answer_chars: int | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"judge url {self.url!r}: give an http(s) URL, e.g. http://127.0.0.1:8000/v1")
         if not self.model:
             raise ValueError("judge model: give the served model's name (--judge-model / JUDGE_MODEL)")
-        for name in ("max_concurrency", "answer_chars", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"judge {name}={getattr(self, name)}: must be >= 1")
+        for name in ("max_concurrency", "answer_chars", "max_tokens", "max_answer_chars"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"judge {name}={value}: must be >= 1")
         if self.retries < 0 or self.timeout_s <= 0:
             raise ValueError(f"judge retries={self.retries}, timeout_s={self.timeout_s}: need >= 0 and > 0")
 
@@ -93,19 +94,6 @@ class JudgeConfig:
         if base.endswith("/chat/completions"):
             return base
         return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One judgement (one of :data:`JUDGEMENTS`) and the judge's rationale."""
-
-    judgement: str
-    rationale: str
-
-    @property
-    def correct(self) -> float:
-        """1.0 only for ``correct``; ``incorrect`` and ``unparsed`` are 0.0."""
-        return 1.0 if self.judgement == "correct" else 0.0
 
 
 class JudgeError(RuntimeError):
@@ -121,56 +109,29 @@ def cut(prediction: str, answer_chars: int) -> str:
     return prediction.strip()[:answer_chars].strip()
 
 
-def verdict_key(model: str, prompt_version: str, question: str, golds: Sequence[str], prediction: str) -> str:
-    """sha256 hex of the canonical JSON of (judge model, prompt version, question, golds, prediction).
+def verdict_key(
+    model: str, prompt_version: str, max_tokens: int, question: str, golds: Sequence[str], prediction: str
+) -> str:
+    """sha256 hex of the canonical JSON of (judge model, prompt version, reply budget, question,
+    golds, prediction).
 
     Golds keep their order (the prompt lists them in it). :func:`ajudge_many` keys the prediction as
     the judge sees it (:func:`cut`), so ``answer_chars`` is part of the key too.
     """
     canonical = json.dumps(
-        [model, prompt_version, question, list(golds), prediction],
+        [model, prompt_version, max_tokens, question, list(golds), prediction],
         ensure_ascii=False,
         separators=(",", ":"),
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def render_prompt(question: str, golds: Sequence[str], prediction: str) -> str:
-    """The prompt for one item (the prediction already cut)."""
-    return PROMPT.format(
-        question=question.strip(), golds=json.dumps(list(golds), ensure_ascii=False), prediction=prediction
-    )
-
-
-_OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-def parse_verdict(text: str) -> Verdict:
-    """The verdict in a judge's reply: the last JSON object with a ``judgement`` of ``correct`` or
-    ``incorrect`` (any case, surrounding whitespace ignored), after removing ``<think>`` blocks.
-    Anything else (no object, invalid JSON, another judgement) is ``unparsed`` with the reply cut to
-    200 characters as rationale."""
-    body = _THINK.sub("", text)
-    for match in reversed(_OBJECT.findall(body)):
-        try:
-            obj = json.loads(match)
-        except json.JSONDecodeError:
-            continue
-        judgement = obj.get("judgement") if isinstance(obj, dict) else None
-        if isinstance(judgement, str) and judgement.strip().lower() in ("correct", "incorrect"):
-            rationale = obj.get("rationale", "")
-            return Verdict(
-                judgement.strip().lower(), rationale if isinstance(rationale, str) else str(rationale)
-            )
-    return Verdict("unparsed", text.strip()[:200])
-
-
 class VerdictCache:
     """Verdicts by :func:`verdict_key` in an append-only JSONL file, one
     ``{"key", "judgement", "rationale"}`` per line.
 
-    Appends hold an exclusive ``flock`` and are fsynced, so several processes may share one file; a
+    Only final verdicts (``correct``, ``incorrect``) are read back: an ``unparsed`` line records what
+    the judge said and marks its key to be asked again. Appends hold an exclusive ``flock`` and are fsynced, so several processes may share one file; a
     ``get`` that misses first reads what others appended since. A torn last line (a crash mid-write)
     is skipped. The parent directory is created.
     """
@@ -194,7 +155,8 @@ class VerdictCache:
         for line in data[:end].splitlines():
             try:
                 row = json.loads(line)
-                self._verdicts[row["key"]] = Verdict(row["judgement"], row.get("rationale", ""))
+                if row["judgement"] in FINAL:
+                    self._verdicts[row["key"]] = Verdict(row["judgement"], row.get("rationale", ""))
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
         self._offset += end
@@ -203,7 +165,7 @@ class VerdictCache:
         return len(self._verdicts)
 
     def get(self, key: str) -> Verdict | None:
-        """The cached verdict for ``key``, or None."""
+        """The cached final verdict for ``key``, or None."""
         with self._lock:
             if key not in self._verdicts:
                 self._read_new()
@@ -238,7 +200,7 @@ class VerdictCache:
                 finally:
                     os.close(dir_fd)
             self._read_new()
-            self._verdicts.update(verdicts)
+            self._verdicts.update({k: v for k, v in verdicts.items() if v.judgement in FINAL})
 
 
 def _headers() -> dict[str, str]:
@@ -246,114 +208,192 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def check_model(cfg: JudgeConfig) -> None:
-    """Fail early unless the endpoint answers ``GET .../models`` (retried like a call) and, when it
-    lists its models, serves ``cfg.model``. An endpoint without that route (404) is not checked."""
-    url = cfg.endpoint.removesuffix("/chat/completions") + "/models"
-    last = ""
-    for attempt in range(cfg.retries + 1):
-        if attempt:
-            time.sleep(min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_CAP_S))
+class _NoVerdict(Exception):
+    """A 200 reply that holds no verdict: asked again at once; its ``unparsed`` verdict is kept."""
+
+    def __init__(self, verdict: Verdict) -> None:
+        super().__init__(verdict.rationale)
+        self.verdict = verdict
+
+
+def _refused(cfg: JudgeConfig, url: str, response: httpx.Response) -> JudgeError:
+    """The error of a status that is not retried, naming its likely causes."""
+    causes = {
+        400: "the prompt plus max_tokens may exceed the judge's context length (raise MAX_MODEL_LEN, "
+        "or lower --judge-max-tokens / answer_chars), or the model name or a parameter is wrong "
+        "(check --judge-model / JUDGE_MODEL)",
+        401: "the endpoint needs an API key: set JUDGE_API_KEY",
+        403: "the endpoint refused JUDGE_API_KEY",
+        404: "check --judge-url / --judge-model",
+        413: "the request is too large for the endpoint: lower answer_chars",
+    }
+    why = causes.get(response.status_code, "check --judge-url / --judge-model")
+    return JudgeError(
+        f"judge {url} refused model {cfg.model!r}: HTTP {response.status_code}: {response.text[:300]} ({why})"
+    )
+
+
+async def _attempts(
+    cfg: JudgeConfig,
+    url: str,
+    send: Callable[[bool], Awaitable[httpx.Response]],
+    read: Callable[[httpx.Response], T],
+) -> T:
+    """``read(await send(reask))`` in at most ``cfg.retries + 1`` attempts, the one retry loop of
+    every request. A timeout, a connection error or a retryable status is tried again after an
+    exponential backoff; a reply ``read`` rejects with :class:`_NoVerdict` is asked again at once
+    (``reask`` True). After the last attempt: the last rejected reply's verdict if there was one, else
+    :class:`JudgeError`. ``read`` raises JudgeError for a refusal (:func:`_refused`)."""
+    last, rejected, failures = "", None, 0
+    for _ in range(cfg.retries + 1):
+        if failures:
+            await asyncio.sleep(min(_BACKOFF_S * 2 ** (failures - 1), _BACKOFF_CAP_S))
         try:
-            response = httpx.get(url, headers=_headers(), timeout=cfg.timeout_s)
+            response = await send(rejected is not None)
+        except httpx.TimeoutException:
+            last, failures = f"no reply within timeout_s={cfg.timeout_s}", failures + 1
+            continue
         except httpx.TransportError as exc:
-            last = f"{type(exc).__name__}: {exc}"
+            last, failures = f"{type(exc).__name__}: {exc}", failures + 1
             continue
         if response.status_code in _RETRY_STATUS:
-            last = f"HTTP {response.status_code}"
+            last, failures = f"HTTP {response.status_code}: {response.text[:200]}", failures + 1
             continue
-        if response.status_code == 404:
-            return
         try:
-            served = [m["id"] for m in response.json()["data"]]
+            return read(response)
+        except _NoVerdict as again:
+            rejected, failures = again.verdict, 0
+    if rejected is not None:
+        return rejected  # type: ignore[return-value]
+    raise JudgeError(
+        f"judge {url} (model {cfg.model!r}) failed after {cfg.retries + 1} attempts: {last} "
+        "(is the judge served?)"
+    )
+
+
+def _blocking(run: Callable[[], Awaitable[T]]) -> T:
+    """``run()`` awaited from synchronous code (in a thread of its own when an event loop runs here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run())  # type: ignore[arg-type]
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(run()))  # type: ignore[arg-type]
+        except BaseException as exc:  # re-raised in the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="judge")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def check_model(cfg: JudgeConfig) -> None:
+    """Fail early unless the endpoint answers ``GET .../models`` (retried like a call) and, when it
+    lists its models, serves ``cfg.model``. An endpoint that answers that route with no model list
+    (e.g. 404) is not checked."""
+    url = cfg.endpoint.removesuffix("/chat/completions") + "/models"
+
+    def read(response: httpx.Response) -> None:
+        try:
+            served = [m["id"] for m in response.json()["data"]] if response.status_code == 200 else None
         except (ValueError, KeyError, TypeError):
-            return
-        if cfg.model not in served:
+            served = None
+        if served is not None and cfg.model not in served:
             raise JudgeError(
                 f"judge {url} serves {served}, not {cfg.model!r}: fix --judge-model / JUDGE_MODEL"
             )
-        return
-    raise JudgeError(
-        f"judge {url} did not answer after {cfg.retries + 1} attempts: {last} (is the judge served?)"
-    )
+
+    async def run() -> None:
+        async with httpx.AsyncClient(headers=_headers()) as client:
+            await _attempts(cfg, url, lambda _: client.get(url, timeout=cfg.timeout_s), read)
+
+    _blocking(run)
 
 
-async def _ask(client: httpx.AsyncClient, cfg: JudgeConfig, prompt: str) -> Verdict:
-    """One chat completion at T = 0, retried with backoff; its parsed verdict."""
-    body = {
-        "model": cfg.model,
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0,
-        "max_tokens": cfg.max_tokens,
-    }
-    last = ""
-    for attempt in range(cfg.retries + 1):
-        if attempt:
-            await asyncio.sleep(min(_BACKOFF_S * 2 ** (attempt - 1), _BACKOFF_CAP_S))
-        try:
-            response = await client.post(cfg.endpoint, json=body, timeout=cfg.timeout_s)
-        except httpx.TimeoutException:
-            last = f"no reply within timeout_s={cfg.timeout_s}"
-            continue
-        except httpx.TransportError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-            continue
-        if response.status_code in _RETRY_STATUS:
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-            continue
-        if response.status_code != 200:
-            raise JudgeError(
-                f"judge {cfg.endpoint} refused model {cfg.model!r}: HTTP {response.status_code}: "
-                f"{response.text[:300]} (check --judge-url / --judge-model)"
-            )
-        try:
-            content = response.json()["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError):
-            return Verdict("unparsed", f"not a chat completion: {response.text[:200]}")
-        return parse_verdict(content)
-    raise JudgeError(
-        f"judge {cfg.endpoint} (model {cfg.model!r}) failed after {cfg.retries + 1} attempts: {last}"
-    )
+def _read_reply(cfg: JudgeConfig, response: httpx.Response) -> Verdict:
+    """The verdict of one reply; :class:`_NoVerdict` when it holds none, JudgeError for a refusal."""
+    if response.status_code != 200:
+        raise _refused(cfg, cfg.endpoint, response)
+    try:
+        choice = response.json()["choices"][0]
+        content = choice["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise _NoVerdict(Verdict("unparsed", f"not a chat completion: {response.text[:200]}")) from None
+    verdict = parse_verdict(content)
+    if verdict.judgement != "unparsed":
+        return verdict
+    if choice.get("finish_reason") == "length":
+        verdict = Verdict(
+            "unparsed", f"cut at max_tokens={cfg.max_tokens}: {verdict.rationale}"[:RATIONALE_CHARS]
+        )
+    raise _NoVerdict(verdict)
+
+
+async def _ask(client: httpx.AsyncClient, cfg: JudgeConfig, item: tuple[str, Sequence[str], str]) -> Verdict:
+    """One question's verdict (:func:`_attempts`): a fresh fence per request, T = 0 unless asked again."""
+
+    def send(reask: bool) -> Awaitable[httpx.Response]:
+        body = {
+            "model": cfg.model,
+            "messages": [{"role": "user", "content": render_prompt(*item)}],
+            "temperature": REASK_TEMPERATURE if reask else 0,
+            "max_tokens": cfg.max_tokens,
+        }
+        return client.post(cfg.endpoint, json=body, timeout=cfg.timeout_s)
+
+    return await _attempts(cfg, cfg.endpoint, send, lambda response: _read_reply(cfg, response))
 
 
 async def ajudge_many(
     cfg: JudgeConfig, items: Sequence[Item], cache: VerdictCache | None = None
 ) -> tuple[list[Verdict], int]:
-    """Verdicts for ``items`` (question, golds, prediction), in order, and the number of endpoint calls
-    made (one per distinct uncached item; retries not counted).
+    """Verdicts for ``items`` (question, golds, prediction), in order, and the number of questions
+    sent (one per distinct uncached item; retries and re-asks not counted).
 
-    A missing or empty prediction is ``incorrect`` without a call. Items with the same key are asked
-    once; cached keys are not asked. New verdicts are written to ``cache`` when the calls are done,
-    also when some failed (then :class:`JudgeError` is raised after writing the others).
+    A missing or empty prediction, or one over ``cfg.max_answer_chars``, is ``incorrect`` without a
+    call. Items with the same key are asked once; keys with a final cached verdict are not asked.
+    New verdicts are written to ``cache`` when the calls are done, also when some failed (then
+    :class:`JudgeError` is raised after writing the others).
     """
     verdicts: list[Verdict | None] = [None] * len(items)
-    todo: dict[str, tuple[str, list[int]]] = {}
+    todo: dict[str, tuple[tuple[str, Sequence[str], str], list[int]]] = {}
     for i, (question, golds, prediction) in enumerate(items):
-        shown = cut(prediction or "", cfg.answer_chars)
-        if not shown:
+        text = (prediction or "").strip()
+        if not text:
             verdicts[i] = Verdict("incorrect", NO_ANSWER)
             continue
-        key = verdict_key(cfg.model, PROMPT_VERSION, question, golds, shown)
+        if cfg.max_answer_chars is not None and len(text) > cfg.max_answer_chars:
+            verdicts[i] = Verdict("incorrect", TOO_LONG.format(cfg.max_answer_chars))
+            continue
+        shown = cut(text, cfg.answer_chars)
+        key = verdict_key(cfg.model, PROMPT_VERSION, cfg.max_tokens, question, golds, shown)
         cached = cache.get(key) if cache is not None else None
         if cached is not None:
             verdicts[i] = cached
         elif key in todo:
             todo[key][1].append(i)
         else:
-            todo[key] = (render_prompt(question, golds, shown), [i])
+            todo[key] = ((question, golds, shown), [i])
     if todo:
         limit = asyncio.Semaphore(cfg.max_concurrency)
         limits = httpx.Limits(
             max_connections=cfg.max_concurrency, max_keepalive_connections=cfg.max_concurrency
         )
 
-        async def one(client: httpx.AsyncClient, prompt: str) -> Verdict:
+        async def one(client: httpx.AsyncClient, item: tuple[str, Sequence[str], str]) -> Verdict:
             async with limit:
-                return await _ask(client, cfg, prompt)
+                return await _ask(client, cfg, item)
 
         async with httpx.AsyncClient(limits=limits, headers=_headers()) as client:
             answers = await asyncio.gather(
-                *(one(client, prompt) for prompt, _ in todo.values()), return_exceptions=True
+                *(one(client, item) for item, _ in todo.values()), return_exceptions=True
             )
         fresh = {}
         for (key, (_, indices)), verdict in zip(todo.items(), answers, strict=True):
@@ -373,22 +413,4 @@ def judge_many(
     cfg: JudgeConfig, items: Sequence[Item], cache: VerdictCache | None = None
 ) -> tuple[list[Verdict], int]:
     """:func:`ajudge_many` from synchronous code (in a thread of its own when an event loop runs here)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(ajudge_many(cfg, items, cache))
-    result: list[tuple[list[Verdict], int]] = []
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(asyncio.run(ajudge_many(cfg, items, cache)))
-        except BaseException as exc:  # re-raised in the caller's thread
-            error.append(exc)
-
-    thread = threading.Thread(target=run, name="judge_many")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0]
+    return _blocking(lambda: ajudge_many(cfg, items, cache))

@@ -11,6 +11,7 @@ from typing import Any
 
 from reward_fns.answer import extract_answer, is_well_formed
 from reward_fns.judge import JudgeConfig, VerdictCache, ajudge_many, check_model
+from reward_fns.judge_prompt import suspicious
 from reward_fns.registry import evaluation_metrics, metric_names, training_metrics
 from reward_fns.semantic import semantic_scores
 
@@ -102,6 +103,8 @@ class BatchShape:
     """Optional ``reward_kwargs`` key -> file name: the launcher sets a null one to that file in the run directory."""
     check: Callable[[Mapping[str, Any]], None] | None = None
     """Raises (naming what is wrong) unless the model answers; the preflight calls it before training."""
+    extra: Callable[[Item, Mapping[str, Any]], dict[str, float]] | None = None
+    """(item, settings) -> keys added to each rollout's reward dict (training metrics, never the score)."""
 
 
 def setting(settings: Mapping[str, Any], key: str) -> Any:
@@ -124,13 +127,16 @@ _VERDICT_CACHES: dict[str, VerdictCache] = {}
 
 def judge_config(settings: Mapping[str, Any]) -> JudgeConfig:
     """The judge of ``settings``: ``judge_url``, ``judge_model``; optional ``judge_max_concurrency``,
-    ``judge_timeout_s``, ``judge_retries`` (:class:`reward_fns.judge.JudgeConfig`'s defaults)."""
+    ``judge_timeout_s``, ``judge_retries`` (:class:`reward_fns.judge.JudgeConfig`'s defaults) and
+    ``judge_max_answer_chars`` (default the judge's ``answer_chars``: a training answer is shown whole
+    or scores 0 without a call)."""
     return JudgeConfig(
         url=str(setting(settings, "judge_url")),
         model=str(setting(settings, "judge_model")),
         max_concurrency=_or_default(settings, "judge_max_concurrency", JudgeConfig.max_concurrency),
         timeout_s=_or_default(settings, "judge_timeout_s", JudgeConfig.timeout_s),
         retries=_or_default(settings, "judge_retries", JudgeConfig.retries),
+        max_answer_chars=_or_default(settings, "judge_max_answer_chars", JudgeConfig.answer_chars),
     )
 
 
@@ -151,6 +157,12 @@ async def judge_scores(items: list[Item], settings: Mapping[str, Any]) -> list[f
     cache = _VERDICT_CACHES[str(path)] if path else None
     verdicts, _ = await ajudge_many(cfg, items, cache)
     return [verdict.correct for verdict in verdicts]
+
+
+def judge_extra(item: Item, settings: Mapping[str, Any]) -> dict[str, float]:
+    """``judge_suspicious``: 1.0 when the answer looks aimed at the judge
+    (:func:`reward_fns.judge_prompt.suspicious`; training's ``reward/judge_suspicious``), else 0.0."""
+    return {"judge_suspicious": float(suspicious(item[2], judge_config(settings).max_answer_chars))}
 
 
 async def semantic_rewards(items: list[Item], settings: Mapping[str, Any]) -> list[float]:
@@ -176,6 +188,7 @@ SHAPES: dict[str, Shape] = {
         },
         run_files={"judge_cache": "judge_verdicts.jsonl"},
         check=check_judge,
+        extra=judge_extra,
     ),
     "semantic": BatchShape(
         semantic_rewards,

@@ -50,6 +50,7 @@ def rollout_metrics(extra_fields: Sequence[Mapping[str, Any]], groups: Sequence[
     for name, records, key in (
         ("reward/mean", rewards, "score"),
         *((f"reward/{name}", rewards, name) for name in metric_names()),
+        ("reward/judge_suspicious", rewards, "judge_suspicious"),
         ("rollout/searches_mean", extra_fields, "searches"),
         ("rollout/search_errors_mean", extra_fields, "search_errors"),
         ("rollout/model_tokens_mean", extra_fields, "model_tokens"),

@@ -1,5 +1,6 @@
-"""``python -m eval run``: its command line, resolved into a :class:`eval.run.runner.EvalSetup`
-(flags: docs/evaluation.md, "`python -m eval run`")."""
+"""``python -m eval run``: the evaluation's settings, one composed recipe (the run's, with the
+evaluation's hydra overrides), resolved into a :class:`eval.run.runner.EvalSetup` (keys and flags:
+docs/evaluation.md, "`python -m eval run`")."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ import argparse
 import importlib.util
 import os
 import sys
-from dataclasses import replace
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from eval.run import checkpoints as ckpts
 from eval.run import runner
@@ -19,203 +26,192 @@ from eval.run.suite import load_suite
 from eval.run.summary import format_table
 from reward_fns.judge import PROMPT_VERSION, JudgeConfig
 from reward_fns.shapes import SHAPES
-from search_env import protocol
-from search_env.cli import positive_int
-from search_env.paths import REPO_ROOT
-from search_env.protocol import PRESETS, TRAIN_PRESET
+from search_env.cli import hydra_quoted, positive_int
+from search_env.paths import EVAL_RECIPE, REPO_ROOT, repo_path
+from search_env.protocol import TRAIN_PRESET
 from search_env.retrieval.auth import AuthFileError, load_tokens
 
 
+@dataclass
+class LimitKeys:
+    """``eval.limits``: the preset (``train``: the recipe's limits; ``study_eval``) and single limits
+    that replace the preset's (null: the preset's)."""
+
+    preset: str = TRAIN_PRESET.name
+    max_assistant_turns: int | None = None
+    max_turn_tokens: int | None = None
+    max_total_tokens: int | None = None
+    response_length: int | None = None
+
+
+@dataclass
+class JudgeKeys:
+    """``eval.judge``: an OpenAI-compatible endpoint and its served model (both or neither)."""
+
+    url: str | None = None
+    model: str | None = None
+    concurrency: int = 16
+    max_tokens: int = 512
+
+
+@dataclass
+class EvalKeys:
+    """Every key of the recipe's ``eval:`` block with its default (recipes/base.yaml documents the
+    launcher's; docs/evaluation.md each one). Null sampling keys are the greedy default."""
+
+    suite: str = "samples"
+    data_dir: str = "data/parquet"
+    out: str | None = None
+    plan: str = "auto"
+    limit: Any = "auto"
+    subsample_seed: int = 0
+    benchmarks: list[str] | None = None
+    steps: list[int] | None = None
+    backend: str = "auto"
+    base_model: str = "auto"
+    run_name: str | None = None
+    shape: str | None = None
+    seed: int | None = None
+    horizon: int | None = None
+    max_in_flight: int | None = None
+    gpu_memory_utilization: float = 0.85
+    prefix_caching: bool = False
+    samples: int | None = None
+    temperature: float | None = None
+    top_p: float = 1.0
+    sample_seed: int | None = None
+    limits: LimitKeys = field(default_factory=LimitKeys)
+    screen_rows: int = seq.SCREEN_ROWS
+    delta: float = seq.DELTA
+    halfwidth: float = seq.HALFWIDTH
+    confirm: str = "auto"
+    matched_horizon: int = 180
+    val_results: str | None = None
+    judge: JudgeKeys = field(default_factory=JudgeKeys)
+    gpus: Any = None
+    retriever_gpu: Any = "on"
+    timeout_s: float = 0
+
+
+ALIASES: dict[str, tuple[str, Any, str | None]] = {
+    "--suite": ("eval.suite", str, None),
+    "--out": ("eval.out", str, None),
+    "--steps": ("eval.steps", int, "+"),
+    "--limit": ("eval.limit", positive_int, None),
+    "--benchmarks": ("eval.benchmarks", str, "+"),
+    "--backend": ("eval.backend", str, None),
+    "--plan": ("eval.plan", str, None),
+    "--run-name": ("eval.run_name", str, None),
+    "--shape": ("eval.shape", str, None),
+    "--seed": ("eval.seed", int, None),
+    "--horizon": ("eval.horizon", int, None),
+    "--max-in-flight": ("eval.max_in_flight", positive_int, None),
+    "--gpu-memory-utilization": ("eval.gpu_memory_utilization", float, None),
+    "--samples": ("eval.samples", positive_int, None),
+    "--temperature": ("eval.temperature", float, None),
+    "--top-p": ("eval.top_p", float, None),
+    "--sample-seed": ("eval.sample_seed", int, None),
+    "--limits-preset": ("eval.limits.preset", str, None),
+    "--max-turns": ("eval.limits.max_assistant_turns", positive_int, None),
+    "--max-turn-tokens": ("eval.limits.max_turn_tokens", positive_int, None),
+    "--max-total-tokens": ("eval.limits.max_total_tokens", positive_int, None),
+    "--response-length": ("eval.limits.response_length", positive_int, None),
+    "--matched-horizon": ("eval.matched_horizon", positive_int, None),
+    "--val-results": ("eval.val_results", str, None),
+    "--judge-url": ("eval.judge.url", str, None),
+    "--judge-model": ("eval.judge.model", str, None),
+    "--retriever-url": ("retriever.urls", str, "+"),
+    "--retriever-auth-token-file": ("retriever.auth_token_file", str, None),
+}
+"""Flags kept as aliases, each of one key: ``--flag V`` is the override ``key=V``, applied after
+the command line's overrides."""
+PATH_FLAGS = ("--suite", "--out", "--val-results", "--retriever-auth-token-file")
+"""Aliases holding a path, made absolute against the caller's folder (recipe paths are relative
+to the repository)."""
+
+
 def build_run_parser() -> argparse.ArgumentParser:
-    """The flags of ``python -m eval run`` (docs/evaluation.md lists them with their defaults)."""
-    p = argparse.ArgumentParser(prog="python -m eval run", description="Evaluate every checkpoint of a run.")
+    """``--run-dir``, ``--config`` and hydra overrides; the flags of :data:`ALIASES`."""
+    p = argparse.ArgumentParser(
+        prog="python -m eval run",
+        usage="python -m eval run --run-dir RUN [--config COMPOSED.yaml] [key=value ...] [alias flags ...]",
+        description="Evaluate every checkpoint of a run with the settings of its recipe.",
+        epilog="aliases:\n" + "\n".join(f"  {flag:28} {key}=" for flag, (key, _, _) in ALIASES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--run-dir", required=True, type=Path, help="the run's checkpoints, or an HF model folder")
     p.add_argument(
-        "--run-dir",
-        required=True,
+        "--config",
         type=Path,
-        help="trainer.default_local_dir of the run (holds global_step_N), or an HF model folder",
+        help="the composed recipe (launch/eval.sh writes it); default: the run's saved config over "
+        "recipes/eval_sample.yaml",
     )
-    p.add_argument(
-        "--suite",
-        required=True,
-        help="folder of <benchmark>.jsonl, a verl parquet (grouped by data_source), or a "
-        "built-in name: test, val, samples",
-    )
-    p.add_argument("--out", required=True, type=Path, help="results root; this run goes to OUT/<run>")
-    p.add_argument("--steps", type=int, nargs="+", help="only these steps (0 = the untrained model)")
-    p.add_argument("--limit", type=positive_int, help="rows per benchmark (seeded subsample by id)")
-    p.add_argument("--subsample-seed", type=int, default=0, help="seed of the --limit subsample (default 0)")
-    p.add_argument(
-        "--top-k",
-        type=positive_int,
-        default=protocol.TOPK,
-        help="passages per search (training's retriever.top_k)",
-    )
-    p.add_argument("--benchmarks", nargs="+", help="only these benchmarks of the suite")
-    p.add_argument(
-        "--backend",
-        default="auto",
-        choices=["auto", "hf", "vllm"],
-        help="vllm (GPU), hf (CPU, tiny models) or auto: vllm when CUDA and vllm exist",
-    )
-    p.add_argument(
-        "--retriever-url",
-        nargs="+",
-        default=[],
-        dest="retriever_urls",
-        help="retrieval server base URL(s), e.g. http://127.0.0.1:8000",
-    )
-    p.add_argument(
-        "--retriever-auth-token-file",
-        type=Path,
-        help="the retrievers' bearer-token file (mode 600; training's retriever.auth_token_file), sent with "
-        "every probe and search; not an evaluation setting (results stay comparable)",
-    )
-    p.add_argument(
-        "--base-model",
-        default="auto",
-        help="step 0: an HF folder, 'none', or 'auto' (the run config's model.path if local)",
-    )
-    p.add_argument("--run-name", help="name of the run under OUT (default: from the config or the folder)")
-    p.add_argument("--shape", help="reward shape of the run, if its config does not say")
-    p.add_argument("--seed", type=int, help="training seed of the run, if its config does not say")
-    p.add_argument("--horizon", type=int, help="step cap of the run (default: config, else last checkpoint)")
-    p.add_argument(
-        "--max-in-flight",
-        type=positive_int,
-        help="rollouts kept running at once, a steady pool (default: hf 32, vllm 512)",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.85,
-        help="vllm: fraction of GPU memory for weights + KV cache, in (0, 1] (default 0.85)",
-    )
-    p.add_argument(
-        "--prefix-caching",
-        action="store_true",
-        help="vllm: enable prefix caching (off by default, as in training; recorded in run.json)",
-    )
-    p.add_argument(
-        "--samples",
-        type=positive_int,
-        default=1,
-        help="rollouts per question (default 1); > 1 needs --temperature > 0 and adds pass@1..pass@N and "
-        "avg@N to the summaries (docs/evaluation.md, 'Sampling, pass@k and avg@k')",
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="sampling temperature of every turn (default 0 = greedy, the study's protocol)",
-    )
-    p.add_argument(
-        "--top-p", type=float, default=1.0, help="nucleus sampling with --temperature > 0 (default 1.0)"
-    )
-    p.add_argument(
-        "--sample-seed",
-        type=int,
-        default=0,
-        help="seed of the samples (each sample's seed derives from it and the row: a rerun draws the same "
-        "rollouts; default 0). Not --seed, the run's training seed",
-    )
-    p.add_argument(
-        "--max-turns", type=positive_int, help="assistant turns per rollout (default: run config/10)"
-    )
-    p.add_argument(
-        "--max-turn-tokens", type=positive_int, help="new tokens per turn (default: run config/1024)"
-    )
-    p.add_argument(
-        "--max-total-tokens", type=positive_int, help="whole sequence cap (default: run config/8192)"
-    )
-    p.add_argument("--response-length", type=positive_int, help="response budget (default: run config/8192)")
-    p.add_argument(
-        "--limits-preset",
-        choices=sorted(PRESETS),
-        default=TRAIN_PRESET.name,
-        help="rollout limits: 'train' (default: the run's training limits) or 'study_eval' (the study's "
-        "evaluation loop: 5 turns, 120-token passages, invalid-action note, '?'-ended questions); the "
-        "single-limit flags above override either",
-    )
-    p.add_argument(
-        "--plan",
-        default="auto",
-        choices=["auto", FULL, SEQUENTIAL],
-        help="full: every checkpoint on every row (the study's protocol); sequential: screen, decide, "
-        "confirm (docs/evaluation.md); auto (default): sequential on a GPU, full elsewhere",
-    )
-    p.add_argument(
-        "--screen-rows",
-        type=positive_int,
-        default=seq.SCREEN_ROWS,
-        help=f"sequential: rows per benchmark every checkpoint is screened on (default {seq.SCREEN_ROWS})",
-    )
-    p.add_argument(
-        "--delta",
-        type=float,
-        default=seq.DELTA,
-        help=f"sequential: keep checkpoints that may be within this macro EM of the best (default {seq.DELTA})",
-    )
-    p.add_argument(
-        "--halfwidth",
-        type=float,
-        default=seq.HALFWIDTH,
-        help="sequential: confirm to this 95%% half-width against the full-suite value, macro EM "
-        f"(default {seq.HALFWIDTH})",
-    )
-    p.add_argument(
-        "--confirm",
-        choices=["auto", "full"],
-        default="auto",
-        help="sequential: confirm to --halfwidth (auto) or on every row (full)",
-    )
-    p.add_argument(
-        "--matched-horizon",
-        type=positive_int,
-        default=180,
-        help="sequential: the matched-horizon rule's step cap, whose best is also kept (default 180)",
-    )
-    p.add_argument(
-        "--val-results",
-        type=Path,
-        help="sequential: a validation results folder; each rule's best step on it is confirmed too",
-    )
-    p.add_argument(
-        "--judge-url",
-        help="an OpenAI-compatible chat-completions endpoint (e.g. http://127.0.0.1:8001/v1, "
-        "launch/serve_judge.sh): an LLM judge also scores every non-screening summary's rows",
-    )
-    p.add_argument(
-        "--judge-model",
-        help="the judge's served model name (with --judge-url; an evaluation setting: results of "
-        "different judges refuse to mix)",
-    )
-    p.add_argument(
-        "--judge-concurrency",
-        type=positive_int,
-        default=16,
-        help="judge requests in flight at once (default 16)",
-    )
-    p.add_argument(
-        "--judge-max-tokens",
-        type=positive_int,
-        default=512,
-        help="the judge's reply budget in tokens (default 512; a reply cut short does not parse)",
-    )
+    p.add_argument("overrides", nargs="*", help="hydra overrides: eval.*, retriever.*, the rollout's keys")
+    for flag, (key, kind, nargs) in ALIASES.items():
+        p.add_argument(flag, type=kind, nargs=nargs, dest=f"alias:{flag}", help=f"{key}=")
     return p
 
 
-def _judge(args: argparse.Namespace) -> JudgeConfig | None:
-    """The judge's config from ``--judge-url/--judge-model`` (None without them)."""
-    if bool(args.judge_url) != bool(args.judge_model):
-        raise ValueError("--judge-url and --judge-model go together: give both (or neither)")
-    if not args.judge_url:
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(_value(v) for v in value) + "]"
+    return hydra_quoted(value) if isinstance(value, str) else str(value)
+
+
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """The command line's overrides, then one per alias flag given."""
+    out = list(args.overrides)
+    for flag, (key, _, _) in ALIASES.items():
+        value = getattr(args, f"alias:{flag}")
+        if value is None:
+            continue
+        if flag in PATH_FLAGS and (flag != "--suite" or Path(value).expanduser().exists()):
+            value = os.path.abspath(os.path.expanduser(value))
+        out.append(f"{key}={_value(value)}")
+    return out
+
+
+def _eval_keys(block: Any) -> DictConfig:
+    """``block`` over :class:`EvalKeys` (every key present, typed); ValueError naming a bad key."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(EvalKeys), block)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"eval.{err.full_key}: {err.msg.splitlines()[0]}") from None
+
+
+def load_config(run_dir: Path, config: Path | None, overrides: list[str]) -> DictConfig:
+    """The evaluation's settings: ``config`` (a recipe launch/eval.sh composed), else the run's
+    saved config over recipes/eval_sample.yaml; then ``overrides``. ValueError naming the key."""
+    from search_env import verl_glue  # heavy: verl, only to compose
+
+    try:
+        if config is not None:
+            cfg = OmegaConf.load(config)
+        else:
+            cfg = verl_glue.compose_config(EVAL_RECIPE)
+            saved = ckpts.find_run_config(run_dir)
+            cfg = cfg if saved is None else OmegaConf.merge(cfg, OmegaConf.load(saved))
+        cfg.eval = _eval_keys(cfg.get("eval") or {})  # every key present: overrides may name any
+        if overrides:
+            with tempfile.TemporaryDirectory() as folder:
+                OmegaConf.save(cfg, Path(folder) / "eval.yaml")
+                cfg = verl_glue.compose_config(Path(folder) / "eval.yaml", overrides)
+            cfg.eval = _eval_keys(cfg.eval)
+    except HydraException as err:
+        raise ValueError(f"the evaluation's settings do not compose with {overrides}: {err}") from None
+    return cfg
+
+
+def _judge(keys: DictConfig) -> JudgeConfig | None:
+    """The judge's config from ``eval.judge`` (None without one)."""
+    if bool(keys.url) != bool(keys.model):
+        raise ValueError(
+            "--judge-url and --judge-model go together (eval.judge.url, eval.judge.model): give both (or neither)"
+        )
+    if not keys.url:
         return None
     return JudgeConfig(
-        url=args.judge_url,
-        model=args.judge_model,
-        max_concurrency=args.judge_concurrency,
-        max_tokens=args.judge_max_tokens,
+        url=keys.url, model=keys.model, max_concurrency=keys.concurrency, max_tokens=keys.max_tokens
     )
 
 
@@ -226,19 +222,32 @@ def _on_gpu() -> bool:
 
 
 def _resolve_plan(name: str, limit: int | None) -> tuple[str, str]:
-    """(plan, why) for ``--plan``; ``auto`` is sequential on a GPU and full elsewhere or with ``--limit``."""
+    """(plan, why) for ``eval.plan``; ``auto`` is sequential on a GPU and full elsewhere or with a limit."""
     if name != "auto":
-        return name, "--plan"
+        return name, "eval.plan"
     if limit is not None:
-        return FULL, "--limit given"
+        return FULL, "eval.limit given"
     return (SEQUENTIAL, "default on a GPU") if _on_gpu() else (FULL, "default without a GPU")
 
 
 def _resolve_backend(name: str) -> str:
     if name != "auto":
         return name
-
     return "vllm" if _on_gpu() and importlib.util.find_spec("vllm") else "hf"
+
+
+def _limit(e: DictConfig) -> int | None:
+    """``eval.limit``: ``auto`` = 4 rows for the ``samples`` suite under the full plan, else all."""
+    if e.limit == "auto":
+        return 4 if e.suite == "samples" and e.plan != SEQUENTIAL else None
+    if e.limit is None:
+        return None
+    try:
+        return positive_int(str(e.limit))
+    except (ValueError, argparse.ArgumentTypeError):
+        raise ValueError(
+            f"eval.limit (--limit) must be a count >= 1, auto or null, got {e.limit!r}"
+        ) from None
 
 
 def _base_model(arg: str, config: dict) -> Path | None:
@@ -248,131 +257,154 @@ def _base_model(arg: str, config: dict) -> Path | None:
         return ckpts.base_model_path(config, REPO_ROOT)
     path = Path(arg)
     if not ckpts.is_hf_model_dir(path):
-        raise ValueError(f"--base-model {arg}: not an HF model folder (needs config.json and weights)")
+        raise ValueError(f"eval.base_model {arg}: not an HF model folder (needs config.json and weights)")
     return path
 
 
-def _run_name(args: argparse.Namespace, info: dict) -> str:
-    if args.run_name:
-        return args.run_name
+def _run_name(name: str | None, run_dir: Path, info: dict) -> str:
+    if name:
+        return name
     exp = ckpts.get_dotted(info["config"], "trainer.experiment_name")
     if isinstance(exp, str) and exp and "$" not in exp:
         return exp
-    run_dir = args.run_dir.resolve()
+    run_dir = run_dir.resolve()
     return run_dir.parent.name if run_dir.name == "checkpoints" else run_dir.name
 
 
-def _token_file(path: Path | None) -> str | None:
-    """``--retriever-auth-token-file`` as an absolute path, checked now (ValueError naming the flag
-    and the fix); None when not given."""
+def _token_file(value: str | None) -> str | None:
+    """``retriever.auth_token_file`` as an absolute path, checked now (ValueError naming the key,
+    its alias and the fix); None when not set."""
+    path = repo_path(value)
     if path is None:
         return None
     try:
         load_tokens(path)
     except AuthFileError as err:
-        raise ValueError(f"--retriever-auth-token-file: {err}") from None
-    return os.path.abspath(path.expanduser())
+        raise ValueError(f"retriever.auth_token_file, alias --retriever-auth-token-file: {err}") from None
+    return str(path)
+
+
+def _urls(value: Any) -> list[str]:
+    """``retriever.urls`` (a list, or comma-separated text) as base URLs."""
+    items = [] if not value else (value.split(",") if isinstance(value, str) else list(value))
+    return [str(u).strip().rstrip("/") for u in items if str(u).strip()]
 
 
 def prepare(args: argparse.Namespace) -> runner.EvalSetup:
-    """Turn ``run`` arguments into a :class:`eval.run.runner.EvalSetup` (errors name the flag to fix)."""
-    sampling = Sampling(args.samples, args.temperature, args.top_p, args.sample_seed)
-    judge = _judge(args)
-    plan_name, _ = _resolve_plan(args.plan, args.limit)
-    if plan_name == SEQUENTIAL and args.limit is not None:
-        raise ValueError("--limit and --plan sequential do not mix: the plan chooses each checkpoint's rows")
-    if not 0 < args.halfwidth < 1 or not 0 <= args.delta < 1:
-        raise ValueError(f"--halfwidth {args.halfwidth} / --delta {args.delta}: macro EM, in (0, 1) / [0, 1)")
-    suite = load_suite(args.suite, limit=args.limit, seed=args.subsample_seed, benchmarks=args.benchmarks)
-    info = ckpts.run_info(args.run_dir, shape=args.shape, seed=args.seed, horizon=args.horizon)
+    """The composed settings (:func:`load_config`) as a :class:`eval.run.runner.EvalSetup`; errors
+    name the key to fix."""
+    cfg = load_config(args.run_dir, args.config, overrides_of(args))
+    e = cfg.eval
+    sampling = Sampling(e.samples or 1, e.temperature or 0.0, e.top_p, e.sample_seed or 0)
+    judge = _judge(e.judge)
+    limit = _limit(e)
+    plan_name, _ = _resolve_plan(e.plan, limit)
+    if plan_name == SEQUENTIAL and limit is not None:
+        raise ValueError(
+            "eval.limit and eval.plan=sequential do not mix: the plan chooses each checkpoint's rows"
+        )
+    if not 0 < e.halfwidth < 1 or not 0 <= e.delta < 1:
+        raise ValueError(f"eval.halfwidth {e.halfwidth} / eval.delta {e.delta}: macro EM, in (0, 1) / [0, 1)")
+    if not e.out:
+        raise ValueError("eval.out is not set: pass --out OUT (or eval.out=OUT), the results root")
+    suite_path = repo_path(e.suite)
+    suite = load_suite(
+        str(suite_path) if suite_path is not None and suite_path.exists() else e.suite,
+        limit=limit,
+        seed=e.subsample_seed,
+        benchmarks=list(e.benchmarks) if e.benchmarks else None,
+        data_dir=repo_path(e.data_dir),
+    )
+    info = ckpts.run_info(args.run_dir, shape=e.shape, seed=e.seed, horizon=e.horizon)
     found = ckpts.discover(args.run_dir)
-    base = _base_model(args.base_model, info["config"])
+    base = _base_model(e.base_model, info["config"])
     if base is not None and all(c.step != 0 for c in found):
         found = [ckpts.Checkpoint(0, base, "hf"), *found]
-    if args.steps is not None:
+    if e.steps is not None:
         have = {c.step for c in found}
-        missing = sorted(set(args.steps) - have)
+        missing = sorted(set(e.steps) - have)
         if missing:
             raise ValueError(
-                f"--steps {missing} not available in {args.run_dir} (have {sorted(have)}; step 0 "
-                "needs --base-model or a local actor_rollout_ref.model.path)"
+                f"eval.steps {missing} not available in {args.run_dir} (have {sorted(have)}; step 0 "
+                "needs eval.base_model or a local actor_rollout_ref.model.path)"
             )
-        found = [c for c in found if c.step in set(args.steps)]
+        found = [c for c in found if c.step in set(e.steps)]
     if info["horizon"] is None:
         info["horizon"] = max(c.step for c in found)
     if info["shape"] is None or info["seed"] is None:
         raise ValueError(
             f"cannot tell the run's reward shape and seed from {args.run_dir} (no config with "
-            f"'shape'/'seed' found): pass --shape {'|'.join(SHAPES)} and --seed N"
+            f"'shape'/'seed' found): pass eval.shape={'|'.join(SHAPES)} eval.seed=N (--shape, --seed)"
         )
-    limits = limits_for_preset(args.limits_preset, info["config"])
-    overrides = {
-        "max_assistant_turns": args.max_turns,
-        "max_turn_tokens": args.max_turn_tokens,
-        "max_total_tokens": args.max_total_tokens,
-        "response_length": args.response_length,
-    }
-    limits = replace(limits, **{k: v for k, v in overrides.items() if v is not None})
-    backend = _resolve_backend(args.backend)
-    token_file = _token_file(args.retriever_auth_token_file)
+    limits = limits_for_preset(e.limits.preset, cfg)
+    limits = replace(limits, **{k: v for k, v in e.limits.items() if k != "preset" and v is not None})
+    urls = _urls(cfg.retriever.get("urls"))
+    if not urls:
+        raise ValueError(
+            "retriever.urls is empty: name the running retrievers (--retriever-url URL), or evaluate "
+            "with launch/eval.sh, which starts the one the recipe's retriever: block describes"
+        )
+    backend = _resolve_backend(e.backend)
+    topk = int(cfg.retriever.top_k)
     return runner.EvalSetup(
-        run_name=_run_name(args, info),
-        out_root=args.out,
+        run_name=_run_name(e.run_name, args.run_dir, info),
+        out_root=repo_path(e.out),
         suite=suite,
         checkpoints=found,
         info=info,
         limits=limits,
         backend=backend,
-        retriever_urls=list(args.retriever_urls),
-        retriever_auth_token_file=token_file,
-        max_in_flight=args.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
+        retriever_urls=urls,
+        retriever_auth_token_file=_token_file(cfg.retriever.get("auth_token_file")),
+        max_in_flight=e.max_in_flight or runner.DEFAULT_IN_FLIGHT[backend],
         eval_settings=eval_settings(
             suite,
-            args.limit,
-            args.subsample_seed,
+            limit,
+            e.subsample_seed,
             limits,
             backend,
-            args.prefix_caching,
+            e.prefix_caching,
             plan_name,
-            topk=args.top_k,
+            topk=topk,
             sampling=sampling,
             judge=None if judge is None else judge_setting(judge.model, PROMPT_VERSION),
         ),
-        topk=args.top_k,
+        topk=topk,
         sampling=sampling,
         judge=judge,
         schedule=runner.Schedule(
             plan=plan_name,
-            screen_rows=args.screen_rows,
-            delta=args.delta,
-            halfwidth=args.halfwidth,
-            confirm=args.confirm,
-            matched_horizon=args.matched_horizon,
-            val_results=args.val_results,
+            screen_rows=e.screen_rows,
+            delta=e.delta,
+            halfwidth=e.halfwidth,
+            confirm=e.confirm,
+            matched_horizon=e.matched_horizon,
+            val_results=repo_path(e.val_results),
         ),
+        recipe=cfg,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eval run ...``: 0 when every checkpoint was evaluated, 2 on bad arguments, 1 when the
+    """``python -m eval run ...``: 0 when every checkpoint was evaluated, 2 on bad settings, 1 when the
     run stopped (the error on stderr)."""
-    args = build_run_parser().parse_args(argv)  # first: --help imports no verl, so no patch log lines
     from eval.run.backends import EngineSettings, make_backend  # heavy: verl/torch, only for run
 
+    args = build_run_parser().parse_intermixed_args(argv)
     try:
         setup = prepare(args)
-        engine = EngineSettings(args.gpu_memory_utilization, prefix_caching=args.prefix_caching)
+        e = setup.recipe.eval
+        engine = EngineSettings(e.gpu_memory_utilization, prefix_caching=e.prefix_caching)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     steps = ", ".join(str(c.step) for c in setup.checkpoints)
-    print(
-        f"plan {setup.schedule.plan} ({_resolve_plan(args.plan, args.limit)[1]}; --plan full|sequential)",
-        flush=True,
-    )
+    why = _resolve_plan(e.plan, _limit(e))[1]
+    print(f"plan {setup.schedule.plan} ({why}; eval.plan=full|sequential)", flush=True)
     print(
         f"run {setup.run_name}: steps [{steps}] on suite {setup.suite.name} ({setup.suite.n_rows} rows, "
-        f"{len(setup.suite.benchmarks)} benchmarks), backend {setup.backend} -> {setup.run_root}",
+        f"{len(setup.suite.benchmarks)} benchmarks), backend {setup.backend}, top-k {setup.topk}, "
+        f"{setup.limits.max_assistant_turns} turns -> {setup.run_root}",
         flush=True,
     )
     try:

@@ -1,6 +1,7 @@
 """The judge as an evaluation metric: its identity is an evaluation setting (results of another judge
 are refused, naming the setting), verdicts come from one store per results root (a rerun calls
-nothing), a summary carries the judge's score and its 2x2 against EM, and the agreement statistics
+nothing but the unparsed), a summary carries the judge's score and its 2x2 against EM, and the
+agreement statistics
 (shares and Cohen's kappa, each with a bootstrap CI) match a hand computation."""
 
 from __future__ import annotations
@@ -99,18 +100,19 @@ ROWS = [
 
 
 def test_verdicts_come_from_one_store_per_results_root(tmp_path, stub_url):
-    cfg = JudgeConfig(url=stub_url, model="judge-a")
+    cfg = JudgeConfig(url=stub_url, model="judge-a", retries=1)
     lines: list[str] = []
     first = judge_rows(_plan(tmp_path, cfg, "judge-a"), 3, ROWS, lines.append)
     assert first == ["correct", "incorrect", "unparsed", "incorrect"]
     assert lines[-1] == "step 3: judge judge-a: 4 rows, 3 calls (the rest from the verdict store)"
     assert len((tmp_path / VERDICTS).read_text().splitlines()) == 3
-    # another run in the same results root making the same predictions calls nothing
+    # another run in the same results root making the same predictions asks only the unparsed one
+    # again (its reply had no verdict on both tries: it is stored as a record, not as a verdict)
     other = _plan(tmp_path, cfg, "judge-a")
     other.run_name = "r2"
     assert judge_rows(other, 5, ROWS, lines.append) == first
-    assert lines[-1].endswith("4 rows, 0 calls (the rest from the verdict store)")
-    assert len(httpx.get(f"{stub_url}/stats").json()["requests"]) == 3
+    assert lines[-1].endswith("4 rows, 1 calls (the rest from the verdict store)")
+    assert len(httpx.get(f"{stub_url}/stats").json()["requests"]) == 2 + 2 + 2
 
 
 def test_a_summary_carries_the_judge_and_its_2x2_against_em():

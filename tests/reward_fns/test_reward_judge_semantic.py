@@ -124,7 +124,9 @@ def test_judge_scores_a_step_in_one_batch_with_bounded_concurrency_and_caches(st
     )
     results = _step(fn, STEP)
     assert [r["score"] for r in results] == [1, 1, 0, 1, 0, 1, 0, 0, 0, 0]
-    assert all(set(r) == KEYS for r in results)  # the string shapes' keys: the same rollout stats
+    # the string shapes' keys (the same rollout stats) and the judge's reward/judge_suspicious
+    assert all(set(r) == {*KEYS, "judge_suspicious"} for r in results)
+    assert {r["judge_suspicious"] for r in results} == {0.0}
     assert [r["em"] for r in results][:3] == [1.0, 1.0, 0.0]  # string metrics are still scored
     stats = stub.stats()
     # one request per distinct answer (Paris asked once for its 2 rollouts; none for no answer),
