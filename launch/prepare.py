@@ -33,7 +33,8 @@ STUDY_REPO = "pantomiman/reason-over-search"
 STUDY_INDEX = "retriever/wiki18_100w_e5_ivf4096_sq8.index"
 TARGETS = ("model", "encoder", "corpus", "index", "data")
 STAMPS = ".sha256-verified.json"
-"""Under DATA_DIR: digests already computed, keyed by path, size and mtime (a file is hashed once)."""
+"""Under DATA_DIR: digests already computed, reused while the file is unchanged (:func:`sha256_of`)."""
+FINGERPRINT_BYTES = 1 << 20
 HELP = """targets (default: all):
   model    data/models/Qwen3.5-0.8B          <- HF Qwen/Qwen3.5-0.8B (~1.7 GB)
   encoder  data/models/e5-base-v2            <- HF intfloat/e5-base-v2 (~0.4 GB)
@@ -46,7 +47,8 @@ HELP = """targets (default: all):
            <- HF dataset RUC-NLPIR/FlashRAG_datasets (python -m search_env.data)
 pins: model, encoder and index are fetched at the commit launch/pins.json names and their weight /
 index files checked against its sha256; a value it lacks makes prepare refuse that download unless
---pin-on-first-download records what was fetched (docs/gpu.md, "Pinned downloads").
+--pin-on-first-download records what was fetched; --check lists each unknown value and why
+(docs/gpu.md, "Pinned downloads").
 environment: DATA_DIR (the data/ prefix of the downloads only; the recipes keep data/..., so pass the
 matching overrides to launch/run.sh), INDEX_SOURCE (study | flat)."""
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -128,30 +130,43 @@ def save_pin(pin: Pin, path: Path | None = None) -> None:
     write_atomic(path, json.dumps(raw, indent=2) + "\n")
 
 
+def fingerprint(path: Path, size: int) -> str:
+    """sha256 of the file's size, first MiB and last MiB: cheap to recompute on every check."""
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        digest.update(handle.read(FINGERPRINT_BYTES))
+        if size > FINGERPRINT_BYTES:
+            handle.seek(max(size - FINGERPRINT_BYTES, FINGERPRINT_BYTES))
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
 def sha256_of(path: Path, stamps: Path | None = None) -> str:
-    """The file's sha256 (hex). With ``stamps`` (a JSON file), a digest computed earlier for the same
-    file (device and inode, so a rename keeps it), size and mtime is reused, and a new one recorded."""
+    """The file's sha256 (hex). With ``stamps`` (a JSON file), a digest computed earlier is reused only
+    while the file has the same device and inode, size, mtime, ctime (which any write changes and no
+    user can set back) and :func:`fingerprint`; otherwise the whole file is hashed and recorded."""
     st = path.stat()
     key, seen = f"{st.st_dev}:{st.st_ino}", {}
+    now = {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "fingerprint": fingerprint(path, st.st_size),
+    }
     if stamps is not None and stamps.is_file():
         try:
             seen = json.loads(stamps.read_text(encoding="utf-8"))
         except ValueError:
             seen = {}
         hit = seen.get(key, {})
-        if hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+        if all(hit.get(name) == value for name, value in now.items()):
             return str(hit["sha256"])
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(16 << 20):
             digest.update(chunk)
     if stamps is not None:
-        seen[key] = {
-            "path": str(path),
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "sha256": digest.hexdigest(),
-        }
+        seen[key] = {"path": str(path), **now, "sha256": digest.hexdigest()}
         write_atomic(stamps, json.dumps(seen, indent=1) + "\n")
     return digest.hexdigest()
 
@@ -416,6 +431,22 @@ def missing_pins_message(pins: list[Pin]) -> str:
     )
 
 
+def unpinned_report(unknown: dict[str, Pin], missing: list[str]) -> str:
+    """Each pin with unknown values (by target): which values, what follows, and why (its source)."""
+    lines = []
+    for target, pin in unknown.items():
+        if target in missing:
+            effect = "downloaded only with --pin-on-first-download (trust on first use)"
+        elif all(pin.sha256.values()):
+            effect = "present, checked against its sha256"
+        else:
+            effect = "present, NOT checked: no digest to compare with"
+        lines.append(
+            f"  - {target} ({pin.repo}): unknown {', '.join(pin.unknown())}; {effect}\n      why: {pin.source}"
+        )
+    return f"unpinned in {PINS_FILE}:\n" + "\n".join(lines)
+
+
 def verify_present(targets: list[str], at: Layout) -> list[str]:
     """Problems of present files whose pin has a digest (each file hashed once: :data:`STAMPS`)."""
     problems = []
@@ -482,20 +513,18 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("error: present files differ from their pins:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         return 2
+    unknown = {t: p for t in wanted if (p := at.pin_of(t)) is not None and p.unknown()}
+    if unknown:
+        print(unpinned_report(unknown, missing), file=sys.stderr)
     if not missing:
         log(f"everything requested is present under {at.data}/")
         return 0
-    unpinned = [p for t in missing if (p := at.pin_of(t)) is not None and p.unknown()]
+    unpinned = [p for t, p in unknown.items() if t in missing]
     if args.check or not online():
         if not args.check:
             log("no network access to huggingface.co: nothing downloaded")
         lines = [f"  - {t}: {at.where(t)}\n      {at.howto(t)}" for t in missing]
         print("missing (path <- command):\n" + "\n".join(lines), file=sys.stderr)
-        if unpinned:
-            print(
-                "unpinned: " + "; ".join(f"{p.name}: {', '.join(p.unknown())}" for p in unpinned),
-                file=sys.stderr,
-            )
         return 1
     if unpinned and not args.pin_on_first_download:
         print(f"error: {missing_pins_message(unpinned)}", file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import time
 from pathlib import Path
 
 import huggingface_hub
@@ -126,7 +126,9 @@ def test_an_unknown_pin_refuses_before_downloading(env, tmp_path, capsys) -> Non
     assert "--pin-on-first-download" in err and "Pinned downloads" in err
     assert hub.calls == [] and not (tmp_path / "data" / "models" / "Qwen3.5-0.8B").exists()
     assert prepare.main(["--check", "model"]) == 1
-    assert "unpinned: model: sha256 of model.safetensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "model (Qwen/Qwen3.5-0.8B): unknown sha256 of model.safetensors; downloaded only with" in err
+    assert "why: test" in err
 
 
 def test_pin_on_first_download_records_what_it_fetched(env, tmp_path, capsys) -> None:
@@ -162,20 +164,69 @@ def test_malformed_pins_are_refused_naming_the_key(env, capsys) -> None:
     assert "encoder.revision='main': must be a 40-hex commit sha" in capsys.readouterr().err
 
 
-def test_a_verified_file_is_hashed_once(tmp_path) -> None:
-    """The stamp reuses a digest while size and mtime are unchanged (also across a rename)."""
+def test_a_verified_file_is_hashed_once_and_again_after_any_change(tmp_path, monkeypatch) -> None:
+    """The stamp reuses a digest while the file is unchanged; a same-size rewrite with its mtime set
+    back (the ctime moves), or a change of its first or last MiB, is hashed again."""
     path, stamps = tmp_path / "f.bin", tmp_path / "stamps.json"
     path.write_bytes(b"one")
     first = prepare.sha256_of(path, stamps)
     assert first == sha(b"one")
+    hashed = []
+    opened = open
+
+    def counting_open(file, mode="r", *args, **kwargs):
+        if mode == "rb" and Path(file) == path:
+            hashed.append(1)
+        return opened(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    assert prepare.sha256_of(path, stamps) == first and len(hashed) == 1  # the fingerprint only
     st = path.stat()
-    path.write_bytes(b"two")  # same size: only the stamp can give the old digest back
+    path.write_bytes(b"two")  # same size, mtime restored: only ctime and content differ
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    moved = tmp_path / "g.bin"
-    shutil.move(path, moved)
-    assert prepare.sha256_of(moved, stamps) == first
-    os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    assert prepare.sha256_of(moved, stamps) == sha(b"two")
+    assert prepare.sha256_of(path, stamps) == sha(b"two")
+    monkeypatch.undo()
+
+    big = tmp_path / "big.bin"
+    body = bytearray(os.urandom(3 << 20))
+    big.write_bytes(body)
+    assert prepare.sha256_of(big, stamps) == sha(bytes(body))
+    for where in (0, len(body) // 2, len(body) - 1):  # head, middle (ctime), tail
+        time.sleep(0.03)  # past the kernel's timestamp tick (a jiffy), so the write moves the ctime
+        st = big.stat()
+        body[where] ^= 0xFF
+        with open(big, "r+b") as f:
+            f.seek(where)
+            f.write(body[where : where + 1])
+        os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert big.stat().st_size == st.st_size and big.stat().st_mtime_ns == st.st_mtime_ns
+        assert prepare.sha256_of(big, stamps) == sha(bytes(body)), where
+
+
+def test_a_tampered_present_file_with_its_mtime_restored_is_reported(env, tmp_path, capsys) -> None:
+    env({"encoder": pin("intfloat/e5-base-v2", REV_A, {"model.safetensors": sha(WEIGHTS)})},
+        {"model.safetensors": WEIGHTS})  # fmt: skip
+    assert prepare.main(["encoder"]) == 0  # downloaded, checked, its digest stamped
+    weights = tmp_path / "data" / "models" / "e5-base-v2" / "model.safetensors"
+    st = weights.stat()
+    weights.write_bytes(WEIGHTS.upper())  # same size
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepare.main(["encoder"]) == 2
+    assert sha(WEIGHTS.upper()) in capsys.readouterr().err
+
+
+def test_check_names_every_unknown_pin_and_why_even_when_present(env, tmp_path, capsys) -> None:
+    env({"model": pin("Qwen/Qwen3.5-0.8B", REV_A, {"model.safetensors": None}),
+         "encoder": pin("intfloat/e5-base-v2", REV_A, {"model.safetensors": sha(WEIGHTS)})}, {})  # fmt: skip
+    for name in ("Qwen3.5-0.8B", "e5-base-v2"):
+        folder = tmp_path / "data" / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(WEIGHTS)
+    assert prepare.main(["--check", "model", "encoder"]) == 0
+    err = capsys.readouterr().err
+    assert "model (Qwen/Qwen3.5-0.8B): unknown sha256 of model.safetensors; present, NOT checked" in err
+    assert "why: test" in err and "encoder" not in err.split("everything requested")[0]
 
 
 def test_the_shipped_pins_are_well_formed() -> None:
@@ -185,3 +236,29 @@ def test_the_shipped_pins_are_well_formed() -> None:
     assert pins["index"].repo == prepare.STUDY_REPO and prepare.STUDY_INDEX in pins["index"].sha256
     assert pins["encoder"].revision and all(pins["encoder"].sha256.values())
     assert pins["model"].revision
+
+
+def test_check_and_the_docs_say_exactly_which_shipped_pins_are_unknown(capsys, monkeypatch, tmp_path) -> None:
+    """With no hub access here, the model's sha256 and the index's revision and sha256 stay unknown:
+    `prepare --check` names exactly those with why, and docs/gpu.md's pin table says "unknown" where
+    launch/pins.json has null."""
+    pins = prepare.load_pins()
+    unknown = {name: p.unknown() for name, p in pins.items() if p.unknown()}
+    assert unknown == {
+        "model": ["sha256 of model.safetensors-00001-of-00001.safetensors"],
+        "index": ["revision", f"sha256 of {prepare.STUDY_INDEX}"],
+        "flat_index": ["revision", "sha256 of part_aa", "sha256 of part_ab"],
+    }
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("INDEX_SOURCE", raising=False)
+    assert prepare.main(["--check", "model", "encoder", "index"]) == 1
+    err = capsys.readouterr().err
+    assert "model (Qwen/Qwen3.5-0.8B): unknown sha256 of model.safetensors-00001-of-00001.safetensors" in err
+    assert f"index ({prepare.STUDY_REPO}): unknown revision, sha256 of {prepare.STUDY_INDEX}" in err
+    assert err.count("why: ") == 2 and "encoder (" not in err
+    table = (prepare.REPO_ROOT / "docs" / "gpu.md").read_text()
+    for name, p in pins.items():
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}`"))
+        revision, digests = row.split("|")[2:4]
+        assert ("unknown" in revision) == (p.revision is None), row
+        assert ("unknown" in digests) == (None in p.sha256.values()), row
