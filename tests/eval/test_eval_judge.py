@@ -1,8 +1,7 @@
 """The judge as an evaluation metric: its identity is an evaluation setting (results of another judge
 are refused, naming the setting), verdicts come from one store per results root (a rerun calls
 nothing but the unparsed), a summary carries the judge's score and its 2x2 against EM, and the
-agreement statistics
-(shares and Cohen's kappa, each with a bootstrap CI) match a hand computation."""
+agreement statistics (shares and Cohen's kappa, each with a bootstrap CI) match a hand computation."""
 
 from __future__ import annotations
 
