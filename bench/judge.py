@@ -6,8 +6,11 @@ assets/demo_base, on vLLM's CPU build here) on a free port and stops it (by PID)
 phases, each on its own N distinct questions so that no phase reuses another's prompt prefix:
 ``serial`` (N calls, one after another), ``batched`` (N calls at once, at most ``--concurrency`` in
 flight; the server batches them) writing a verdict store, and ``rerun`` (the batched phase's items
-again through that store). Prints one line per phase, then exactly
-``judge: batched_vs_serial=R rerun_calls=C`` (R = batched verdicts/s over serial verdicts/s).
+again through that store). Every verdict is one request (``retries=0``: a reply without a verdict is
+not asked again here, so both timed phases send the same requests). Prints one line per phase, then
+exactly ``judge: batched_vs_serial=R rerun_calls=C unparsed=U`` (R = batched verdicts/s over serial
+verdicts/s; a rerun asks exactly the U questions whose verdict was unparsed, the rest come from the
+store).
 
     .venv/bin/python bench/judge.py [--n 16] [--max-tokens 64] [--concurrency 16]
                                     [--model-dir assets/demo_base] [--url URL --model NAME]
@@ -93,7 +96,7 @@ def main() -> None:
             else start_server(args.model_dir, args.model, Path(tmp) / "serve.log")
         )
         try:
-            base = dict(url=url, model=args.model, max_tokens=args.max_tokens, timeout_s=600.0)
+            base = dict(url=url, model=args.model, max_tokens=args.max_tokens, timeout_s=600.0, retries=0)
             serial_cfg = JudgeConfig(**base, max_concurrency=1)
             batched_cfg = JudgeConfig(**base, max_concurrency=args.concurrency)
             judge_many(serial_cfg, items("warm-up", 2))  # first requests pay one-off costs
@@ -114,8 +117,10 @@ def main() -> None:
     print(
         f"batched: {batched:.2f} verdicts/s ({calls} calls, <= {args.concurrency} in flight; {unparsed} unparsed)"
     )
-    print(f"rerun:   {rerun_calls} calls, cache-hit rate {1 - rerun_calls / args.n:.0%}")
-    print(f"judge: batched_vs_serial={batched / serial:.2f} rerun_calls={rerun_calls}")
+    print(
+        f"rerun:   {rerun_calls} calls ({unparsed} unparsed asked again), cache-hit rate {1 - rerun_calls / args.n:.0%}"
+    )
+    print(f"judge: batched_vs_serial={batched / serial:.2f} rerun_calls={rerun_calls} unparsed={unparsed}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ environment (defaults in brackets):
   JUDGE_MODEL      the served model name (give the same to --judge-model)  [MODEL_DIR's folder name]
   MAX_MODEL_LEN    context length                                         [4096]
   GPU_MEMORY_UTILIZATION  GPU only: fraction of GPU memory for vLLM        [0.85]
-  PYTHON           interpreter (launch/_common.sh picks it)"""
+  PYTHON           interpreter (launch/_common.sh picks it)
+off loopback, give vLLM a key (extra flag --api-key KEY; clients send it as JUDGE_API_KEY);
+a judge request refused with HTTP 400 is most often a prompt over MAX_MODEL_LEN"""
 CPU_FLAGS = ["--enforce-eager", "--mamba-ssm-cache-dtype", "float32"]
 """vLLM's CPU build: no CUDA graphs; the fp32 recurrent state its Gated-DeltaNet kernel takes."""
 
