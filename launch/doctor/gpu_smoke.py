@@ -454,7 +454,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     """A real judge on a real model: ``launch/serve_judge.sh MODEL_DIR`` (vLLM on the GPU, 30 % of its
     memory) on a free port, :data:`JUDGE_CASES` judged through reward_fns.judge (batched, T = 0) into a
     verdict store under WORK, then judged again. Passes when every call is answered, at least half of
-    the verdicts parse and the rerun makes 0 calls; reports agreement with the right judgements and
+    the verdicts parse and the rerun asks only the unparsed ones again; reports agreement with the right judgements and
     verdicts per second. Exit 2 without a CUDA device; the server is stopped by its PID."""
     import torch  # heavy: this stage only
 
@@ -509,7 +509,10 @@ def cmd_judge(args: argparse.Namespace) -> int:
     row("parsed", f"{parsed} of {len(items)}")
     row("agree with the right judgement", f"{right} of {len(items)}")
     row("rerun calls", rerun_calls)
-    ok = parsed * 2 >= len(items) and rerun_calls == 0
+    unparsed = {
+        (q, tuple(g), p) for (q, g, p), v in zip(items, verdicts, strict=True) if v.judgement == "unparsed"
+    }
+    ok = parsed * 2 >= len(items) and rerun_calls == len(unparsed)
     return result(ok, f"{parsed}/{len(items)} verdicts parsed, {right} right, rerun {rerun_calls} calls")
 
 
