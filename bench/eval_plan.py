@@ -29,6 +29,7 @@ import numpy as np
 
 from eval.run import sequential as seq
 from eval.run.settings import step0_key
+from search_env.benchmarks import STUDY_FLOOR, STUDY_SIZES
 
 CHECKPOINTS = (19, 24, 32)
 """Checkpoints per run by seed (caps 180/230/312 at one save every 10 steps, plus the last)."""
@@ -51,8 +52,9 @@ class Run:
 def simulate_run(rng: np.random.Generator, k: int) -> Run:
     """Learning curve (rise, plateau jitter, sometimes a late decline) and 0/1 outcomes per question."""
     best = rng.uniform(0.32, 0.38)
-    floor = np.array(list(seq.STUDY_FLOOR.values()))
-    top = np.array(list(seq.STUDY_TRAINED.values())) * best / np.mean(list(seq.STUDY_TRAINED.values()))
+    floor = np.array([STUDY_FLOOR[b] for b in STUDY_SIZES])
+    trained = np.array([seq.STUDY_TRAINED[b] for b in STUDY_SIZES])
+    top = trained * best / trained.mean()
     t = np.arange(1, k + 1)
     curve = 1 - np.exp(-t / rng.uniform(2, 8)) + rng.normal(0, 0.03, k)
     if rng.random() < 0.3:  # a late decline (the study saw some runs fall off)
@@ -60,7 +62,7 @@ def simulate_run(rng: np.random.Generator, k: int) -> Run:
         curve -= rng.uniform(0.05, 0.3) * np.clip((t - start) / k, 0, None)
     truth = floor + np.clip(curve, 0, 1.05)[:, None] * (top - floor)
     outcomes = {}
-    for j, (bench, size) in enumerate(seq.STUDY_SIZES.items()):
+    for j, (bench, size) in enumerate(STUDY_SIZES.items()):
         latent = rng.random(size, dtype=np.float32)
         w = rng.random((k, size), dtype=np.float32)
         value = np.where(w < KEEP, latent, (w - KEEP) / (1 - KEEP))
@@ -75,11 +77,11 @@ def full_values(run: Run) -> np.ndarray:
 
 def sequential(run: Run, screen_rows: int, delta: float, halfwidth: float) -> tuple[int, int, dict[str, int]]:
     """(selected checkpoint index, rollouts for the trained checkpoints, confirm rows) of the plan."""
-    n_screen = {b: min(screen_rows, size) for b, size in seq.STUDY_SIZES.items()}
+    n_screen = {b: min(screen_rows, size) for b, size in STUDY_SIZES.items()}
     screened = {s: {b: run.outcomes[b][i, : n_screen[b]] for b in n_screen} for i, s in enumerate(run.steps)}
     rules = {"own": run.steps, "matched": [s for s in run.steps if s <= MATCHED]}
     decision = seq.decide(screened, rules, delta)
-    n_conf = seq.confirm_rows(decision, screened, seq.STUDY_SIZES, n_screen, halfwidth)
+    n_conf = seq.confirm_rows(decision, screened, STUDY_SIZES, n_screen, halfwidth)
     kept = decision.confirm
     confirmed = {
         s: np.mean([run.outcomes[b][run.steps.index(s), : n_conf[b]].mean() for b in n_conf]) for s in kept
@@ -93,7 +95,7 @@ def sequential(run: Run, screen_rows: int, delta: float, halfwidth: float) -> tu
 
 def simulate(args: argparse.Namespace) -> str:
     rng = np.random.default_rng(args.seed)
-    suite_rows = sum(seq.STUDY_SIZES.values())
+    suite_rows = sum(STUDY_SIZES.values())
     full_rollouts = seq_rollouts = 0
     within = total = 0
     effect = {"full": [], "sequential": []}

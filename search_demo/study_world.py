@@ -26,7 +26,7 @@ STUDY_WORLD_VERSION = 1
 TRAIN_TYPE = "two_hop"
 """The question type training sees (the MuSiQue analogue)."""
 BENCHMARKS = ("syn_two_hop", "syn_single_hop", "syn_three_hop", "syn_comparison", "syn_unseen_world")
-"""Test benchmarks, training's first (eval.run.suite registers them; only the first is in training)."""
+"""Test benchmarks, training's first (search_env.benchmarks registers them; only the first is in training)."""
 UNSEEN_SIZES = {
     "train": world.RegionSize(countries=1, cities=1, people=1, companies=1),
     "val": world.RegionSize(countries=1, cities=1, people=1, companies=1),

@@ -19,22 +19,13 @@ import pandas as pd
 
 from reward_fns import normalize_answer
 from search_env import protocol
+from search_env.benchmarks import STUDY_SUITE
 from search_env.jsonl import iter_jsonl, write_jsonl
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 AGENT_NAME = "search_agent"
 TRAIN = ("musique", "train", 19938)
 """MuSiQue train as shipped by FlashRAG (answerable questions)."""
-SUITE: tuple[tuple[str, str, int], ...] = (
-    ("nq", "test", 3610),
-    ("triviaqa", "test", 11313),
-    ("popqa", "test", 14267),
-    ("hotpotqa", "dev", 7405),
-    ("2wikimultihopqa", "dev", 12576),
-    ("musique", "dev", 2417),
-    ("bamboogle", "test", 125),
-)
-"""(FlashRAG dataset, split, rows) of the seven-benchmark suite, docs/design.md §7: 51,713 rows."""
 VAL_DATASETS = ("nq", "triviaqa", "hotpotqa", "2wikimultihopqa")
 VAL_PER_DATASET = 250
 
@@ -203,17 +194,19 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_suite(args: argparse.Namespace) -> None:
-    chosen = set(args.datasets or [d for d, _, _ in SUITE])
-    unknown = chosen - {d for d, _, _ in SUITE}
+    names = [b.key for b in STUDY_SUITE]
+    chosen = set(args.datasets or names)
+    unknown = chosen - set(names)
     if unknown:
-        raise SystemExit(f"--datasets: unknown {sorted(unknown)}; choose from {[d for d, _, _ in SUITE]}")
+        raise SystemExit(f"--datasets: unknown {sorted(unknown)}; choose from {names}")
     out = Path(args.out) / "suite"
     total = 0
-    for dataset, split, expected in SUITE:
+    for bench in STUDY_SUITE:
+        dataset, split = bench.key, str(bench.split)
         if dataset not in chosen:
             continue
         rows = load_split(args.source, dataset, split, args.limit)
-        check_count(f"{dataset}/{split}", expected, len(rows), args.limit)
+        check_count(f"{dataset}/{split}", bench.rows, len(rows), args.limit)
         write_parquet(rows, dataset, split, out / f"{dataset}.parquet")
         write_qa_jsonl(rows, out / f"{dataset}.jsonl")
         total += len(rows)
@@ -223,8 +216,8 @@ def cmd_suite(args: argparse.Namespace) -> None:
 
 def cmd_val(args: argparse.Namespace) -> None:
     exclude = {question_key(r.question) for r in load_split(args.source, TRAIN[0], TRAIN[1])}
-    for dataset, split, _ in SUITE:
-        exclude |= {question_key(r.question) for r in load_split(args.source, dataset, split)}
+    for bench in STUDY_SUITE:
+        exclude |= {question_key(r.question) for r in load_split(args.source, bench.key, str(bench.split))}
     pools = {d: load_split(args.source, d, "train", args.limit) for d in VAL_DATASETS}
     sample = sample_validation(pools, exclude, args.per_dataset, args.seed)
     out = Path(args.out)

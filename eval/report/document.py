@@ -58,7 +58,6 @@ from eval.report.tables import (
     table1,
     table1_markdown,
 )
-from eval.run.suite import IN_DISTRIBUTION, is_multi_hop
 from eval.stats import (
     AGREEMENT,
     AGREEMENT_MEASURES,
@@ -71,6 +70,7 @@ from eval.stats import (
     stream_seed,
 )
 from reward_fns import PRIMARY, metric_names, registered
+from search_env.benchmarks import IN_DISTRIBUTION, is_multi_hop
 from search_env.markdown import markdown_table
 from search_env.safe_fs import write_atomic
 

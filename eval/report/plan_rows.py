@@ -12,7 +12,8 @@ from pathlib import Path
 
 from eval.report.results import load_results
 from eval.run import sequential as seq
-from eval.run.suite import canonical_benchmark, load_suite
+from eval.run.suite import load_suite
+from search_env.benchmarks import STUDY_FLOOR, STUDY_SIZES, canonical_benchmark
 from search_env.markdown import markdown_table
 
 
@@ -56,11 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sizes, p = levels_from_results(args.results)
         elif args.suite is not None:
             sizes = load_suite(args.suite).sizes()
-            p = {
-                b: seq.STUDY_FLOOR.get(b, sum(seq.STUDY_FLOOR.values()) / len(seq.STUDY_FLOOR)) for b in sizes
-            }
+            p = {b: STUDY_FLOOR.get(b, sum(STUDY_FLOOR.values()) / len(STUDY_FLOOR)) for b in sizes}
         else:
-            sizes, p = dict(seq.STUDY_SIZES), dict(seq.STUDY_FLOOR)
+            sizes, p = dict(STUDY_SIZES), dict(STUDY_FLOOR)
         if args.em is not None:
             p = dict.fromkeys(sizes, args.em)
         print(plan_table(args.halfwidth, sizes, p))

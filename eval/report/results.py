@@ -22,9 +22,9 @@ import pandas as pd
 from eval.run.checkpoints import RUN_NAME
 from eval.run.settings import FULL, differences, mismatch_message
 from eval.run.store import RowStore
-from eval.run.suite import BY_KEY, IN_DISTRIBUTION, canonical_benchmark, order_benchmarks
 from eval.run.summary import JUDGE, SUMMARY_SHAPE
 from reward_fns import SHAPES, metric_names, normalize_answer
+from search_env.benchmarks import BY_KEY, IN_DISTRIBUTION, canonical_benchmark, order_benchmarks
 from search_env.checkpoint_layout import step_dir_name, step_of
 from search_env.jsonl import iter_jsonl
 

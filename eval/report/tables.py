@@ -11,9 +11,9 @@ import pandas as pd
 
 from eval.report.results import AVG_ALL, AVG_HELDOUT, JUDGE, benchmark_label
 from eval.report.select import MATCHED, OWN, STAGE_MARKS
-from eval.run.suite import IN_DISTRIBUTION
 from eval.stats import rank_groups
 from reward_fns import SHAPES, metric_names
+from search_env.benchmarks import FLOOR_SOURCE, IN_DISTRIBUTION, STUDY_FLOOR
 from search_env.markdown import markdown_table
 from search_env.protocol import PRESETS, TRAIN_PRESET
 
@@ -143,27 +143,13 @@ def _fmt(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.3f}"
 
 
-STUDY_FLOOR_EM: dict[str, float] = {
-    "bamboogle": 0.072,
-    "nq": 0.100,
-    "triviaqa": 0.202,
-    "popqa": 0.124,
-    "hotpotqa": 0.083,
-    "2wikimultihopqa": 0.046,
-    "musique": 0.018,
-}
-"""The study's untrained Qwen3.5-0.8B, EM per benchmark (``docs/report/RESULTS_m4.md`` §4.1, M4.5
-``qwen35_terse`` = the training prompt, full suite, greedy, its evaluation loop; mean 0.092)."""
-STUDY_FLOOR = "study's untrained floor (RESULTS_m4 §4.1; the study's number)"
-
-
 def study_floor(avg: str, suite: Sequence[str]) -> float | None:
-    """The study's floor for one average (mean of ``STUDY_FLOOR_EM`` over its benchmarks), or None
-    when ``suite`` is not the study's seven benchmarks (a different suite is not comparable)."""
-    if set(suite) != set(STUDY_FLOOR_EM):
+    """The study's floor for one average (mean of ``search_env.benchmarks.STUDY_FLOOR`` over its
+    benchmarks), or None when ``suite`` is not the study's suite (a different suite is not comparable)."""
+    if set(suite) != set(STUDY_FLOOR):
         return None
-    names = [b for b in STUDY_FLOOR_EM if avg == AVG_ALL or b not in IN_DISTRIBUTION]
-    return sum(STUDY_FLOOR_EM[b] for b in names) / len(names)
+    names = [b for b in STUDY_FLOOR if avg == AVG_ALL or b not in IN_DISTRIBUTION]
+    return sum(STUDY_FLOOR[b] for b in names) / len(names)
 
 
 def limits_preset_of(run_dir: Path) -> str:
@@ -227,7 +213,7 @@ def table1_markdown(
         if judged:
             rows[-1].append(_fmt(sum(judge) / len(judge)) if judge else "–")
     if reference is not None:
-        rows.append([STUDY_FLOOR, *["–" for _ in seeds], _fmt(reference), "–", *(["–"] if judged else [])])
+        rows.append([FLOOR_SOURCE, *["–" for _ in seeds], _fmt(reference), "–", *(["–"] if judged else [])])
     return markdown_table(header, rows)
 
 

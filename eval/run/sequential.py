@@ -24,26 +24,6 @@ DELTA = 0.01
 """A checkpoint survives screening while it may be within this of the best (macro EM, ``--delta``)."""
 HALFWIDTH = 0.01
 """Confirmed numbers' 95 % half-width against the full-suite value (macro EM, ``--halfwidth``)."""
-STUDY_SIZES = {
-    "nq": 3610,
-    "triviaqa": 11313,
-    "popqa": 14267,
-    "hotpotqa": 7405,
-    "2wikimultihopqa": 12576,
-    "musique": 2417,
-    "bamboogle": 125,
-}
-"""The study's seven test benchmarks and their rows (51,713 in all)."""
-STUDY_FLOOR = {
-    "nq": 0.132,
-    "triviaqa": 0.236,
-    "popqa": 0.111,
-    "hotpotqa": 0.078,
-    "2wikimultihopqa": 0.057,
-    "musique": 0.012,
-    "bamboogle": 0.016,
-}
-"""Illustrative per-benchmark EM of the untrained model (macro 0.092, the study's floor)."""
 STUDY_TRAINED = {
     "nq": 0.40,
     "triviaqa": 0.53,
@@ -53,7 +33,8 @@ STUDY_TRAINED = {
     "musique": 0.07,
     "bamboogle": 0.25,
 }
-"""Illustrative per-benchmark EM of a trained checkpoint (macro 0.314; docs/evaluation.md, "Precision")."""
+"""Illustrative per-benchmark EM of a trained checkpoint on the study's suite
+(``search_env.benchmarks.STUDY_SIZES``; macro 0.314; docs/evaluation.md, "Precision")."""
 
 
 def macro_halfwidth(

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,66 +29,6 @@ SAMPLE_SUITE = {
 }
 """The ``samples`` suite: real rows shipped in assets/eval_samples/ (NQ 17, HotpotQA/2Wiki/MuSiQue 500-row
 samples, the full 125-row Bamboogle) for CPU demos and CI."""
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """One benchmark of the suite: canonical key, display label, multi-hop flag, accepted aliases."""
-
-    key: str
-    label: str
-    multi_hop: bool
-    aliases: tuple[str, ...] = ()
-    in_training: bool = False
-    """The study trains on this benchmark's training split: excluded from the held-out average."""
-
-
-BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("nq", "NQ", False, ("naturalquestions", "nqopen")),
-    Benchmark("triviaqa", "TriviaQA", False, ("tqa", "trivia")),
-    Benchmark("popqa", "PopQA", False),
-    Benchmark("hotpotqa", "HotpotQA", True, ("hotpot", "hqa")),
-    Benchmark("2wikimultihopqa", "2Wiki", True, ("2wiki", "2wikimqa", "twowiki")),
-    Benchmark("musique", "MuSiQue", True, ("mus",), in_training=True),
-    Benchmark("bamboogle", "Bamboogle", True, ("bamb",)),
-    # the micro study's paper-shaped synthetic suite (search_demo.study_world)
-    Benchmark("syn_two_hop", "Two-hop", True, ("syntwohop",), in_training=True),
-    Benchmark("syn_single_hop", "Single-hop", False, ("synsinglehop",)),
-    Benchmark("syn_three_hop", "Three-hop", True, ("synthreehop",)),
-    Benchmark("syn_comparison", "Comparison", True, ("syncomparison",)),
-    Benchmark("syn_unseen_world", "Unseen world", True, ("synunseenworld",)),
-)
-
-
-IN_DISTRIBUTION = frozenset(b.key for b in BENCHMARKS if b.in_training)
-"""The training benchmarks (MuSiQue; the synthetic suite's two-hop); every other one is held out."""
-
-
-_ALIASES = {alias: b.key for b in BENCHMARKS for alias in (b.key, *b.aliases)}
-
-
-BY_KEY = {b.key: b for b in BENCHMARKS}
-"""Canonical key -> its :class:`Benchmark`."""
-
-
-def canonical_benchmark(name: str) -> str:
-    """Canonical key of a benchmark name (case, punctuation and known aliases folded).
-
-    Unknown names are kept (lower-cased) so extra benchmarks still appear in the tables.
-    """
-    folded = re.sub(r"[^a-z0-9]", "", name.lower())
-    return _ALIASES.get(folded, name.lower())
-
-
-def is_multi_hop(key: str) -> bool:
-    """True for HotpotQA, 2Wiki, MuSiQue and Bamboogle (paper Fig. 13)."""
-    return key in BY_KEY and BY_KEY[key].multi_hop
-
-
-def order_benchmarks(keys: Iterable[str]) -> list[str]:
-    """Paper order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle), unknown keys last."""
-    rank = {b.key: i for i, b in enumerate(BENCHMARKS)}
-    return sorted(set(keys), key=lambda k: (rank.get(k, len(rank)), k))
 
 
 def data_dir() -> Path:

@@ -24,6 +24,7 @@ from eval.run.rollout import Limits
 from eval.run.settings import SEQUENTIAL, eval_settings
 from eval.run.store import RowStore
 from eval.run.suite import load_suite
+from search_env.benchmarks import STUDY_SIZES
 from search_env.paths import REPO_ROOT
 
 ILLUSTRATIVE = seq.STUDY_TRAINED
@@ -32,13 +33,13 @@ ILLUSTRATIVE = seq.STUDY_TRAINED
 def test_rows_for_halfwidth_match_the_worked_arithmetic():
     """docs/evaluation.md: +-0.01 against the full suite needs 822 rows per benchmark (5,057 in all),
     +-0.005 needs 2,411; Bamboogle is whole, so it adds no error."""
-    n = seq.rows_for_halfwidth(0.01, ILLUSTRATIVE, seq.STUDY_SIZES)
+    n = seq.rows_for_halfwidth(0.01, ILLUSTRATIVE, STUDY_SIZES)
     assert n["nq"] == 822 and n["bamboogle"] == 125 and sum(n.values()) == 5057
-    assert seq.rows_for_halfwidth(0.005, ILLUSTRATIVE, seq.STUDY_SIZES)["popqa"] == 2411
-    assert seq.macro_halfwidth(ILLUSTRATIVE, seq.STUDY_SIZES, seq.STUDY_SIZES) == 0.0
-    assert seq.macro_halfwidth(ILLUSTRATIVE, dict.fromkeys(ILLUSTRATIVE, 821), seq.STUDY_SIZES) > 0.01
+    assert seq.rows_for_halfwidth(0.005, ILLUSTRATIVE, STUDY_SIZES)["popqa"] == 2411
+    assert seq.macro_halfwidth(ILLUSTRATIVE, STUDY_SIZES, STUDY_SIZES) == 0.0
+    assert seq.macro_halfwidth(ILLUSTRATIVE, dict.fromkeys(ILLUSTRATIVE, 821), STUDY_SIZES) > 0.01
     with pytest.raises(ValueError, match="--halfwidth"):
-        seq.rows_for_halfwidth(0, ILLUSTRATIVE, seq.STUDY_SIZES)
+        seq.rows_for_halfwidth(0, ILLUSTRATIVE, STUDY_SIZES)
 
 
 def _screened(levels: dict[int, float], n: int = 200) -> dict[int, dict[str, np.ndarray]]:

@@ -16,6 +16,7 @@ from eval.run import checkpoints as ckpts
 from eval.run import rollout, runner, settings, summary
 from eval.run.suite import load_suite
 from search_env import protocol
+from search_env.benchmarks import FLOOR_SOURCE, STUDY_FLOOR
 
 
 def _plan(tmp_path: Path, limits: rollout.Limits) -> runner.EvalSetup:
@@ -78,7 +79,7 @@ def test_summary_and_table_name_the_preset():
 
 
 def test_study_floor_row_in_table1():
-    suite = list(tables.STUDY_FLOOR_EM)
+    suite = list(STUDY_FLOOR)
     assert tables.study_floor(AVG_ALL, suite) == pytest.approx(0.645 / 7) and round(0.645 / 7, 3) == 0.092
     assert tables.study_floor(AVG_HELDOUT, suite) == pytest.approx(0.627 / 6)
     assert tables.study_floor(AVG_ALL, ["nq", "musique"]) is None  # another suite: not comparable
@@ -97,7 +98,7 @@ def test_study_floor_row_in_table1():
         ]
     )
     text = tables.table1_markdown(t1, "matched", "avg_all", [], [42], tables.study_floor(AVG_ALL, suite))
-    assert f"| {tables.STUDY_FLOOR} | – | 0.092 | – |" in text
+    assert f"| {FLOOR_SOURCE} | – | 0.092 | – |" in text
 
 
 def test_limits_preset_of_reads_run_json(tmp_path: Path):

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eval.run.suite import IN_DISTRIBUTION, canonical_benchmark
 from reward_fns import exact_match, token_f1
 from search_demo import study_world, world
 from search_demo.warm_start import REGIMES, WarmStartConfig, _pick_rows, answered_in_a_phrase
+from search_env.benchmarks import IN_DISTRIBUTION, canonical_benchmark
 from search_env.paths import REPO_ROOT
 from search_env.rollout_stats import partial_credit_frac, rollout_metrics
 

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from search_env import data, protocol
+from search_env.benchmarks import STUDY_SUITE
 from search_env.paths import REPO_ROOT
 
 SAMPLES = REPO_ROOT / "assets" / "eval_samples"
@@ -94,8 +95,8 @@ def test_suite_command_writes_parquet_and_eval_jsonl(source, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "WARNING: nq/test: expected 50 rows, got 17" in err
     assert "bamboogle" not in err  # 125 >= 50: the cap is met
-    for name, _, _ in data.SUITE:
-        assert (tmp_path / "suite" / f"{name}.parquet").is_file()
+    for bench in STUDY_SUITE:
+        assert (tmp_path / "suite" / f"{bench.key}.parquet").is_file()
     bamboogle = [
         json.loads(line) for line in (tmp_path / "suite" / "bamboogle.jsonl").read_text().splitlines()
     ]
@@ -116,8 +117,10 @@ def test_validation_split_is_disjoint_and_deterministic(source, tmp_path):
     taken = {data.question_key(q) for q in a["extra_info"].map(lambda e: e["question"])}
     assert len(taken) == 80
     forbidden = {data.question_key(r.question) for r in data.load_split(str(source), "musique", "train")}
-    for name, split, _ in data.SUITE:
-        forbidden |= {data.question_key(r.question) for r in data.load_split(str(source), name, split)}
+    for bench in STUDY_SUITE:
+        forbidden |= {
+            data.question_key(r.question) for r in data.load_split(str(source), bench.key, bench.split)
+        }
     assert not taken & forbidden
 
 
