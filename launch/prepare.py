@@ -51,6 +51,13 @@ index files checked against its sha256; a value it lacks makes prepare refuse th
 (docs/gpu.md, "Pinned downloads").
 environment: DATA_DIR (the data/ prefix of the downloads only; the recipes keep data/..., so pass the
 matching overrides to launch/run.sh), INDEX_SOURCE (study | flat)."""
+NOT_PINNED = {
+    "corpus": "PeterJinGo/wiki-18-corpus is fetched at main with no revision or sha256: passage text, "
+    "read as JSON lines, never executed nor parsed by native index code",
+    "data": "RUC-NLPIR/FlashRAG_datasets is fetched at main (datasets.load_dataset, no revision or sha256): "
+    "question and answer rows, read as parquet",
+}
+"""The downloads launch/pins.json has no entry for, and why (``--check`` says so)."""
 HEX40 = re.compile(r"[0-9a-f]{40}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -431,8 +438,9 @@ def missing_pins_message(pins: list[Pin]) -> str:
     )
 
 
-def unpinned_report(unknown: dict[str, Pin], missing: list[str]) -> str:
-    """Each pin with unknown values (by target): which values, what follows, and why (its source)."""
+def unpinned_report(unknown: dict[str, Pin], missing: list[str], never: list[str]) -> str:
+    """Each pin with unknown values (by target): which values, what follows, and why (its source);
+    then each target of ``never`` (not pinned at all: :data:`NOT_PINNED`)."""
     lines = []
     for target, pin in unknown.items():
         if target in missing:
@@ -444,6 +452,7 @@ def unpinned_report(unknown: dict[str, Pin], missing: list[str]) -> str:
         lines.append(
             f"  - {target} ({pin.repo}): unknown {', '.join(pin.unknown())}; {effect}\n      why: {pin.source}"
         )
+    lines += [f"  - {target}: not pinned\n      why: {NOT_PINNED[target]}" for target in never]
     return f"unpinned in {PINS_FILE}:\n" + "\n".join(lines)
 
 
@@ -514,8 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: present files differ from their pins:\n  - " + "\n  - ".join(problems), file=sys.stderr)
         return 2
     unknown = {t: p for t in wanted if (p := at.pin_of(t)) is not None and p.unknown()}
-    if unknown:
-        print(unpinned_report(unknown, missing), file=sys.stderr)
+    never = [t for t in wanted if t in NOT_PINNED] if args.check else []
+    if unknown or never:
+        print(unpinned_report(unknown, missing, never), file=sys.stderr)
     if not missing:
         log(f"everything requested is present under {at.data}/")
         return 0

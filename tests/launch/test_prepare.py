@@ -256,6 +256,10 @@ def test_check_and_the_docs_say_exactly_which_shipped_pins_are_unknown(capsys, m
     assert "model (Qwen/Qwen3.5-0.8B): unknown sha256 of model.safetensors-00001-of-00001.safetensors" in err
     assert f"index ({prepare.STUDY_REPO}): unknown revision, sha256 of {prepare.STUDY_INDEX}" in err
     assert err.count("why: ") == 2 and "encoder (" not in err
+    assert prepare.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "corpus: not pinned\n      why: PeterJinGo/wiki-18-corpus" in err
+    assert "data: not pinned\n      why: RUC-NLPIR/FlashRAG_datasets" in err
     table = (prepare.REPO_ROOT / "docs" / "gpu.md").read_text()
     for name, p in pins.items():
         row = next(line for line in table.splitlines() if line.startswith(f"| `{name}`"))
