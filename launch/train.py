@@ -28,14 +28,13 @@ from typing import IO
 import psutil
 from omegaconf import OmegaConf
 
-from launch import preflight, progress, resume
+from launch import preflight, progress, ray_guard, resume
 from launch.procs import exit_status, stop_group, stop_on_sigterm
 from launch.retriever import LocalRetriever
 from search_demo.driver import assets_ready, build_parser
 from search_env import safe_fs
 from search_env.checkpoint_layout import step_dir_name
 from search_env.paths import REPO_ROOT
-from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.probe import ProbeError, check_retrievers
 from search_env.retriever_guard import RETRIEVER_LOG_ENV
 
@@ -44,8 +43,6 @@ RAY_TMP = re.compile(r"^/tmp/rlvr_ray\.[A-Za-z0-9_]{6,8}$")
 RAY_TMP_ROOT = Path("/tmp")
 ASSETS_LOCK = "demo_assets.lock"
 """The demo assets' lock, in the user's runtime folder (:func:`search_env.safe_fs.user_runtime_dir`)."""
-RAY_INSECURE_KEY = "launch.ray_insecure_no_auth"
-MULTI_NODE_DOCS = 'docs/training.md "Multi-node"'
 ASSETS_TIMEOUT_S = 3600
 TRAINER_GRACE_S = 30
 STRAY_GRACE_S = 10.0
@@ -205,47 +202,17 @@ def set_up_run(recipe: Path, overrides: list[str], run: RunDir) -> preflight.Run
     return setup
 
 
-def ray_join_problem(env: Mapping[str, str], insecure_ok: bool) -> str | None:
-    """Why this run must not join the Ray cluster ``env["RAY_ADDRESS"]`` names, or None (no
-    RAY_ADDRESS, or token auth on with a token only its owner can read). Ray's driver sends a token
-    only with ``RAY_AUTH_MODE=token`` in its own environment when the address is explicit
-    (ray/_private/worker.py, ``ray.init``); the token is ``RAY_AUTH_TOKEN``, else the file
-    ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``. ``insecure_ok``
-    (:data:`RAY_INSECURE_KEY`) allows a cluster without auth, never a token file others can read."""
-    address = env.get("RAY_ADDRESS")
-    if not address:
-        return None
-    mode = env.get("RAY_AUTH_MODE")
-    if (mode or "").lower() != "token":
-        if insecure_ok:
-            return None
-        return (
-            f"RAY_ADDRESS={address}: joining a Ray cluster without token authentication (RAY_AUTH_MODE "
-            f"is {mode or 'unset'}, not token): anyone who can reach its ports runs code on its nodes. "
-            "Start every node and this launcher with `export RAY_AUTH_MODE=token "
-            f"RAY_AUTH_TOKEN_PATH=<a token file at mode 600>` ({MULTI_NODE_DOCS}), or set "
-            f"{RAY_INSECURE_KEY}=true to join a cluster without auth anyway"
-        )
-    if env.get("RAY_AUTH_TOKEN"):
-        return None
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    path = env.get("RAY_AUTH_TOKEN_PATH") or str(home / ".ray" / "auth_token")
-    try:
-        load_tokens(path)
-    except AuthFileError as err:
-        return f"RAY_AUTH_MODE=token, but Ray's {err} ({MULTI_NODE_DOCS})"
-    return None
-
-
 def check_ray_join(setup: preflight.RunSetup) -> None:
-    """LaunchError when :func:`ray_join_problem` refuses this run's RAY_ADDRESS; a warning when
-    :data:`RAY_INSECURE_KEY` lets it join a cluster without auth."""
-    insecure_ok = bool(OmegaConf.select(setup.config, RAY_INSECURE_KEY, default=False))
-    problem = ray_join_problem(os.environ, insecure_ok)
-    if problem:
-        raise LaunchError(problem)
-    if insecure_ok and os.environ.get("RAY_ADDRESS") and ray_join_problem(os.environ, False):
-        log(f"WARNING: joining {os.environ['RAY_ADDRESS']} without Ray token auth ({RAY_INSECURE_KEY}=true)")
+    """LaunchError when :func:`launch.ray_guard.check_join` refuses the cluster this run's
+    ``ray.init`` would join (``RAY_ADDRESS`` or ``ray_kwargs.ray_init.address``); its verdict logged."""
+    join = ray_guard.join_target(os.environ, setup.config)
+    if join is None:
+        return
+    insecure_ok = bool(OmegaConf.select(setup.config, ray_guard.RAY_INSECURE_KEY, default=False))
+    try:
+        log(ray_guard.check_join(join, os.environ, insecure_ok))
+    except ray_guard.JoinRefused as err:
+        raise LaunchError(str(err)) from None
 
 
 def wait_lock(path: Path, timeout_s: float) -> int:
@@ -346,7 +313,8 @@ def trainer_command(
     """``python -m verl.trainer.main_ppo`` with the user's overrides, then the run setup's, then Ray's."""
     args = [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path", str(recipe.parent)]
     args += ["--config-name", recipe.stem, *overrides, *setup.trainer_overrides(started.run.ckpt)]
-    if not os.environ.get("RAY_ADDRESS"):  # a private local Ray instance, removed on exit
+    join = ray_guard.join_target(os.environ, setup.config)
+    if join is None:  # a private local Ray instance, removed on exit
         started.ray_tmp = Path(tempfile.mkdtemp(prefix="rlvr_ray.", dir="/tmp"))
         started.run.ray_tmp_record.write_text(
             f"{started.ray_tmp}\n"
@@ -354,8 +322,7 @@ def trainer_command(
         log(f"private Ray instance, temp dir {started.ray_tmp} (removed on exit)")
         return [*args, f"+ray_kwargs.ray_init._temp_dir={started.ray_tmp}"]
     log(
-        f"joining the Ray cluster at {os.environ['RAY_ADDRESS']} (its nodes' resources; "
-        "ray_kwargs.ray_init.num_cpus/num_gpus dropped)"
+        f"joining the Ray cluster at {join} (its nodes' resources; ray_kwargs.ray_init.num_cpus/num_gpus dropped)"
     )
     args += [f"++ray_kwargs.ray_init.{key}=null" for key in ("num_cpus", "num_gpus", "include_dashboard")]
     for var in RAY_ENV:  # quoted: Ray takes only strings (hydra would read HF_HUB_OFFLINE=1 as an int)
@@ -364,14 +331,17 @@ def trainer_command(
     return args
 
 
-def trainer_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The trainer's environment: ``env``, plus a fresh ``RAY_AUTH_TOKEN`` for a private Ray
-    instance (no RAY_ADDRESS, no token set). A new ``ray.init`` turns token auth on and would
+def trainer_env(env: Mapping[str, str], join: ray_guard.Join | None) -> dict[str, str]:
+    """The trainer's environment: ``env``; for a private Ray instance (``join`` None) also
+    :data:`launch.ray_guard.LOOPBACK_ENV` (its processes listen on loopback only) and, unless a
+    token is set, a fresh ``RAY_AUTH_TOKEN``. A new ``ray.init`` turns token auth on and would
     otherwise write its token to ~/.ray/auth_token under the default umask (mode 644 under 022,
     readable by every local user); this one lives only in the run's processes."""
     out = dict(env)
-    if not out.get("RAY_ADDRESS") and not out.get("RAY_AUTH_TOKEN"):
-        out["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if join is None:
+        out.update(ray_guard.LOOPBACK_ENV)
+        if not out.get("RAY_AUTH_TOKEN"):
+            out["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     return out
 
 
@@ -408,7 +378,7 @@ def train(recipe: Path, overrides: list[str], setup: preflight.RunSetup, started
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=trainer_env(os.environ),
+        env=trainer_env(os.environ, ray_guard.join_target(os.environ, setup.config)),
         start_new_session=True,
     )
     started.pump = threading.Thread(target=_pump, args=(started.trainer.stdout, started), daemon=True)
@@ -499,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m launch run",
         description="Train one recipe end to end: preflight, resume, demo assets, retriever, verl, clean-up.",
         epilog="Environment: RLVR_RUN_DIR (run directory, default runs/<recipe name>; relative to the "
-        "repository), RAY_ADDRESS (join a running Ray cluster; needs RAY_AUTH_MODE=token unless "
-        f"{RAY_INSECURE_KEY}=true), XDG_RUNTIME_DIR (the demo assets' lock). "
+        "repository), RAY_ADDRESS (join a running Ray cluster, as ray_kwargs.ray_init.address does; "
+        f"the cluster and this launcher need RAY_AUTH_MODE=token unless {ray_guard.RAY_INSECURE_KEY}=true), "
+        "XDG_RUNTIME_DIR (the demo assets' lock). "
         "docs/training.md describes each step and the run directory.",
     )
     parser.add_argument("recipe", type=Path, help="recipe YAML, e.g. recipes/demo_cpu.yaml")

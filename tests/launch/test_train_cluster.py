@@ -1,24 +1,24 @@
-"""launch/train.py on a shared cluster: joining Ray only with token auth, the demo assets' lock
-in the user's runtime folder (no truncation, no symlink followed), and the Ray temp dir removed
-only through search_env.safe_fs (docs/training.md "Multi-node", docs/security.md)."""
+"""launch/train.py on a shared cluster: joining Ray only with token auth (the driver's side; the
+cluster's side and the launcher's refusal: test_ray_guard.py), a joined cluster never run as a private
+one, the demo assets' lock in the user's runtime folder (no truncation, no symlink followed), and the
+Ray temp dir removed only through search_env.safe_fs (docs/training.md "Multi-node", docs/security.md)."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
 import stat
 import tempfile
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from launch import preflight, resume, train
-from search_env.paths import REPO_ROOT
-from search_env.retrieval.process import free_port
+from launch import preflight, ray_guard, train
 
 TOKEN = "0123456789abcdef" * 4
 HEAD = "10.0.0.1:6379"
+JOIN = ray_guard.Join("RAY_ADDRESS", HEAD)
 
 
 def _token_file(path: Path, mode: int) -> Path:
@@ -33,7 +33,7 @@ def _token_file(path: Path, mode: int) -> Path:
 
 def test_joining_without_token_auth_is_refused_naming_the_mode_the_docs_and_the_opt_out():
     for env in ({"RAY_ADDRESS": HEAD}, {"RAY_ADDRESS": HEAD, "RAY_AUTH_MODE": "disabled"}):
-        problem = train.ray_join_problem(env, insecure_ok=False)
+        problem = ray_guard.driver_problem(JOIN, env, insecure_ok=False)
         assert problem is not None
         for expected in (
             "RAY_AUTH_MODE",
@@ -41,19 +41,18 @@ def test_joining_without_token_auth_is_refused_naming_the_mode_the_docs_and_the_
             "launch.ray_insecure_no_auth=true",
         ):
             assert expected in problem, (expected, problem)
-    assert "is disabled" in train.ray_join_problem({"RAY_ADDRESS": HEAD, "RAY_AUTH_MODE": "disabled"}, False)
+    assert "is disabled" in ray_guard.driver_problem(JOIN, {"RAY_AUTH_MODE": "disabled"}, False)
 
 
 def test_joining_with_token_auth_or_the_opt_out_is_accepted(tmp_path):
-    assert train.ray_join_problem({}, insecure_ok=False) is None  # a private Ray instance
-    assert train.ray_join_problem({"RAY_ADDRESS": HEAD}, insecure_ok=True) is None
+    assert ray_guard.driver_problem(JOIN, {"RAY_ADDRESS": HEAD}, insecure_ok=True) is None
     token_env = {"RAY_ADDRESS": HEAD, "RAY_AUTH_MODE": "token", "HOME": str(tmp_path / "nohome")}
-    assert train.ray_join_problem({**token_env, "RAY_AUTH_TOKEN": TOKEN}, False) is None
+    assert ray_guard.driver_problem(JOIN, {**token_env, "RAY_AUTH_TOKEN": TOKEN}, False) is None
     path = _token_file(tmp_path / "ray.token", 0o600)
-    assert train.ray_join_problem({**token_env, "RAY_AUTH_TOKEN_PATH": str(path)}, False) is None
+    assert ray_guard.driver_problem(JOIN, {**token_env, "RAY_AUTH_TOKEN_PATH": str(path)}, False) is None
     _token_file(tmp_path / "home" / ".ray" / "auth_token", 0o600)
     home_env = {**token_env, "RAY_AUTH_MODE": "TOKEN", "HOME": str(tmp_path / "home")}  # Ray: any case
-    assert train.ray_join_problem(home_env, False) is None
+    assert ray_guard.driver_problem(JOIN, home_env, False) is None
 
 
 @pytest.mark.parametrize("where", ["RAY_AUTH_TOKEN_PATH", "HOME"])
@@ -64,13 +63,13 @@ def test_a_ray_token_file_others_can_read_is_refused_with_the_chmod_fix(tmp_path
     if where == "RAY_AUTH_TOKEN_PATH":
         env["RAY_AUTH_TOKEN_PATH"] = str(path)
     for insecure_ok in (False, True):  # the opt-out is for a cluster without auth, not a leaked token
-        problem = train.ray_join_problem(env, insecure_ok)
+        problem = ray_guard.driver_problem(JOIN, env, insecure_ok)
         assert problem is not None and f"chmod 600 {path}" in problem, problem
 
 
 def test_token_mode_without_any_token_is_refused_naming_the_file(tmp_path):
     env = {"RAY_ADDRESS": HEAD, "RAY_AUTH_MODE": "token", "HOME": str(tmp_path)}
-    problem = train.ray_join_problem(env, insecure_ok=False)
+    problem = ray_guard.driver_problem(JOIN, env, insecure_ok=False)
     assert problem is not None and str(tmp_path / ".ray" / "auth_token") in problem
 
 
@@ -87,40 +86,28 @@ def test_the_ray_token_is_never_forwarded_to_the_cluster_workers(tmp_path, monke
     assert not [a for a in args if "RAY_AUTH" in a or TOKEN in a or str(path) in a]
 
 
-def test_a_private_ray_instance_gets_its_own_token_so_ray_writes_none_to_home():
-    private = train.trainer_env({"PATH": "/bin"})
+def test_a_private_ray_instance_gets_its_own_token_and_loopback_so_ray_writes_none_to_home():
+    private = train.trainer_env({"PATH": "/bin"}, None)
     assert re.fullmatch(r"[0-9a-f]{64}", private["RAY_AUTH_TOKEN"]) and private["PATH"] == "/bin"
-    assert private["RAY_AUTH_TOKEN"] != train.trainer_env({})["RAY_AUTH_TOKEN"]
-    assert train.trainer_env({"RAY_AUTH_TOKEN": TOKEN})["RAY_AUTH_TOKEN"] == TOKEN
-    assert "RAY_AUTH_TOKEN" not in train.trainer_env({"RAY_ADDRESS": HEAD})  # the cluster's own token
+    assert ray_guard.LOOPBACK_ENV.items() <= private.items()
+    assert private["RAY_AUTH_TOKEN"] != train.trainer_env({}, None)["RAY_AUTH_TOKEN"]
+    assert train.trainer_env({"RAY_AUTH_TOKEN": TOKEN}, None)["RAY_AUTH_TOKEN"] == TOKEN
+    joined = train.trainer_env({"RAY_ADDRESS": HEAD}, JOIN)  # the cluster's own token and addresses
+    assert joined == {"RAY_ADDRESS": HEAD}
 
 
-def test_launch_run_refuses_to_join_ray_without_auth_before_starting_anything(tmp_path, monkeypatch, capsys):
-    """``python -m launch run``'s main, in this process: RAY_ADDRESS without token auth stops the run
-    (status 2) after its preflight, naming both fixes, with nothing started."""
-    run_dir = tmp_path / "run"
-    for var in [k for k in os.environ if k.startswith("RAY_AUTH")]:
-        monkeypatch.delenv(var)
-    for var, value in {
-        "RLVR_RUN_DIR": str(run_dir),
-        "RAY_ADDRESS": f"127.0.0.1:{free_port()}",
-        "HF_HUB_OFFLINE": "1",
-        "XDG_RUNTIME_DIR": str(tmp_path / "runtime"),
-        resume.MARKER: "",  # run() sets it; monkeypatch puts the original back
-    }.items():
-        monkeypatch.setenv(var, value)
-    monkeypatch.chdir(tmp_path)  # main() changes to the repository
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        rc = train.main([str(REPO_ROOT / "recipes" / "demo_cpu.yaml"), f"retriever.port={free_port()}"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    err = capsys.readouterr().err
-    assert rc == 2, err[-3000:]
-    assert "RAY_AUTH_MODE" in err and "launch.ray_insecure_no_auth=true" in err
-    started = ("assets.log", "retriever.log", "retriever.pid", "train.log", ".ray_tmp")
-    assert not [name for name in started if (run_dir / name).exists()]
+def test_a_cluster_named_by_verls_address_key_is_joined_not_run_as_a_private_ray(tmp_path, monkeypatch):
+    """``ray_kwargs.ray_init.address`` without RAY_ADDRESS: no private temp dir, no fresh token, no
+    loopback switch; the recipe's num_cpus/num_gpus dropped as for RAY_ADDRESS."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = OmegaConf.create({"ray_kwargs": {"ray_init": {"address": HEAD}}})
+    started = train.Started(train.RunDir(tmp_path))
+    args = train.trainer_command(tmp_path / "r.yaml", [], preflight.RunSetup(config=config), started)
+    assert started.ray_tmp is None and not (tmp_path / ".ray_tmp").exists()
+    assert "++ray_kwargs.ray_init.num_cpus=null" in args and not [a for a in args if "_temp_dir" in a]
+    join = ray_guard.join_target({}, config)
+    assert join == ray_guard.Join(ray_guard.ADDRESS_KEY, HEAD)
+    assert train.trainer_env({"PATH": "/bin"}, join) == {"PATH": "/bin"}
 
 
 # ---- the demo assets' lock ------------------------------------------------------------------------
