@@ -4,8 +4,9 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
 ``JUDGE_URL``/``JUDGE_MODEL``, and:
 
 - the summary carries the judge's verdicts (score, unparsed count, 2x2 against EM, identity);
-- a second run making the same predictions into the same results root calls the judge 0 times
-  (vLLM's own request counter does not move; the run says "0 calls");
+- a second run making the same predictions into the same results root calls the judge only for the
+  rows without a final verdict (0 times when every verdict parsed: vLLM's own request counter does
+  not move; the demo model's are unparsed, and those are asked again);
 - a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting;
 - 2 GRPO steps through verl with ``shape=judge`` against the same server (issue #42, item 5) log the
   reward each step, and the judge's verdicts land in the run's verdict cache.
@@ -32,6 +33,7 @@ from conftest import DEMO_RUN_TIMEOUT_S, demo_eval, free_port
 from test_semantic_training_e2e import PREFIX, check_two_steps_logged, train_two_steps
 
 from launch.serve_judge import wait_ready
+from reward_fns.judge_prompt import PROMPT_VERSION
 from search_env.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 600)
@@ -92,7 +94,7 @@ def test_a_demo_checkpoint_is_judged_by_a_vllm_served_judge(judge_url, tmp_path,
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (summary_path,) = out.glob("*/global_step_0/summary.json")
     summary = json.loads(summary_path.read_text())
-    assert summary["judge"] == {"model": NAME, "prompt_version": "judge-v1"}
+    assert summary["judge"] == {"model": NAME, "prompt_version": PROMPT_VERSION}
     assert summary["eval"]["judge"] == summary["judge"]
     for bench in summary["benchmarks"].values():
         counts = bench["judge_agreement"]
@@ -104,12 +106,16 @@ def test_a_demo_checkpoint_is_judged_by_a_vllm_served_judge(judge_url, tmp_path,
         json.loads(v)["judgement"] in ("correct", "incorrect", "unparsed") for v in verdicts
     )
 
-    # a second run making the same predictions (step 0's shared rows) calls the judge 0 times
+    # a second run making the same predictions (step 0's shared rows) asks only the unparsed again
+    stored = [json.loads(v) for v in verdicts]
+    final = {v["key"] for v in stored if v["judgement"] != "unparsed"}
+    unparsed = {v["key"] for v in stored if v["judgement"] == "unparsed"} - final
     before = _judge_requests(judge_url)
     again = demo_eval(WARM_START, out, *FLAGS, "--run-name", "again", limit=1)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert re.search(r"judge demo-judge: \d+ rows, 0 calls", again.stdout + again.stderr)
-    assert _judge_requests(judge_url) == before
+    assert re.search(rf"judge demo-judge: \d+ rows, {len(unparsed)} calls", again.stdout + again.stderr)
+    assert (_judge_requests(judge_url) == before) == (not unparsed)
+    before = _judge_requests(judge_url)
 
     # another judge into the same results folder is refused, naming the setting
     monkeypatch.setenv("JUDGE_MODEL", "another-judge")
