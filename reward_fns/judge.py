@@ -18,10 +18,10 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -271,18 +271,18 @@ async def _attempts(
     )
 
 
-def _blocking(run: Callable[[], Awaitable[T]]) -> T:
+def _blocking(run: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``run()`` awaited from synchronous code (in a thread of its own when an event loop runs here)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run())  # type: ignore[arg-type]
+        return asyncio.run(run())
     result: list[T] = []
     error: list[BaseException] = []
 
     def target() -> None:
         try:
-            result.append(asyncio.run(run()))  # type: ignore[arg-type]
+            result.append(asyncio.run(run()))
         except BaseException as exc:  # re-raised in the caller's thread
             error.append(exc)
 
