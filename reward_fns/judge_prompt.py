@@ -55,7 +55,6 @@ RATIONALE_CHARS = 1000
 PARSE_CHARS = 20_000
 """Only a reply's last this many characters are searched for a verdict (it ends the reply)."""
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _KEY = re.compile(r"judge?ment|verdict", re.IGNORECASE)
 _LABELLED = re.compile(
     r"(?:^|[{,])[\"'*\s]*(?:judge?ment|verdict)[\"'*\s]*[:=][\"'*\s]*(correct|incorrect)\b",
@@ -132,13 +131,14 @@ def _from_object(obj: object) -> Verdict | None:
 
 
 def parse_verdict(text: str) -> Verdict:
-    """The verdict in a judge's reply, after removing ``<think>`` blocks, from the reply's last
-    :data:`PARSE_CHARS` characters: the last JSON object holding one (braces inside its strings are
-    fine); else the last labelled verdict in any quoting (``"judgement": "correct"``,
-    ``'judgment': 'Incorrect'``, ``Verdict: **correct**``, also in a reply cut before its closing
-    brace); else a reply that is only ``correct`` or ``incorrect``. Anything else is ``unparsed``,
-    with the reply as rationale. Rationales are cut to :data:`RATIONALE_CHARS`."""
-    body = _THINK.sub("", text)[-PARSE_CHARS:]
+    """The verdict in a judge's reply, read after its last ``</think>`` and before an unclosed
+    ``<think>`` (a reply cut while thinking has none), in the last :data:`PARSE_CHARS` characters:
+    the last JSON object holding one (braces inside its strings are fine); else the last labelled
+    verdict in any quoting where a key or a line starts (``'judgment': 'Incorrect'``,
+    ``Verdict: **correct**``, a reply cut after its verdict); else a reply that is only ``correct``
+    or ``incorrect``. Anything else is ``unparsed``, with the reply as rationale. Rationales are cut
+    to :data:`RATIONALE_CHARS`."""
+    body = text.rpartition("</think>")[2].split("<think>", 1)[0][-PARSE_CHARS:]
     decoder = json.JSONDecoder()
     starts = [i for i, ch in enumerate(body) if ch == "{"]
     for start in reversed(starts[-64:]):

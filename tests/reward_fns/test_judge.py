@@ -178,6 +178,7 @@ def test_answers_over_max_answer_chars_score_zero_without_a_call(stub):
         ('{"rationale": "same city", "judgement": "correct"}', "correct"),
         ('```json\n{"rationale": "r", "judgement": " Incorrect "}\n```', "incorrect"),
         ('<think>{"judgement": "correct"}</think>{"rationale": "no", "judgement": "incorrect"}', "incorrect"),
+        ('<think>first {"judgement": "correct"}, but', "unparsed"),  # cut while thinking
         ('{"rationale": "r", "judgement": "partially correct"}', "unparsed"),
         ('["correct"]', "correct"),  # the word alone, whatever wraps it
         ("", "unparsed"),
