@@ -66,19 +66,23 @@ def join_target(env: Mapping[str, str], config: DictConfig | None) -> Join | Non
     return None if join.address == "local" else join
 
 
+def token_mode(env: Mapping[str, str]) -> bool:
+    """``RAY_AUTH_MODE=token`` in ``env``, any case, as Ray reads it."""
+    return (env.get("RAY_AUTH_MODE") or "").lower() == "token"
+
+
 def driver_problem(join: Join, env: Mapping[str, str], insecure_ok: bool) -> str | None:
     """Why this driver must not join ``join``, or None (token auth on with a token only its owner
     can read). Ray's driver sends a token only with ``RAY_AUTH_MODE=token`` in its own environment
     when the address is explicit; the token is ``RAY_AUTH_TOKEN``, else the file
     ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``. ``insecure_ok`` (:data:`RAY_INSECURE_KEY`)
     allows a driver without auth, never a token file others can read."""
-    mode = env.get("RAY_AUTH_MODE")
-    if (mode or "").lower() != "token":
+    if not token_mode(env):
         if insecure_ok:
             return None
         return (
             f"{join}: joining a Ray cluster without token authentication (RAY_AUTH_MODE is "
-            f"{mode or 'unset'}, not token): anyone who can reach its ports runs code on its nodes. "
+            f"{env.get('RAY_AUTH_MODE') or 'unset'}, not token): anyone who can reach its ports runs code on its nodes. "
             f"{AUTH_FIX}, or set {RAY_INSECURE_KEY}=true to join a cluster "
             "without auth anyway"
         )
@@ -137,7 +141,7 @@ def check_join(
             "the address"
         ) from None
     if token_auth:
-        if (env.get("RAY_AUTH_MODE") or "").lower() != "token":
+        if not token_mode(env):
             raise JoinRefused(
                 f"{join}: the cluster requires a token, and this launcher sends none. {AUTH_FIX}"
             )
