@@ -1,11 +1,11 @@
-"""``python -m launch COMMAND ...``: run, eval, prepare, preflight, resume (``--help`` of each)."""
+"""``python -m launch COMMAND ...``: run, eval, prepare, preflight, resume, retriever (``--help`` of each)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
 
-from launch import evaluate, preflight, prepare, resume, train
+from launch import evaluate, preflight, prepare, resume, retriever, train
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (train.main, "train one recipe end to end (launch/run.sh)"),
@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "prepare": (prepare.main, "fetch what the GPU recipes need (launch/prepare.sh)"),
     "preflight": (preflight.main, "check a recipe's prerequisites and write its run setup"),
     "resume": (resume.main, "strays of an earlier run; the checkpoint to resume from"),
+    "retriever": (retriever.main, "serve the retriever a recipe describes (launch/serve_retriever.sh)"),
 }
 
 

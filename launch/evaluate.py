@@ -2,11 +2,11 @@
 checkpoint of a run.
 
 Composes the run's saved recipe.yaml (or ``--recipe``, else recipes/eval_sample.yaml) with the hydra
-overrides, as training composes it, and reads its ``eval:`` and ``retriever:`` blocks. Starts the
-retriever ``retriever:`` describes unless ``retriever.urls`` names running ones, checks each
-(``/health``, one real search), runs ``python -m eval run`` (one process per GPU of ``eval.gpus``,
-on one results folder), prints the table and stops what it started, by PID. launch/eval.sh's
-environment variables are aliases of single overrides (:data:`ENV_ALIASES`).
+overrides, as training composes it. Starts the retriever ``retriever:`` describes unless
+``retriever.urls`` names running ones, checks each (``/health``, one real search), hands the
+composed recipe to ``python -m eval run`` (one process per GPU of ``eval.gpus``, on one results
+folder), which reads its settings from it, prints the table and stops what it started, by PID.
+launch/eval.sh's environment variables are aliases of single overrides (:data:`ENV_ALIASES`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from launch.procs import stop_on_sigterm, stop_process
 from launch.recipe import compose_recipe
 from launch.retriever import LocalRetriever, RetrieverSetup, retriever_gpu, setup_retriever
+from search_env.cli import hydra_quoted
+from search_env.paths import EVAL_RECIPE as DEFAULT_RECIPE
 from search_env.paths import REPO_ROOT, repo_path
 from search_env.retrieval.probe import ProbeError, check_retrievers
 
-DEFAULT_RECIPE = REPO_ROOT / "recipes" / "eval_sample.yaml"
-"""The recipe of a run folder without a saved recipe.yaml."""
 ENV_ALIASES = {
     "SUITE": "eval.suite",
     "PLAN": "eval.plan",
@@ -53,14 +53,15 @@ ENV_ALIASES = {
     "INDEX": "retriever.index",
     "ENCODER": "retriever.encoder",
     "RETRIEVER_AUTH_TOKEN_FILE": "retriever.auth_token_file",
+    "RLVR_DATA_DIR": "eval.data_dir",
 }
 """launch/eval.sh's environment variables, each an alias of one override (given before the
 command line's, so those win). An empty variable is ignored, except ``LIMIT=`` (all rows)."""
-PATH_ALIASES = ("SUITE", "OUT", "CORPUS", "INDEX", "ENCODER", "RETRIEVER_AUTH_TOKEN_FILE")
+PATH_ALIASES = ("SUITE", "OUT", "CORPUS", "INDEX", "ENCODER", "RETRIEVER_AUTH_TOKEN_FILE", "RLVR_DATA_DIR")
 """Aliases holding a path, made absolute against the caller's folder (recipe paths are relative
 to the repository)."""
 HELP = (
-    "settings: the recipe's eval: and retriever: blocks (recipes/base.yaml documents each key), as\n"
+    "settings: the recipe's keys, eval: and retriever: among them (recipes/base.yaml; docs/evaluation.md), as\n"
     "hydra overrides after RUN_DIR, e.g. eval.suite=test eval.gpus=[0,1] retriever.urls=[http://h1:8000,http://h2:8000]\n"
     "environment aliases (each one override; an empty one is ignored, LIMIT= means all rows):\n"
     + "\n".join(f"  {var:26} {key}=" for var, key in ENV_ALIASES.items())
@@ -76,11 +77,6 @@ class EvalError(RuntimeError):
         self.status = status
 
 
-def quoted(value: str) -> str:
-    """``value`` as a hydra quoted string (commas, colons and slashes kept as they are)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def env_overrides(env: Mapping[str, str]) -> list[str]:
     """The overrides :data:`ENV_ALIASES` make of ``env``; path values made absolute."""
     out = []
@@ -93,7 +89,7 @@ def env_overrides(env: Mapping[str, str]) -> list[str]:
             continue
         if var in PATH_ALIASES and (var != "SUITE" or Path(value).expanduser().exists()):
             value = os.path.abspath(os.path.expanduser(value))
-        out.append(f"{key}={quoted(value)}")
+        out.append(f"{key}={hydra_quoted(value)}")
     return out
 
 
@@ -104,17 +100,6 @@ def default_recipe(run_dir: Path) -> Path:
         if (folder / "recipe.yaml").is_file():
             return folder / "recipe.yaml"
     return DEFAULT_RECIPE
-
-
-def _number(cfg: DictConfig, key: str, kind: type) -> Any:
-    """``eval.<key>`` as ``kind`` (None stays None); EvalError naming the key otherwise."""
-    value = cfg.eval.get(key)
-    if value is None:
-        return None
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise EvalError(f"eval.{key} must be a number ({kind.__name__}), got {value!r}") from None
 
 
 def _gpu_ids(value: Any) -> list[str]:
@@ -131,22 +116,17 @@ def _gpu_visible() -> bool:
 
 @dataclass
 class Settings:
-    """The composed recipe's ``eval:`` block, read once (recipes/base.yaml documents each key)."""
+    """What the launcher itself reads of the composed recipe (``eval.out``, ``eval.gpus``,
+    ``eval.timeout_s``, the retriever); ``config`` is the recipe ``python -m eval run`` reads the
+    rest from, with the retriever's URLs and the results root filled in."""
 
-    suite: str
-    plan: str
-    limit: str
+    config: DictConfig
     out: Path
-    backend: str
     gpus: list[str]
     timeout_s: float
     retriever: RetrieverSetup
-    judge_url: str = ""
-    judge_model: str = ""
-    """``eval.judge.url``, ``eval.judge.model``: both or neither (empty: no judge)."""
-    sampling: list[str] = field(default_factory=list)
-    """``--samples``/``--temperature``/``--sample-seed`` for the ``eval.`` keys that are set."""
     extra: list[str] = field(default_factory=list)
+    """``python -m eval run`` flags given after the overrides."""
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Settings:
@@ -158,28 +138,12 @@ class Settings:
                 "--recipe recipes/<the run's recipe>.yaml"
             )
         e = cfg.eval
-        suite = str(e.suite or "samples")
-        path = repo_path(suite)
-        if path is not None and path.exists():
-            suite = str(path)
-        plan = str(e.plan or "auto")
-        limit = "" if e.limit is None else str(e.limit)
-        if limit == "auto":
-            limit = "4" if suite == "samples" and plan != "sequential" else ""
-        name = os.path.splitext(os.path.basename(suite.rstrip("/")))[0]
-        judge = e.get("judge") or {}
-        judge_url, judge_model = str(judge.get("url") or ""), str(judge.get("model") or "")
-        if bool(judge_url) != bool(judge_model):
-            raise EvalError("eval.judge.url and eval.judge.model go together: set both (or neither)")
-        sampling = []
-        for key, flag, kind in (
-            ("samples", "--samples", int),
-            ("temperature", "--temperature", float),
-            ("sample_seed", "--sample-seed", int),
-        ):
-            value = _number(cfg, key, kind)
-            if value is not None:
-                sampling += [flag, str(value)]
+        try:
+            timeout_s = float(e.get("timeout_s") or 0)
+        except (TypeError, ValueError):
+            raise EvalError(f"eval.timeout_s must be a number of seconds, got {e.timeout_s!r}") from None
+        name = os.path.splitext(os.path.basename(str(e.suite or "samples").rstrip("/")))[0]
+        out = repo_path(e.out) if e.get("out") else REPO_ROOT / "results" / f"eval_{name}"
         gpu = e.get("retriever_gpu")
         if gpu is not None:  # evaluation's own --gpu; `on` needs a GPU torch can see
             flag = retriever_gpu(gpu)
@@ -189,20 +153,10 @@ class Settings:
         if problems:
             lines = "".join(f"\n  - {problem}" for problem in problems)
             raise EvalError(f"{len(problems)} retriever setting(s) to fix:{lines}")
-        gpus = e.get("gpus")
-        return cls(
-            suite=suite,
-            plan=plan,
-            limit=limit,
-            out=repo_path(e.out) if e.get("out") else REPO_ROOT / "results" / f"eval_{name}",
-            backend=str(e.backend or "auto"),
-            gpus=_gpu_ids(gpus),
-            timeout_s=_number(cfg, "timeout_s", float) or 0.0,
-            retriever=retriever,
-            judge_url=judge_url,
-            judge_model=judge_model,
-            sampling=sampling,
-        )
+        OmegaConf.update(cfg, "eval.out", str(out))
+        OmegaConf.update(cfg, "retriever.urls", list(retriever.urls), merge=False)
+        OmegaConf.update(cfg, "retriever.auth_token_file", retriever.auth_token_file)
+        return cls(cfg, out, _gpu_ids(e.get("gpus")), timeout_s, retriever)
 
 
 def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) -> Settings:
@@ -214,6 +168,7 @@ def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) ->
         cfg = compose_recipe(recipe, overrides)
     except (HydraException, ValueError) as err:  # ValueError: verl not installed
         raise EvalError(f"recipe {recipe} does not compose with {overrides}: {err}") from None
+    OmegaConf.set_struct(cfg, False)
     return Settings.from_config(cfg)
 
 
@@ -236,25 +191,11 @@ def start_retriever(s: Settings, log_dir: Path) -> LocalRetriever:
     return retriever
 
 
-def eval_command(run_dir: Path, s: Settings) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "eval",
-        "run",
-        "--run-dir",
-        str(run_dir),
-        "--suite",
-        s.suite,
-        "--out",
-        str(s.out),
-    ]
-    cmd += ["--backend", s.backend, "--plan", s.plan, "--retriever-url", *s.retriever.urls]
-    if s.retriever.auth_token_file:
-        cmd += ["--retriever-auth-token-file", s.retriever.auth_token_file]
-    if s.judge_url:
-        cmd += ["--judge-url", s.judge_url, "--judge-model", s.judge_model]
-    return cmd + (["--limit", s.limit] if s.limit else []) + s.sampling + s.extra
+def eval_command(run_dir: Path, s: Settings, folder: Path) -> list[str]:
+    """``python -m eval run`` of ``run_dir`` with the composed recipe, written to ``folder``."""
+    config = folder / "eval_recipe.yaml"
+    OmegaConf.save(s.config, config)
+    return [sys.executable, "-m", "eval", "run", "--run-dir", str(run_dir), "--config", str(config), *s.extra]
 
 
 def _wait(process: subprocess.Popen, timeout_s: float) -> int:
@@ -266,9 +207,9 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> int:
         return 124
 
 
-def evaluate(run_dir: Path, s: Settings, workers: list[subprocess.Popen]) -> int:
+def evaluate(run_dir: Path, s: Settings, workers: list[subprocess.Popen], folder: Path) -> int:
     """One ``python -m eval run``, or one per GPU with the first one's table printed at the end."""
-    cmd = eval_command(run_dir, s)
+    cmd = eval_command(run_dir, s, folder)
     if not s.gpus:
         print("+ " + " ".join(cmd), flush=True)
         workers.append(subprocess.Popen(cmd, cwd=REPO_ROOT))
@@ -336,7 +277,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="the recipe to compose (default: the run's saved recipe.yaml, else recipes/eval_sample.yaml: BM25 over the bundled sample)",
     )
     parser.add_argument(
-        "overrides", nargs="*", help="hydra overrides of the recipe's eval: and retriever: keys"
+        "overrides", nargs="*", help="hydra overrides of the recipe's keys (eval.*, retriever.*, ...)"
     )
     ours, extra = split_args(argv)
     return parser.parse_intermixed_args(ours), extra
@@ -371,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 except ProbeError as err:
                     raise EvalError(str(err), 1) from None
             try:
-                return evaluate(run_dir, settings, workers)
+                return evaluate(run_dir, settings, workers, Path(log_dir))
             finally:
                 for worker in workers:
                     stop_process(worker, 10)

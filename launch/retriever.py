@@ -1,10 +1,12 @@
 """The retriever a launcher starts, from the recipe's ``retriever:`` block (training and
 evaluation alike): :func:`setup_retriever` checks the block and builds the ``serve`` arguments
 (:func:`serve_args`); :class:`LocalRetriever` runs ``python -m search_env.retrieval serve`` in the
-background, its output appended to a log, and (training) restarts it when it exits."""
+background, its output appended to a log, and (training) restarts it when it exits;
+``python -m launch retriever RECIPE`` (:func:`main`) runs it in the foreground."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -15,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from launch.procs import exit_status, stop_process
+from launch.recipe import compose_recipe
 from search_env.paths import repo_path
 from search_env.retrieval.auth import AuthFileError, load_tokens
 
@@ -83,10 +87,12 @@ def serve_args(
     encoder: Path | None = None,
     nprobe: int | None = None,
     auth_token_file: str | None = None,
+    topk: int | None = None,
 ) -> list[str]:
     """``python -m search_env.retrieval`` arguments of a local retriever on 127.0.0.1:``port`` (``index``,
-    ``encoder`` and ``nprobe`` for the dense backend)."""
+    ``encoder`` and ``nprobe`` for the dense backend; ``topk``: its answer to a request naming none)."""
     args = ["serve", "--backend", backend, "--corpus", str(corpus), "--host", HOST, "--port", str(port)]
+    args += [] if topk is None else ["--topk", str(topk)]
     args += ["--gpu", gpu]
     if backend == "dense":
         args += ["--index", str(index), "--encoder", str(encoder)]
@@ -183,6 +189,7 @@ def setup_retriever(
         encoder,
         r.get("nprobe"),
         setup.auth_token_file,
+        r.get("top_k"),
     )
     setup.startup_s = int(r.get("startup_timeout_s") or setup.startup_s)
     setup.port = port
@@ -262,3 +269,44 @@ class LocalRetriever:
     def _forget_pid(self) -> None:
         if self.pid_path is not None:
             self.pid_path.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launch retriever RECIPE [overrides] [-- serve flags]``: the retriever the composed
+    recipe's ``retriever:`` block describes, in the foreground (Ctrl-C or SIGTERM stops it); 2 with
+    each setting to fix."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m launch retriever",
+        usage="python -m launch retriever RECIPE [overrides ...] [-- python -m search_env.retrieval serve flags ...]",
+        description="Serve the retriever a recipe's retriever: block describes (backend, corpus, index, "
+        "encoder, nprobe, top_k, port, gpu, auth_token_file) on 127.0.0.1:retriever.port; flags after -- "
+        "(e.g. --host ADDR, --max-batch N) go to the server.",
+    )
+    parser.add_argument(
+        "recipe", type=Path, help="e.g. recipes/f1_only_s44.yaml, or a run's saved recipe.yaml"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="hydra overrides, e.g. retriever.port=8001 retriever.gpu=on"
+    )
+    args = parser.parse_args(argv[:cut])
+    if not args.recipe.is_file():
+        print(f"error: recipe {args.recipe} not found", file=sys.stderr)
+        return 2
+    try:
+        retriever = compose_recipe(args.recipe, args.overrides).retriever
+    except (HydraException, ValueError) as err:  # ValueError: verl not installed
+        print(f"error: recipe {args.recipe} does not compose with {args.overrides}: {err}", file=sys.stderr)
+        return 2
+    problems: list[str] = []
+    setup = setup_retriever(retriever, problems)
+    if setup.external:
+        problems.append(f"retriever.urls={setup.urls} names running retrievers: pass retriever.urls=null")
+    if problems:
+        print("error: " + "".join(f"\n  - {problem}" for problem in problems), file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "search_env.retrieval", *setup.serve_args, *argv[cut + 1 :]]
+    print("+ " + " ".join(command), flush=True)
+    os.execv(sys.executable, command)
+    return 0  # not reached: exec replaces this process

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def positive_int(text: str) -> int:
@@ -11,3 +12,8 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def hydra_quoted(value: Any) -> str:
+    """``value`` as a hydra quoted string (commas, colons and slashes kept as they are)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+EVAL_RECIPE = REPO_ROOT / "recipes" / "eval_sample.yaml"
+"""The recipe an evaluation composes for a run folder without a saved recipe.yaml."""
 
 
 def repo_relative(path: str | Path) -> str:

@@ -13,7 +13,7 @@ import verl
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from verl.protocol import DataProto
 
 from search_env import protocol
@@ -77,11 +77,23 @@ def write_tool_config(
 
 def write_agent_loop_config(path: str | Path, **options: Any) -> Path:
     """Write an agent-loop YAML with the one ``search_agent`` loop (``SearchAgentLoop``), its
-    ``options`` as keyword arguments (e.g. ``max_turn_tokens``, ``stop_strings``); returns its path."""
+    ``options`` as keyword arguments (e.g. ``stop_strings``); returns its path."""
     loops = [{"name": "search_agent", "_target_": "search_env.agent_loop.SearchAgentLoop", **options}]
     path = Path(path)
     path.write_text(yaml.safe_dump(loops, sort_keys=False), encoding="utf-8")
     return path
+
+
+def compose_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+    """``path`` (a recipe, or a config composed before) composed as training composes it (verl's
+    config folder on the search path), then ``overrides`` (hydra syntax); struct mode off."""
+    path = Path(path).resolve()
+    searchpath = f"hydra.searchpath=[file://{VERL_CONFIG_DIR}]"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+        cfg = compose(config_name=path.stem, overrides=[searchpath, *overrides])
+    OmegaConf.set_struct(cfg, False)
+    return cfg
 
 
 def compose_rollout_config(
@@ -90,6 +102,8 @@ def compose_rollout_config(
     *,
     prompt_length: int = 1024,
     response_length: int = protocol.MAX_TOTAL_TOKENS,
+    max_turn_tokens: int = protocol.MAX_TURN_TOKENS,
+    max_total_tokens: int = protocol.MAX_TOTAL_TOKENS,
     agent_loop_config_path: str | Path = AGENT_LOOPS_YAML,
     overrides: Sequence[str] = (),
 ) -> DictConfig:
@@ -97,13 +111,15 @@ def compose_rollout_config(
 
     Sets the search agent loop, the ``qwen3_coder`` parser, 10 assistant turns, a tool-response
     cap that fits ``protocol.TOPK`` passages, the protocol's chat-template kwargs (thinking on), and the lengths given
-    (tokens). ``overrides`` are extra Hydra overrides (``key=value``), applied last.
+    (tokens: ``max_turn_tokens`` per assistant turn, ``max_total_tokens`` the whole sequence). ``overrides`` are extra Hydra overrides (``key=value``), applied last.
     """
     base = [
         f"actor_rollout_ref.model.path={Path(model_path).resolve()}",
         "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
         f"actor_rollout_ref.rollout.response_length={response_length}",
+        f"actor_rollout_ref.rollout.max_model_len={max_total_tokens}",
+        f"+actor_rollout_ref.rollout.custom.{protocol.TURN_TOKENS_KEY}={max_turn_tokens}",
         f"actor_rollout_ref.rollout.multi_turn.format={protocol.TOOL_FORMAT}",
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={protocol.MAX_ASSISTANT_TURNS}",
         f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={protocol.TOOL_RESPONSE_CHAR_CAP}",

@@ -21,11 +21,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.evaluate import ENV_ALIASES, quoted
+from launch.evaluate import ENV_ALIASES
 from launch.preflight import visible_gpus
 from launch.procs import stop_group
+from search_env.cli import hydra_quoted
 from search_env.paths import REPO_ROOT, repo_path, repo_relative
-from study.spec import Cell, Study, StudyError, axis_value, resolved
+from study.spec import Cell, Study, StudyError, resolved
 from study.store import (
     SPLITS,
     Layout,
@@ -149,8 +150,9 @@ def slots(jobs: int, port: int, gpus_per_cell: int | None, visible: list[str]) -
 
 def eval_overrides(study: Study, cell: Cell, split: str, out: Path, port: int) -> list[str]:
     """The overrides of ``python -m launch eval`` (its recipe: the cell's, with the cell's
-    overrides) for one split of a cell: suite, limit, results root, plan, backend; the retriever is
-    the cell's ``retriever:`` block, as in training, on ``port + 1``."""
+    overrides, so top-k, limits and the run's name are training's) for one split of a cell: suite,
+    limit, results root, plan, backend; the retriever is the cell's ``retriever:`` block, as in
+    training, on ``port + 1``."""
     spec = study.spec.eval
     world = resolved(cell, "launch.assets.world")
     suite = spec.test_suite if split == "test" else spec.val_suite
@@ -169,9 +171,9 @@ def eval_overrides(study: Study, cell: Cell, split: str, out: Path, port: int) -
     limit = spec.test_limit if split == "test" else spec.val_limit
     return [
         *cell.overrides,
-        f"eval.suite={quoted(str(suite))}",
+        f"eval.suite={hydra_quoted(suite)}",
         f"eval.limit={'null' if limit is None else limit}",
-        f"eval.out={quoted(str(out))}",
+        f"eval.out={hydra_quoted(out)}",
         f"eval.plan={spec.plan}",
         f"eval.backend={spec.backend}",
         f"retriever.port={port + 1}",
@@ -235,23 +237,9 @@ class Runner:
         if slot.gpus is not None:
             overrides.append(f"eval.gpus=[{slot.gpus}]")
         t0 = time.monotonic()
-        top_k = axis_value(cell, "top_k")
+        checkpoints = str((run_dir / "checkpoints").absolute())
         rc = self.stages.run(
-            [
-                sys.executable,
-                "-m",
-                "launch",
-                "eval",
-                str((run_dir / "checkpoints").absolute()),
-                "--recipe",
-                str(cell.recipe),
-                *overrides,
-                "--",
-                "--run-name",
-                cell.name,
-                "--top-k",
-                str(top_k),
-            ],
+            [sys.executable, "-m", "launch", "eval", checkpoints, "--recipe", str(cell.recipe), *overrides],
             {k: v for k, v in self.env.items() if k not in ENV_ALIASES},  # the cell's recipe decides
             run_dir / f"study_eval_{split}.log",
         )

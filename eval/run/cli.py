@@ -388,9 +388,9 @@ def prepare(args: argparse.Namespace) -> runner.EvalSetup:
 def main(argv: list[str] | None = None) -> int:
     """``python -m eval run ...``: 0 when every checkpoint was evaluated, 2 on bad settings, 1 when the
     run stopped (the error on stderr)."""
+    args = build_run_parser().parse_intermixed_args(argv)  # first: --help imports no verl
     from eval.run.backends import EngineSettings, make_backend  # heavy: verl/torch, only for run
 
-    args = build_run_parser().parse_intermixed_args(argv)
     try:
         setup = prepare(args)
         e = setup.recipe.eval

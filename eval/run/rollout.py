@@ -1,20 +1,23 @@
 """An evaluation's rollouts: their limits (a named preset of ``search_env.protocol.PRESETS``, or what
-the run trained with; docs/evaluation.md, "Rollout limits"), verl's composed config for them (greedy,
-or sampled) and the verl rows of its questions."""
+the run's recipe sets; docs/evaluation.md, "Rollout limits"), verl's rollout config for them (the
+run's recipe with the evaluation's own keys: :data:`EVAL_KEYS`) and the verl rows of its questions."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import yaml
+from omegaconf import DictConfig, OmegaConf
 
-from eval.run import checkpoints as ckpts
 from eval.run.suite import Question
 from search_env import protocol
-from search_env.paths import repo_path
+from search_env.paths import EVAL_RECIPE, repo_path
+
+ROLLOUT = "actor_rollout_ref.rollout"
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,15 @@ class Limits:
         return protocol.PRESETS[self.preset]
 
 
-def limits_for_preset(preset: str, config: dict[str, Any]) -> Limits:
-    """The limits of ``preset``: ``train`` reads the run's config (:func:`limits_from_config`),
-    ``study_eval`` takes the study's evaluation values. ValueError names ``--limits-preset``."""
+def limits_for_preset(preset: str, recipe: Any) -> Limits:
+    """The limits of ``preset``: ``train`` reads the run's recipe (:func:`limits_from_config`),
+    ``study_eval`` takes the study's evaluation values. ValueError names ``eval.limits.preset``."""
     if preset not in protocol.PRESETS:
-        raise ValueError(f"--limits-preset {preset!r} is unknown; use one of {sorted(protocol.PRESETS)}")
+        raise ValueError(
+            f"eval.limits.preset (--limits-preset) {preset!r} is unknown; use one of {sorted(protocol.PRESETS)}"
+        )
     if preset == protocol.TRAIN_PRESET.name:
-        return limits_from_config(config)
+        return limits_from_config(recipe)
     p = protocol.PRESETS[preset]
     return Limits(
         max_assistant_turns=p.max_assistant_turns,
@@ -51,25 +56,37 @@ def limits_for_preset(preset: str, config: dict[str, Any]) -> Limits:
     )
 
 
-def limits_from_config(config: dict[str, Any]) -> Limits:
-    """The rollout limits a run trained with (protocol defaults for whatever its config lacks)."""
+def limits_from_config(recipe: Any) -> Limits:
+    """The rollout limits a run's recipe (a DictConfig or a plain dict) sets, as training reads them:
+    the rollout's ``multi_turn.max_assistant_turns``, ``response_length`` and ``prompt_length``
+    (``data.max_*_length`` where the rollout's keys are absent) and the token limits its
+    ``search_agent`` reads (:func:`search_env.protocol.token_limits`); protocol defaults for
+    whatever it lacks."""
+    cfg = recipe if isinstance(recipe, DictConfig) else OmegaConf.create(recipe or {})
     found: dict[str, int] = {}
-    for field, key in (
-        ("max_assistant_turns", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns"),
-        ("response_length", "data.max_response_length"),
-        ("prompt_length", "data.max_prompt_length"),
+    for field, keys in (
+        ("max_assistant_turns", (f"{ROLLOUT}.multi_turn.max_assistant_turns",)),
+        ("response_length", (f"{ROLLOUT}.response_length", "data.max_response_length")),
+        ("prompt_length", (f"{ROLLOUT}.prompt_length", "data.max_prompt_length")),
     ):
-        value = ckpts.get_dotted(config, key)
+        values = [OmegaConf.select(cfg, key, throw_on_resolution_failure=False) for key in keys]
+        value = next((v for v in values if v is not None), None)
         if isinstance(value, int) and not isinstance(value, bool):
             found[field] = value
-    loops_path = ckpts.get_dotted(config, "actor_rollout_ref.rollout.agent.agent_loop_config_path")
-    loops_file = repo_path(loops_path) if isinstance(loops_path, str) else None
-    if loops_file is not None and loops_file.is_file():
-        for entry in yaml.safe_load(loops_file.read_text()) or []:
-            if isinstance(entry, dict) and entry.get("name") == "search_agent":
-                for field in ("max_turn_tokens", "max_total_tokens"):
-                    if isinstance(entry.get(field), int):
-                        found[field] = entry[field]
+    turn = OmegaConf.select(
+        cfg, f"{ROLLOUT}.custom.{protocol.TURN_TOKENS_KEY}", throw_on_resolution_failure=False
+    )
+    if isinstance(turn, int):
+        found["max_turn_tokens"], found["max_total_tokens"] = protocol.token_limits(
+            SimpleNamespace(
+                custom={protocol.TURN_TOKENS_KEY: turn},
+                prompt_length=found.get("prompt_length", Limits.prompt_length),
+                response_length=found.get("response_length", Limits.response_length),
+                max_model_len=OmegaConf.select(
+                    cfg, f"{ROLLOUT}.max_model_len", throw_on_resolution_failure=False
+                ),
+            )
+        )
     return Limits(**found)
 
 
@@ -84,9 +101,13 @@ def tool_and_loop_files(
     model_dir: Path,
     topk: int = protocol.TOPK,
     auth_token_file: str | None = None,
+    source: Path | None = None,
+    **options: Any,
 ) -> tuple[Path, Path]:
-    """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder;
-    the tool sends ``auth_token_file``'s bearer token (the YAML holds the path only)."""
+    """The tool and agent-loop YAML of one checkpoint's rollouts, written into its (locked) folder:
+    the tool YAML a copy of ``source`` (the recipe's, as training writes it) with the retrievers,
+    ``topk``, the preset's passage cap and ``options``; the tool sends ``auth_token_file``'s bearer
+    token (the YAML holds the path only)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,22 +119,36 @@ def tool_and_loop_files(
         folder / "tools.yaml",
         list(retriever_urls),
         topk=topk,
+        timeout=None if source else 30.0,  # a recipe's tool YAML keeps its own
         max_retries=None,  # tries bounded by retry_budget_s, as in training
         auth_token_file=auth_token_file,
+        source=source,
         **cap,
+        **options,
     )
     loops = verl_glue.write_agent_loop_config(
         folder / "agent_loops.yaml",
         mask_retrieved=True,
-        max_turn_tokens=limits.max_turn_tokens,
-        max_total_tokens=limits.max_total_tokens,
         stop_strings=list(rules.stop_strings),
         invalid_action=rules.invalid_action,
     )
     return tools, loops
 
 
+EVAL_KEYS = (
+    "actor_rollout_ref.model.path",
+    f"{ROLLOUT}.name",
+    f"{ROLLOUT}.val_kwargs",
+    f"{ROLLOUT}.multi_turn.tool_config_path",
+    f"{ROLLOUT}.multi_turn.max_tool_response_length",
+    f"{ROLLOUT}.agent.agent_loop_config_path",
+)
+"""The rollout keys evaluation sets over the run's recipe (the rest is the recipe's; the limits
+follow the recipe unless ``eval.limits`` names them)."""
+
+
 def rollout_config(
+    recipe: DictConfig | None,
     limits: Limits,
     retriever_urls: Sequence[str],
     backend: str,
@@ -123,31 +158,47 @@ def rollout_config(
     auth_token_file: str | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
-) -> Any:
-    """verl's composed config for protocol rollouts of ``model_dir`` (YAML files in ``folder``; the
-    search tool sends ``auth_token_file``'s bearer token): greedy at ``temperature`` 0 (the
-    default), else sampled at ``temperature`` and ``top_p`` (verl's ``val_kwargs``, which the
-    ``validate`` rollouts read; per-rollout seeds come from the backend)."""
+) -> DictConfig:
+    """verl's config for rollouts of ``model_dir``: the run's composed ``recipe`` (None: that of
+    recipes/eval_sample.yaml) with :data:`EVAL_KEYS` and ``limits`` set; the tool and agent-loop YAML
+    written into ``folder``. Greedy at ``temperature`` 0 (the default), else sampled at
+    ``temperature`` and ``top_p`` (verl's ``val_kwargs``, which the ``validate`` rollouts read;
+    per-rollout seeds come from the backend)."""
     from search_env import verl_glue  # heavy (verl, hydra): not on the report's import path
 
-    tools, loops = tool_and_loop_files(limits, retriever_urls, folder, model_dir, topk, auth_token_file)
-    return verl_glue.compose_rollout_config(
+    cfg = copy.deepcopy(recipe) if recipe is not None else verl_glue.compose_config(EVAL_RECIPE)
+    source = repo_path(OmegaConf.select(cfg, f"{ROLLOUT}.multi_turn.tool_config_path"))
+    budget = OmegaConf.select(cfg, "retriever.retry_budget_s")
+    tools, loops = tool_and_loop_files(
+        limits,
+        retriever_urls,
+        folder,
         model_dir,
-        tools,
-        prompt_length=limits.prompt_length,
-        response_length=limits.response_length,
-        agent_loop_config_path=loops,
-        overrides=[
-            f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={limits.max_assistant_turns}",
-            f"actor_rollout_ref.rollout.val_kwargs.temperature={temperature if temperature else 0}",
-            f"actor_rollout_ref.rollout.val_kwargs.top_p={top_p if temperature else 1.0}",
-            "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
-            f"actor_rollout_ref.rollout.val_kwargs.do_sample={'true' if temperature else 'false'}",
-            f"actor_rollout_ref.rollout.name={'vllm' if backend == 'vllm' else 'hf'}",
-            # a cap in tokens has no character bound: let verl's character cap never cut a passage
-            f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={TOOL_TEXT_CHAR_LIMIT}",
-        ],
+        topk,
+        auth_token_file,
+        source=source if source is not None and source.is_file() else None,
+        **({} if budget is None else {"retry_budget_s": budget}),
     )
+    values = {
+        "actor_rollout_ref.model.path": str(Path(model_dir).resolve()),
+        f"{ROLLOUT}.name": "vllm" if backend == "vllm" else "hf",
+        f"{ROLLOUT}.prompt_length": limits.prompt_length,
+        f"{ROLLOUT}.response_length": limits.response_length,
+        f"{ROLLOUT}.max_model_len": limits.max_total_tokens,
+        f"{ROLLOUT}.custom.{protocol.TURN_TOKENS_KEY}": limits.max_turn_tokens,
+        f"{ROLLOUT}.multi_turn.max_assistant_turns": limits.max_assistant_turns,
+        # a cap in tokens has no character bound: let verl's character cap never cut a passage
+        f"{ROLLOUT}.multi_turn.max_tool_response_length": TOOL_TEXT_CHAR_LIMIT,
+        f"{ROLLOUT}.multi_turn.tool_config_path": str(tools),
+        f"{ROLLOUT}.agent.agent_loop_config_path": str(loops),
+        f"{ROLLOUT}.val_kwargs.temperature": temperature if temperature else 0,
+        f"{ROLLOUT}.val_kwargs.top_p": top_p if temperature else 1.0,
+        f"{ROLLOUT}.val_kwargs.top_k": -1,
+        f"{ROLLOUT}.val_kwargs.do_sample": bool(temperature),
+    }
+    for key, value in values.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
 
 
 def to_verl_rows(questions: Sequence[Question], question_mark: bool = False) -> list[dict[str, Any]]:

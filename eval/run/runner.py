@@ -117,6 +117,9 @@ class EvalSetup:
     judge: JudgeConfig | None = None
     """The LLM judge that scores every non-screening summary's rows (``--judge-url``); its identity
     is ``eval_settings["judge"]``."""
+    recipe: Any = None
+    """The composed recipe the rollouts read (:func:`eval.run.rollout.rollout_config`; None: that of
+    recipes/eval_sample.yaml)."""
 
     @property
     def run_root(self) -> Path:
@@ -273,6 +276,7 @@ def _roll_out_rows(job: CheckpointJob, store: RowStore, todo: list[Unit]) -> Non
     model_dir = ckpts.materialize(ckpt, setup.run_root / "merged", job.fingerprint)
     backend = job.make_backend(
         rollout_config(
+            setup.recipe,
             setup.limits,
             setup.retriever_urls,
             setup.backend,

@@ -10,7 +10,6 @@ depend on the file's order. The formats and built-in names: docs/evaluation.md, 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,14 +30,10 @@ SAMPLE_SUITE = {
 samples, the full 125-row Bamboogle) for CPU demos and CI."""
 
 
-def data_dir() -> Path:
-    """Where ``python -m search_env.data`` wrote the suites (``$RLVR_DATA_DIR``, default data/parquet)."""
-    return Path(os.environ.get("RLVR_DATA_DIR", DEFAULT_DATA_DIR))
-
-
-def builtin_suites() -> dict[str, Path | dict[str, Path]]:
-    """Built-in suite names: ``test`` (the 7-benchmark suite), ``val`` (the validation split), ``samples``."""
-    return {"test": data_dir() / "suite", "val": data_dir() / "val.parquet", "samples": SAMPLE_SUITE}
+def builtin_suites(data_dir: Path = DEFAULT_DATA_DIR) -> dict[str, Path | dict[str, Path]]:
+    """Built-in suite names: ``test`` (the 7-benchmark suite), ``val`` (the validation split) under
+    ``data_dir`` (``eval.data_dir``: where ``python -m search_env.data`` wrote them), ``samples``."""
+    return {"test": data_dir / "suite", "val": data_dir / "val.parquet", "samples": SAMPLE_SUITE}
 
 
 @dataclass(frozen=True)
@@ -138,13 +133,15 @@ def _check_unique(benchmark: str, rows: list[Question], where: Path) -> list[Que
     return rows
 
 
-def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
+def read_suite(
+    spec: str | Path, data_dir: Path = DEFAULT_DATA_DIR
+) -> tuple[str, Path, dict[str, list[Question]]]:
     """(name, path, rows per benchmark) of a suite given as a built-in name, folder, jsonl or parquet file.
 
     A folder holds ``<benchmark>.jsonl`` files (or, with none, verl ``*.parquet`` files); a jsonl
     file is one benchmark named by its stem; a parquet file is grouped by ``data_source``.
     """
-    builtins = builtin_suites()
+    builtins = builtin_suites(data_dir)
     target: Path | dict[str, Path]
     if str(spec) in builtins and not Path(spec).exists():
         target = builtins[str(spec)]
@@ -152,7 +149,7 @@ def read_suite(spec: str | Path) -> tuple[str, Path, dict[str, list[Question]]]:
         if isinstance(target, Path) and not target.exists():
             raise ValueError(
                 f"--suite {spec}: {target} does not exist; write it with `python -m search_env.data "
-                f"{'suite' if spec == 'test' else 'val'} --source SRC --out {data_dir()}` or set RLVR_DATA_DIR"
+                f"{'suite' if spec == 'test' else 'val'} --source SRC --out {data_dir}` or set eval.data_dir"
             )
     else:
         target = Path(spec)
@@ -219,9 +216,10 @@ def load_suite(
     limit: int | None = None,
     seed: int = 0,
     benchmarks: list[str] | None = None,
+    data_dir: Path = DEFAULT_DATA_DIR,
 ) -> Suite:
     """Resolve and load a suite, optionally restricted to ``benchmarks`` and subsampled per benchmark."""
-    name, path, rows = read_suite(spec)
+    name, path, rows = read_suite(spec, data_dir)
     if benchmarks:
         unknown = sorted(set(benchmarks) - set(rows))
         if unknown:

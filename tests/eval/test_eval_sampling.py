@@ -207,18 +207,22 @@ def test_sampled_summary_needs_every_sample():
 
 
 def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
-    from eval.run.cli import build_run_parser
-    from launch.evaluate import DEFAULT_RECIPE, HELP, EvalError, eval_command, load_settings
+    from eval.run.cli import load_config
+    from launch.evaluate import DEFAULT_RECIPE, HELP, eval_command, load_settings
+
+    def settings_read(env: dict[str, str]):
+        """The ``eval:`` block ``python -m eval run`` reads from the recipe launch/eval.sh hands it."""
+        cmd = eval_command(tmp_path, load_settings(DEFAULT_RECIPE, [], env), tmp_path)
+        return load_config(tmp_path, Path(cmd[cmd.index("--config") + 1]), []).eval
 
     assert all(var in HELP for var in ("SAMPLES", "TEMPERATURE", "SAMPLE_SEED"))
     env = {"SAMPLES": "4", "TEMPERATURE": "0.7", "SAMPLE_SEED": "3", "RETRIEVER_URL": "http://127.0.0.1:9"}
-    cmd = eval_command(tmp_path, load_settings(DEFAULT_RECIPE, [], env))
-    args = build_run_parser().parse_args(cmd[cmd.index("run") + 1 :])
-    assert (args.samples, args.temperature, args.sample_seed, args.seed) == (4, 0.7, 3, None)
-    plain = eval_command(tmp_path, load_settings(DEFAULT_RECIPE, [], {"RETRIEVER_URL": env["RETRIEVER_URL"]}))
-    assert not {"--samples", "--temperature", "--sample-seed"} & set(plain)
-    with pytest.raises(EvalError, match="eval.samples must be a number"):
-        load_settings(DEFAULT_RECIPE, [], {**env, "SAMPLES": "four"})
+    e = settings_read(env)
+    assert (e.samples, e.temperature, e.sample_seed, e.seed) == (4, 0.7, 3, None)
+    e = settings_read({"RETRIEVER_URL": env["RETRIEVER_URL"]})
+    assert (e.samples, e.temperature, e.sample_seed) == (None, None, None)  # greedy
+    with pytest.raises(ValueError, match="eval.samples: Value 'four'"):
+        settings_read({**env, "SAMPLES": "four"})
 
 
 def test_vllm_requests_carry_the_seed_of_a_sampled_rollout():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import token_file
+from omegaconf import OmegaConf
 
 from launch import preflight, train
 from launch.evaluate import DEFAULT_RECIPE, EvalError, eval_command, load_settings, start_retriever
@@ -45,11 +46,12 @@ def test_eval_sh_hands_the_token_file_to_its_retriever_and_the_evaluation(tmp_pa
     assert settings.retriever.auth_token_file == str(token)  # absolute
     serve = settings.retriever.serve_args
     assert serve[serve.index("--auth-token-file") + 1] == str(token)
-    cmd = eval_command(tmp_path, settings)
-    assert cmd[cmd.index("--retriever-auth-token-file") + 1] == str(token)
+    cmd = eval_command(tmp_path, settings, tmp_path)
+    assert OmegaConf.load(cmd[cmd.index("--config") + 1]).retriever.auth_token_file == str(token)
     plain = load_settings(DEFAULT_RECIPE, _bm25(port), {})
     assert "--auth-token-file" not in plain.retriever.serve_args
-    assert "--retriever-auth-token-file" not in eval_command(tmp_path, plain)
+    cmd = eval_command(tmp_path, plain, tmp_path)
+    assert OmegaConf.load(cmd[cmd.index("--config") + 1]).retriever.auth_token_file is None
     retriever = start_retriever(settings, tmp_path)
     try:
         _requires_the_token(f"http://127.0.0.1:{port}", token)
