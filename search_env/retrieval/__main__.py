@@ -20,32 +20,14 @@ import sys
 from pathlib import Path
 
 from search_env.retrieval import DEFAULT_NPROBE, SAMPLE_CORPUS
+from search_env.retrieval.admission import is_loopback
 from search_env.retrieval.auth import AuthFileError, load_tokens
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.factory import GPU_CHOICES, build_retriever, index_on_gpu, use_gpu
+from search_env.retrieval.limits import BATCHING, LIMITS, add_flags, from_args
 from search_env.retrieval.prewarm import Prewarm, want_prewarm
 from search_env.retrieval.probe import ProbeError, probe
-from search_env.retrieval.server import (
-    DEFAULT_BODY_TIMEOUT_S,
-    DEFAULT_CACHE_BYTES,
-    DEFAULT_CACHE_ENTRIES,
-    DEFAULT_FAIR_BATCH_MS,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_HITS,
-    DEFAULT_MAX_QUERY_CHARS,
-    DEFAULT_MAX_QUEUED_PER_CLIENT,
-    DEFAULT_MAX_QUEUED_QUERIES,
-    DEFAULT_MAX_REFUSAL_RATE,
-    DEFAULT_MAX_WAIT_MS,
-    DEFAULT_STATS_INTERVAL_S,
-    DEFAULT_TOPK,
-    Limits,
-    create_app,
-    is_loopback,
-    serve,
-)
+from search_env.retrieval.server import create_app, serve
 from search_env.retrieval.worker import ProcessRetriever
 
 DEFAULT_FACTORY = "IVF4096,SQ8"
@@ -97,8 +79,28 @@ def _positive(kind: type, zero: bool = False) -> object:
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run the HTTP retrieval server")
     _serve_backend_flags(serve.add_argument_group("backend"))
-    _serve_batching_flags(serve.add_argument_group("address, batching and query cache"))
-    _serve_limit_flags(serve.add_argument_group("limits and authentication"))
+    address = serve.add_argument_group(BATCHING)
+    address.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1); another than loopback needs --auth-token-file",
+    )
+    address.add_argument("--port", type=int, default=8000)
+    limits = serve.add_argument_group(LIMITS)
+    add_flags({BATCHING: address, LIMITS: limits})
+    limits.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help="file of bearer tokens, one per line, mode 600: every POST must send `Authorization: Bearer "
+        "<token>` (401 otherwise); required to bind a non-loopback --host (docs/security.md)",
+    )
+    limits.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow a non-loopback --host without --auth-token-file (anyone who reaches the port can "
+        "search and shape the passages a training run reads)",
+    )
 
 
 def _serve_backend_flags(group: argparse._ArgumentGroup) -> None:
@@ -160,137 +162,6 @@ def _serve_backend_flags(group: argparse._ArgumentGroup) -> None:
         "competes with the encoder for the GIL) or in a thread of the server process (off)",
     )
     _gpu_flag(group, "serve")
-
-
-def _serve_batching_flags(group: argparse._ArgumentGroup) -> None:
-    """Where `serve` listens, how it batches queries, its query cache and its stats lines."""
-    group.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1); another than loopback needs --auth-token-file",
-    )
-    group.add_argument("--port", type=int, default=8000)
-    group.add_argument(
-        "--topk",
-        type=_positive(int),
-        default=DEFAULT_TOPK,
-        help=f"topk when a request omits it (default {DEFAULT_TOPK})",
-    )
-    group.add_argument(
-        "--max-batch",
-        type=_positive(int),
-        default=DEFAULT_MAX_BATCH,
-        help=f"most queries per backend call; 1 = no micro-batching (default {DEFAULT_MAX_BATCH})",
-    )
-    group.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=DEFAULT_MAX_WAIT_MS,
-        help=f"how long a non-full batch waits for more requests (default {DEFAULT_MAX_WAIT_MS:g} ms)",
-    )
-    group.add_argument(
-        "--cache-size",
-        type=int,
-        default=DEFAULT_CACHE_ENTRIES,
-        help="query cache: most (query, topk) answers kept, least recently used evicted first; 0 = off "
-        f"(default {DEFAULT_CACHE_ENTRIES})",
-    )
-    group.add_argument(
-        "--cache-max-mb",
-        type=_positive(float),
-        default=DEFAULT_CACHE_BYTES / 2**20,
-        help="query cache: memory bound in MiB (estimated bytes of the cached passages; default "
-        f"{DEFAULT_CACHE_BYTES / 2**20:g})",
-    )
-    group.add_argument(
-        "--stats-interval-s",
-        type=float,
-        default=DEFAULT_STATS_INTERVAL_S,
-        help="log queries, cache hit rate and batches every this many seconds (0 = never; default "
-        f"{DEFAULT_STATS_INTERVAL_S:g})",
-    )
-
-
-def _serve_limit_flags(group: argparse._ArgumentGroup) -> None:
-    """What `serve` refuses (sizes, queues, rates, connections, slow bodies) and who may ask."""
-    group.add_argument(
-        "--max-body-bytes",
-        type=_positive(int),
-        default=DEFAULT_MAX_BODY_BYTES,
-        help=f"largest request body; larger gets 413 (default {DEFAULT_MAX_BODY_BYTES})",
-    )
-    group.add_argument(
-        "--max-query-chars",
-        type=_positive(int),
-        default=DEFAULT_MAX_QUERY_CHARS,
-        help=f"most characters per query; longer gets 422 (default {DEFAULT_MAX_QUERY_CHARS})",
-    )
-    group.add_argument(
-        "--max-hits",
-        type=_positive(int),
-        default=DEFAULT_MAX_HITS,
-        help="most queries x topk per request, which bounds the answer's size; more gets 422 (default "
-        f"{DEFAULT_MAX_HITS}: a Search-R1 batch of 512 queries x topk 3 passes)",
-    )
-    group.add_argument(
-        "--max-queued-queries",
-        type=_positive(int),
-        default=DEFAULT_MAX_QUEUED_QUERIES,
-        help="most queries waiting for a search; a request that would pass it gets 429 with Retry-After "
-        f"(default {DEFAULT_MAX_QUEUED_QUERIES})",
-    )
-    group.add_argument(
-        "--max-queued-per-client",
-        type=_positive(int),
-        default=DEFAULT_MAX_QUEUED_PER_CLIENT,
-        help="most queries of one client (a token of --auth-token-file, else an IP address) waiting for a "
-        "search; its request that would pass it gets 429 with Retry-After, other clients are still "
-        f"admitted (default {DEFAULT_MAX_QUEUED_PER_CLIENT})",
-    )
-    group.add_argument(
-        "--fair-batch-ms",
-        type=_positive(float),
-        default=DEFAULT_FAIR_BATCH_MS,
-        help="while several clients are active, the most estimated search time of one batch (ms), "
-        "filled from the least recently served clients first, so a light client's request waits about "
-        f"two such batches behind a heavy one's backlog; one client alone gets full batches (default "
-        f"{DEFAULT_FAIR_BATCH_MS:g})",
-    )
-    group.add_argument(
-        "--max-refusal-rate",
-        type=_positive(float, zero=True),
-        default=DEFAULT_MAX_REFUSAL_RATE,
-        help="4xx answers per second to one client address (after a 2 s burst) before each further one "
-        f"is held up to 1 s, so a client repeating bad requests cannot busy the server (0 = off; default "
-        f"{DEFAULT_MAX_REFUSAL_RATE:g})",
-    )
-    group.add_argument(
-        "--max-connections",
-        type=_positive(int),
-        default=DEFAULT_MAX_CONNECTIONS,
-        help="most open connections or requests in flight; past it uvicorn answers 503 (default "
-        f"{DEFAULT_MAX_CONNECTIONS})",
-    )
-    group.add_argument(
-        "--body-timeout-s",
-        type=_positive(float),
-        default=DEFAULT_BODY_TIMEOUT_S,
-        help="seconds a request body may take to arrive; later gets 408 and the connection is closed "
-        f"(default {DEFAULT_BODY_TIMEOUT_S:g})",
-    )
-    group.add_argument(
-        "--auth-token-file",
-        type=Path,
-        default=None,
-        help="file of bearer tokens, one per line, mode 600: every POST must send `Authorization: Bearer "
-        "<token>` (401 otherwise); required to bind a non-loopback --host (docs/security.md)",
-    )
-    group.add_argument(
-        "--insecure-no-auth",
-        action="store_true",
-        help="allow a non-loopback --host without --auth-token-file (anyone who reaches the port can "
-        "search and shape the passages a training run reads)",
-    )
 
 
 def _index_layout_flags(parser: argparse.ArgumentParser, rows: str, chunk_size: int, chunk_help: str) -> None:
@@ -403,8 +274,7 @@ def serve_auth(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    if args.cache_size < 0:
-        raise SystemExit(f"--cache-size must be >= 0 (0 = off), got {args.cache_size}")
+    limits = from_args(args)
     tokens = serve_auth(args)
     prewarm = None
     if (
@@ -420,35 +290,17 @@ def cmd_serve(args: argparse.Namespace) -> None:
         retriever = build_retriever(args)
     if prewarm is not None:  # after the boot, whose own reads (libraries, encoder) it would slow
         prewarm.start()
-    app = create_app(
-        retriever,
-        default_topk=args.topk,
-        max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms,
-        max_body_bytes=args.max_body_bytes,
-        cache_entries=args.cache_size,
-        cache_bytes=int(args.cache_max_mb * 2**20),
-        stats_interval_s=args.stats_interval_s,
-        prewarm=prewarm,
-        limits=Limits(args.max_query_chars, args.max_hits),
-        max_queued_queries=args.max_queued_queries,
-        max_queued_per_client=args.max_queued_per_client,
-        fair_batch_ms=args.fair_batch_ms,
-        max_refusal_rate=args.max_refusal_rate,
-        body_timeout_s=args.body_timeout_s,
-        auth_tokens=tokens,
-        loopback=is_loopback(args.host),
-    )
+    app = create_app(retriever, limits, prewarm=prewarm, auth_tokens=tokens, loopback=is_loopback(args.host))
     logging.getLogger(__name__).info(
         "serving %s retriever over %d passages on http://%s:%d (query cache %s, %s)",
         args.backend,
         len(retriever.corpus),
         args.host,
         args.port,
-        f"{args.cache_size} entries / {args.cache_max_mb:g} MiB" if args.cache_size else "off",
+        f"{limits.cache_size} entries / {limits.cache_max_mb:g} MiB" if limits.cache_size else "off",
         f"bearer tokens from {args.auth_token_file}" if tokens else "no auth",
     )
-    serve(app, host=args.host, port=args.port, max_connections=args.max_connections)
+    serve(app, host=args.host, port=args.port)
 
 
 def _index_options(args: argparse.Namespace) -> dict:

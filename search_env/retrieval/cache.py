@@ -1,4 +1,5 @@
-"""LRU cache of recent answers: (query text, topk) -> the passages and scores the backend returned.
+"""LRU cache of recent answers: (client, query text, topk) -> the passages and scores the backend
+returned.
 
 GRPO sends every question to a group of rollouts at once, and their first searches are often the same
 string; the server answers repeats from here instead of encoding and searching them again. The cache
@@ -8,9 +9,10 @@ bytes value, objects the garbage collector never scans: a full cache of parsed h
 objects per answer, and a full collection over 65,536 answers paused the server ~100 ms. An answer
 larger than `max_bytes` on its own is not cached. Keys are the exact query text (no normalisation) and
 the requested topk: a different topk is a different key, because a top-3 list is not always the prefix
-of a top-5 list when scores tie.
+of a top-5 list when scores tie. Each client (a bearer token, else an IP address: the `tenant`) has
+its own answers, so no client can tell from the cache what another asked; the bounds are shared.
 
-Not thread-safe: the server uses it from its event loop only.
+Not thread-safe: the server uses it from its batch worker thread only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 Hit = tuple[dict, float]
@@ -33,8 +36,8 @@ def entry_bytes(key: str, blob: bytes) -> int:
     return ENTRY_OVERHEAD_BYTES + sys.getsizeof(key) + sys.getsizeof(blob)
 
 
-def _key(query: str, topk: int) -> str:
-    return f"{topk}:{query}"
+def _key(query: str, topk: int, tenant: Hashable) -> str:
+    return f"{tenant!r}\x00{topk}:{query}"
 
 
 @dataclass
@@ -72,10 +75,10 @@ class QueryCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, query: str, topk: int) -> list[Hit] | None:
-        """The cached hits (most recent use refreshed, counted in `stats.hits`), or None. A miss is not
-        counted: the caller counts a query as missed once it is searched (see `CacheStats`)."""
-        key = _key(query, topk)
+    def get(self, query: str, topk: int, tenant: Hashable = None) -> list[Hit] | None:
+        """`tenant`'s cached hits (most recent use refreshed, counted in `stats.hits`), or None. A miss
+        is not counted: the caller counts a query as missed once it is searched (see `CacheStats`)."""
+        key = _key(query, topk, tenant)
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -83,11 +86,12 @@ class QueryCache:
         self.stats.hits += 1
         return [(doc, score) for doc, score in json.loads(entry[0])]
 
-    def put(self, query: str, topk: int, hits: list[Hit]) -> None:
-        """Store `hits` for (query, topk), evicting least recently used answers until both bounds hold."""
+    def put(self, query: str, topk: int, hits: list[Hit], tenant: Hashable = None) -> None:
+        """Store `hits` for (tenant, query, topk), evicting least recently used answers until both
+        bounds hold."""
         if not self.enabled:
             return
-        key = _key(query, topk)
+        key = _key(query, topk, tenant)
         blob = json.dumps(hits, ensure_ascii=False).encode("utf-8")
         size = entry_bytes(key, blob)
         if size > self.max_bytes:

@@ -8,9 +8,9 @@ import tracemalloc
 import pytest
 
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.batcher import MicroBatcher
 from search_env.retrieval.cache import QueryCache, entry_bytes
 from search_env.retrieval.corpus import Corpus
-from search_env.retrieval.server import MicroBatcher
 
 
 def _hits(corpus: Corpus, first: int, k: int) -> list:
@@ -36,7 +36,7 @@ def test_replacing_an_entry_keeps_the_byte_count_exact() -> None:
     cache.put("q", 1, large)
     assert len(cache) == 1 and cache.bytes == small_bytes + 4999
     cache.put("q", 1, small)
-    assert cache.bytes == small_bytes == entry_bytes("1:q", b'[[{"id": "1", "contents": "x"}, 1.0]]')
+    assert cache.bytes == small_bytes == entry_bytes("None\x001:q", b'[[{"id": "1", "contents": "x"}, 1.0]]')
 
 
 def test_cached_answers_come_back_equal_and_are_never_scanned_by_the_garbage_collector() -> None:
@@ -160,7 +160,7 @@ def test_without_cache_every_query_is_searched() -> None:
 
 
 def test_hit_rate_is_logged_per_interval(caplog) -> None:
-    from search_env.retrieval.server import log_stats_every
+    from search_env.retrieval.batcher import log_stats_every
 
     calls: list = []
     batcher = MicroBatcher(_recording_search(calls), 256, 5, QueryCache(100, 10**7))
@@ -171,7 +171,7 @@ def test_hit_rate_is_logged_per_interval(caplog) -> None:
         await asyncio.sleep(0.3)  # one interval with traffic
         logger.cancel()
 
-    with caplog.at_level("INFO", logger="search_env.retrieval.server"):
+    with caplog.at_level("INFO", logger="search_env.retrieval.batcher"):
         _run(batcher, traffic)
     (line,) = [r.getMessage() for r in caplog.records if "cache hits" in r.getMessage()]
     assert "5 queries" in line and "cache hits 3 / misses 2 (hit rate 60.0%)" in line

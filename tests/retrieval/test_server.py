@@ -11,10 +11,12 @@ import pytest
 
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.backend import Retriever
+from search_env.retrieval.batcher import MicroBatcher
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.limits import MAX_QUERIES
 from search_env.retrieval.process import spawn_server
-from search_env.retrieval.server import MAX_QUERIES, MicroBatcher, create_app
+from search_env.retrieval.server import create_app
 
 NQ_QUESTIONS = "assets/eval_samples/flashrag-quickstart/nq_test.jsonl"
 
@@ -382,7 +384,7 @@ def test_30mb_body_from_httpx_gets_the_413_json_and_the_connection_is_reused(ser
 def _guard_call(guard_kwargs: dict, messages, headers: list[tuple[bytes, bytes]]) -> tuple[list[dict], int]:
     """Run JsonBodyGuard over an ASGI POST whose body comes from the async iterator `messages`;
     returns what it sent and how many receive() calls it made."""
-    from search_env.retrieval.server import JsonBodyGuard
+    from search_env.retrieval.admission import JsonBodyGuard
 
     async def app(scope, receive, send):  # pragma: no cover - an oversized body never reaches the app
         raise AssertionError("the app must not see an oversized body")

@@ -1,7 +1,8 @@
 """The retrieval server's bearer-token auth and what `/health` shows (issue #41; security review M4):
 a real `python -m search_env.retrieval serve --auth-token-file` on loopback, the start-up refusals (a token
 file others can read, a non-loopback bind without a token), and `/health` without paths or PIDs
-for callers the server does not trust."""
+for callers the server does not trust (nor traffic or cache counters; each token its own cache:
+security review 3 N10)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -18,10 +20,11 @@ import pytest
 
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.__main__ import serve_auth
+from search_env.retrieval.admission import is_loopback
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.process import free_port, spawn_server
-from search_env.retrieval.server import create_app, is_loopback, public_health
+from search_env.retrieval.server import HIDDEN_HEALTH_KEYS, create_app, public_health
 
 TOKEN = "s3cret-token-for-the-auth-tests-0123456789"
 GOOD = {"queries": ["Evan Morris lobbyist"], "topk": 1}
@@ -50,7 +53,7 @@ def token_server(tmp_path_factory):
         "--corpus",
         str(SAMPLE_CORPUS),
         "--auth-token-file",
-        str(_token_file(folder)),
+        str(_token_file(folder, text=f"# retriever\n{TOKEN}\n{'b' * 32}\n")),
     ]
     with spawn_server(serve, startup_timeout_s=60, log_path=folder / "server.log") as server:
         yield server
@@ -71,7 +74,7 @@ def test_every_post_needs_a_valid_bearer_token(token_server, path: str, body: di
     assert httpx.post(url, json=body, headers=_bearer(TOKEN)).status_code == 200
 
 
-def test_health_answers_without_a_token_but_shows_no_paths_or_pids(token_server) -> None:
+def test_health_answers_without_a_token_but_shows_no_paths_pids_or_counters(token_server) -> None:
     public = httpx.get(f"{token_server.url}/health")
     assert public.status_code == 200
     doc = public.json()
@@ -83,7 +86,24 @@ def test_health_answers_without_a_token_but_shows_no_paths_or_pids(token_server)
     assert wrong == {**doc, "uptime_s": wrong["uptime_s"]}
     full = httpx.get(f"{token_server.url}/health", headers=_bearer(TOKEN)).json()
     assert full["corpus"] == str(SAMPLE_CORPUS) and isinstance(full["search_process"], int)
-    assert {k for k in full if k not in doc} == {"search_process"}
+    assert {k for k in full if k not in doc} == HIDDEN_HEALTH_KEYS  # pids, traffic and cache counters
+
+
+def test_one_tokens_cache_tells_nothing_of_anothers_queries(token_server) -> None:
+    """Security review 3 N10: token B repeating what token A asked is searched again, not a hit."""
+    url, other = token_server.url, "b" * 32
+
+    def counters() -> tuple[int, int]:
+        doc = httpx.get(f"{url}/health", headers=_bearer(TOKEN)).json()
+        return doc["cache"]["hits"], doc["queries_searched"]
+
+    query = {"queries": [f"tenant probe {time.time()}"], "topk": 2}
+    assert httpx.post(f"{url}/retrieve", json=query, headers=_bearer(TOKEN)).status_code == 200
+    hits, searched = counters()
+    assert httpx.post(f"{url}/retrieve", json=query, headers=_bearer(other)).status_code == 200
+    assert counters() == (hits, searched + 1)  # B's own miss
+    assert httpx.post(f"{url}/retrieve", json=query, headers=_bearer(TOKEN)).status_code == 200
+    assert counters() == (hits + 1, searched + 1)  # A's own hit
 
 
 def test_a_token_file_others_can_read_refuses_to_start(tmp_path) -> None:
@@ -125,7 +145,8 @@ def test_public_health_cuts_paths_and_drops_pids() -> None:
         "search_process": 4242,
         "index_placement": "cpu (--gpu auto/off: the index stays on CPU)",
         "prewarm": "failed: [Errno 2] No such file or directory: '/scratch/alice/e5.index'",
-        "cache": {"enabled": True, "note": "see /tmp/x/y.log"},
+        "cache": {"enabled": True, "hits": 10043},
+        "nested": {"enabled": True, "note": "see /tmp/x/y.log"},
         "corpus_size": 21015324,
     }
     assert public_health(doc) == {
@@ -133,7 +154,7 @@ def test_public_health_cuts_paths_and_drops_pids() -> None:
         "encoder": "e5-base-v2",
         "index_placement": "cpu (--gpu auto/off: the index stays on CPU)",
         "prewarm": "failed: [Errno 2] No such file or directory: 'e5.index'",
-        "cache": {"enabled": True, "note": "see y.log"},
+        "nested": {"enabled": True, "note": "see y.log"},
         "corpus_size": 21015324,
     }
 

@@ -8,6 +8,7 @@ dense test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -17,12 +18,15 @@ import httpx
 import numpy as np
 import pytest
 
-from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval import server as server_module
+from search_env.retrieval import SAMPLE_CORPUS, admission, answers
+from search_env.retrieval import batcher as batcher_module
+from search_env.retrieval.admission import Overloaded, Refused
 from search_env.retrieval.backend import Retriever
+from search_env.retrieval.batcher import BackendFailure, MicroBatcher
 from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.limits import Limits
 from search_env.retrieval.process import spawn_server
-from search_env.retrieval.server import BackendFailure, Limits, MicroBatcher, Overloaded, create_app
+from search_env.retrieval.server import create_app
 
 GOOD = {"queries": ["Evan Morris lobbyist"], "topk": 2}
 WAIT_S = 30.0
@@ -55,9 +59,9 @@ def tiny_bert(tmp_path_factory):
     return build_tiny_encoder(tmp_path_factory.mktemp("tiny-bert") / "bert", hidden_size=32)
 
 
-def _in_process(check, retriever: Retriever | None = None, **app_options) -> None:
-    """Run `await check(client, app)` against create_app(retriever, **app_options) in process."""
-    app = create_app(retriever or _Stub(), **app_options)
+def _in_process(check, retriever: Retriever | None = None, loopback: bool = True, **limits) -> None:
+    """Run `await check(client, app)` against create_app(retriever, Limits(**limits)) in process."""
+    app = create_app(retriever or _Stub(), Limits(**limits), loopback=loopback)
 
     async def run() -> None:
         transport = httpx.ASGITransport(app=app)
@@ -134,7 +138,7 @@ def test_a_query_longer_than_max_query_chars_gets_422_naming_the_flag() -> None:
         )
         _refused(await client.post("/search", json={"query": "y" * 65}), 422, "query", "--max-query-chars")
 
-    _in_process(check, limits=Limits(max_query_chars=64))
+    _in_process(check, max_query_chars=64)
 
 
 def test_the_default_query_limit_is_4096_characters() -> None:
@@ -189,12 +193,7 @@ def test_queries_times_topk_over_max_hits_gets_422_and_a_search_r1_batch_passes(
 def test_past_max_queued_queries_a_request_gets_429_with_retry_after() -> None:
     stub = _Stub()
     stub.gate.clear()
-
-    async def wait_for(condition) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not condition():
-            assert time.monotonic() < deadline, "condition not reached"
-            await asyncio.sleep(0.01)
+    wait_for = _wait_for
 
     async def check(client: httpx.AsyncClient, app) -> None:
         batcher = app.state.batcher
@@ -224,18 +223,18 @@ def test_a_request_larger_than_the_queue_bound_is_taken_when_it_is_alone() -> No
     asyncio.run(run())
     with pytest.raises(ValueError, match="--max-queued-queries"):
         MicroBatcher(lambda qs, k: [], 4, 0, max_queued=0)
-    assert issubclass(Overloaded, server_module.Refused)
+    assert issubclass(Overloaded, Refused)
 
 
 def test_answers_are_serialised_off_the_event_loop(monkeypatch) -> None:
     threads: list[str] = []
-    encode = server_module.encode_json
+    encode = answers.encode_json
 
     def recording(payload: object) -> bytes:
         threads.append(threading.current_thread().name)
         return encode(payload)
 
-    monkeypatch.setattr(server_module, "encode_json", recording)
+    monkeypatch.setattr(answers, "encode_json", recording)
 
     async def check(client: httpx.AsyncClient, _) -> None:
         loop_thread = threading.current_thread().name
@@ -361,28 +360,6 @@ def test_a_foreign_host_header_is_refused_on_a_real_socket(bm25_server) -> None:
     assert httpx.post(f"{bm25_server.url}/retrieve", json=GOOD).status_code == 200
 
 
-def test_past_max_connections_new_requests_get_503(tmp_path) -> None:
-    serve = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--max-connections", "3"]
-
-    def health_status() -> int:
-        return httpx.get(f"{server.url}/health", timeout=WAIT_S).status_code
-
-    def wait_status(status: int) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while health_status() != status:
-            assert time.monotonic() < deadline, f"/health never answered {status}"
-            time.sleep(0.05)
-
-    with spawn_server(serve, startup_timeout_s=60, log_path=tmp_path / "server.log") as server:
-        held = [socket.create_connection(_address(server.url), timeout=WAIT_S) for _ in range(3)]
-        try:
-            wait_status(503)  # three idle connections hold the limit
-        finally:
-            for sock in held:
-                sock.close()
-        wait_status(200)
-
-
 def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, tiny_bert) -> None:
     """The review's M1 reproduction: tiny local BERT + a real faiss index (the dense retriever in this
     process); a lone-surrogate request sent with concurrent good requests (batched together: 200 ms
@@ -408,7 +385,7 @@ def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, 
         health = (await client.get("/health")).json()
         assert health["status"] == "healthy" and health["queries_served"] == 4
 
-    _in_process(check, retriever, max_wait_ms=200, cache_entries=0)
+    _in_process(check, retriever, max_wait_ms=200, cache_size=0)
 
 
 # ---------------------------------------------------------------- fairness between clients (#41 flood)
@@ -557,26 +534,26 @@ def test_usage_halves_every_half_life() -> None:
     batcher = MicroBatcher(_Recorder(), max_batch=8, max_wait_ms=0)
     batcher._charge("a", 64, now=100.0)
     assert batcher.usage("a", 100.0) == 64
-    assert batcher.usage("a", 100.0 + server_module.USAGE_HALF_LIFE_S) == pytest.approx(32)
+    assert batcher.usage("a", 100.0 + batcher_module.USAGE_HALF_LIFE_S) == pytest.approx(32)
     assert batcher.usage("b", 100.0) == 0
 
 
 def test_refusals_past_the_rate_are_held_up_to_retry_after_per_address(monkeypatch) -> None:
-    throttle = server_module.RefusalThrottle(app=None, rate=10.0)  # burst: 2 s x 10 = 20 refusals
+    throttle = admission.RefusalThrottle(app=None, rate=10.0)  # burst: 2 s x 10 = 20 refusals
     delays = [throttle.delay("10.0.0.1", 0.0) for _ in range(20)]
     assert delays == [0.0] * 20
     held = [throttle.delay("10.0.0.1", 0.0) for _ in range(15)]
     assert held[0] == pytest.approx(0.1) and held == sorted(held)  # debt grows: 0.1, 0.2, ... s
-    assert max(held) == server_module.RETRY_AFTER_S  # never longer than Retry-After
+    assert max(held) == admission.RETRY_AFTER_S  # never longer than Retry-After
     assert throttle.delay("10.0.0.2", 0.0) == 0.0  # another address has its own allowance
     assert throttle.delay("10.0.0.1", 60.0) == 0.0  # a quiet spell restores the allowance
-    monkeypatch.setattr(server_module, "MAX_TRACKED_ADDRESSES", 2)
-    small = server_module.RefusalThrottle(app=None, rate=10.0)
+    monkeypatch.setattr(admission, "MAX_TRACKED_ADDRESSES", 2)
+    small = admission.RefusalThrottle(app=None, rate=10.0)
     for address in ("10.1.0.1", "10.1.0.2", "10.1.0.1", "10.1.0.3"):
         small.delay(address, 0.0)
     assert list(small._allowance) == ["10.1.0.1", "10.1.0.3"]  # bounded: the least recently refused goes
     with pytest.raises(ValueError, match="--max-refusal-rate"):
-        server_module.RefusalThrottle(app=None, rate=-1)
+        admission.RefusalThrottle(app=None, rate=-1)
 
 
 def test_a_client_repeating_bad_requests_is_slowed_but_good_requests_are_not() -> None:
@@ -650,62 +627,99 @@ def test_a_cancelled_request_leaves_the_queue_before_its_queries_are_searched() 
     assert recorder.calls == [["first"], ["stays"]]
 
 
-def test_per_client_bound_on_a_real_server_keys_clients_by_token_and_drops_disconnected_requests() -> None:
-    """uvicorn on a loopback socket, in process (the stub's search is gated): two tokens are two
-    clients; a request whose client hangs up while queued is never searched."""
+async def _wait_for(condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def _on_loopback(app, limits: Limits, stub: _Stub):
+    """uvicorn serving `app` in this process on a free loopback port with `limits`' connection
+    options (as `serve` runs it); yields an httpx client of it; on exit the stub's gate is opened
+    and the server stopped."""
     import uvicorn
 
     from search_env.retrieval.process import free_port
+    from search_env.retrieval.server import uvicorn_options
 
+    port = free_port()
+    options = uvicorn_options(limits)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+    serving = asyncio.create_task(server.serve())
+    await _wait_for(lambda: server.started)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as client:
+            yield client
+    finally:
+        stub.gate.set()
+        server.should_exit = True
+        await asyncio.wait_for(serving, WAIT_S)
+
+
+def test_per_client_bound_on_a_real_server_keys_clients_by_token_and_drops_disconnected_requests() -> None:
+    """uvicorn on a loopback socket, in process (the stub's search is gated): two tokens are two
+    clients; a request whose client hangs up while queued is never searched."""
     stub, searched = _Stub(), []
     stub.gate.clear()
     search_rows = stub.search_rows
     stub.search_rows = lambda qs, k: (searched.extend(qs), search_rows(qs, k))[1]  # type: ignore[method-assign]
-    app = create_app(stub, max_wait_ms=0, auth_tokens=["tok-a", "tok-b"], max_queued_per_client=3)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    limits = Limits(max_wait_ms=0, max_queued_per_client=3)
+    app = create_app(stub, limits, auth_tokens=["tok-a", "tok-b"])
     a, b = ({"Authorization": f"Bearer {t}"} for t in ("tok-a", "tok-b"))
 
-    async def wait_for(condition) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not condition():
-            assert time.monotonic() < deadline, "condition not reached"
-            await asyncio.sleep(0.01)
+    async def run() -> None:
+        batcher = app.state.batcher
+        async with _on_loopback(app, limits, stub) as client:
+            first = asyncio.create_task(client.post("/retrieve", json={"queries": ["q1"]}, headers=a))
+            await _wait_for(lambda: batcher.busy)
+            second = asyncio.create_task(client.post("/retrieve", json={"queries": ["q2", "q3"]}, headers=a))
+            await _wait_for(lambda: batcher._queued_queries == 2)
+            refused = await client.post("/retrieve", json={"queries": ["q4", "q5"]}, headers=a)
+            _refused(refused, 429, None, "--max-queued-per-client 3")
+            assert refused.headers["retry-after"] == "1"
+            other = asyncio.create_task(client.post("/retrieve", json={"queries": ["b1"]}, headers=b))
+            await _wait_for(lambda: batcher._queued_queries == 3)
+            body = json.dumps({"queries": ["hung 1", "hung 2"]}).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", client.base_url.port)
+            writer.write(
+                f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-b\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            await _wait_for(lambda: batcher._queued_queries == 5)
+            writer.close()  # hangs up while its queries are queued
+            await _wait_for(lambda: batcher._queued_queries == 3)
+            stub.gate.set()
+            assert [(await t).status_code for t in (first, second, other)] == [200, 200, 200]
+        assert sorted(searched) == ["b1", "q1", "q2", "q3"]
+
+    asyncio.run(run())
+
+
+def test_cached_answers_count_against_the_per_client_bound_on_a_real_server() -> None:
+    """Security review 3 N3: a warm cache no longer skips the queue: a client's cached queries wait
+    their turn in the batches, count against --max-queued-per-client and get its 429."""
+    stub = _Stub()
+    limits = Limits(max_wait_ms=0, max_queued_per_client=3)
+    app = create_app(stub, limits)
+    hot = {"queries": ["hot", "hot"], "topk": 2}
 
     async def run() -> None:
-        serving = asyncio.create_task(server.serve())
-        await wait_for(lambda: server.started)
         batcher = app.state.batcher
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=WAIT_S) as client:
-                first = asyncio.create_task(client.post("/retrieve", json={"queries": ["q1"]}, headers=a))
-                await wait_for(lambda: batcher.busy)
-                second = asyncio.create_task(
-                    client.post("/retrieve", json={"queries": ["q2", "q3"]}, headers=a)
-                )
-                await wait_for(lambda: batcher._queued_queries == 2)
-                refused = await client.post("/retrieve", json={"queries": ["q4", "q5"]}, headers=a)
-                _refused(refused, 429, None, "--max-queued-per-client 3")
-                assert refused.headers["retry-after"] == "1"
-                other = asyncio.create_task(client.post("/retrieve", json={"queries": ["b1"]}, headers=b))
-                await wait_for(lambda: batcher._queued_queries == 3)
-                body = json.dumps({"queries": ["hung 1", "hung 2"]}).encode()
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(
-                    f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer tok-b\r\n"
-                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-                await wait_for(lambda: batcher._queued_queries == 5)
-                writer.close()  # hangs up while its queries are queued
-                await wait_for(lambda: batcher._queued_queries == 3)
-                stub.gate.set()
-                assert [(await t).status_code for t in (first, second, other)] == [200, 200, 200]
-            assert sorted(searched) == ["b1", "q1", "q2", "q3"]
-        finally:
+        async with _on_loopback(app, limits, stub) as client:
+            assert (await client.post("/retrieve", json=hot)).status_code == 200  # the cache is warm
+            searched = batcher.stats.searched
+            stub.gate.clear()
+            first = asyncio.create_task(client.post("/retrieve", json={"queries": ["q1"]}))
+            await _wait_for(lambda: batcher.busy)
+            cached = asyncio.create_task(client.post("/retrieve", json=hot))
+            await _wait_for(lambda: batcher._queued_queries == 2)  # queued like any other query
+            _refused(await client.post("/retrieve", json=hot), 429, None, "--max-queued-per-client 3")
             stub.gate.set()
-            server.should_exit = True
-            await asyncio.wait_for(serving, WAIT_S)
+            assert [(await t).status_code for t in (first, cached)] == [200, 200]
+            assert batcher.stats.searched == searched + 1  # only q1: the cached ones from the cache
 
     asyncio.run(run())

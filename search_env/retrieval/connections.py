@@ -1,0 +1,122 @@
+"""Connection-level limits of the retrieval server, as a subclass of uvicorn's h11 protocol
+(`guarded_protocol`): at most --max-connections-per-client open connections per IP address, a
+deadline for each complete request head (--header-timeout-s) and a write deadline
+(--write-timeout-s). uvicorn's and h11's own limits do the rest: --max-connections
+(`limit_concurrency`), --keep-alive-timeout-s (`timeout_keep_alive`), --max-header-bytes
+(`h11_max_incomplete_event_size`). Mechanisms: docs/security.md ("Connections").
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.utils import get_remote_addr
+
+from search_env.retrieval.admission import error_body
+from search_env.retrieval.limits import RETRY_AFTER_S, Limits
+
+
+class ConnectionTable:
+    """Open connections per client IP address, at most `per_client` each."""
+
+    def __init__(self, per_client: int) -> None:
+        self.per_client = per_client
+        self.open: dict[str, int] = {}
+
+    def admit(self, address: str) -> bool:
+        """Count one more connection of `address`, unless it already has `per_client` open."""
+        if self.open.get(address, 0) >= self.per_client:
+            return False
+        self.open[address] = self.open.get(address, 0) + 1
+        return True
+
+    def release(self, address: str) -> None:
+        left = self.open[address] - 1
+        if left:
+            self.open[address] = left
+        else:
+            del self.open[address]
+
+
+def refusal(per_client: int) -> bytes:
+    """The 503 written to a connection past --max-connections-per-client, before it is closed."""
+    body = error_body(
+        f"this address already has --max-connections-per-client {per_client} connections open; reuse "
+        "them (keep-alive) or close some",
+        None,
+    )
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {RETRY_AFTER_S}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def guarded_protocol(limits: Limits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the per-address cap, the head deadline and the write deadline of
+    `limits` (one `ConnectionTable` per call: pass the class to one server)."""
+    table = ConnectionTable(limits.max_connections_per_client)
+    refused = refusal(limits.max_connections_per_client)
+
+    class GuardedH11Protocol(H11Protocol):
+        """A connection of one server; see the module docstring."""
+
+        address: str | None = None
+        """The peer's IP address once admitted (None: refused, or not yet connected)."""
+        head_timer: asyncio.TimerHandle | None = None
+        write_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            peer = get_remote_addr(transport)
+            address = peer[0] if peer else ""
+            if not table.admit(address):
+                transport.write(refused)
+                transport.close()
+                return
+            self.address = address
+            super().connection_made(transport)
+            self._await_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.address is None:
+                return
+            table.release(self.address)
+            self.address = None
+            for timer in (self.head_timer, self.write_timer):
+                if timer is not None:
+                    timer.cancel()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self.address is not None:
+                super().data_received(data)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.head_timer is not None and self.cycle is not None and not self.cycle.response_complete:
+                self.head_timer.cancel()  # a request head is complete
+                self.head_timer = None
+
+        def on_response_complete(self) -> None:
+            if not self.transport.is_closing():
+                self._await_head()  # first: a pipelined request's head, handled below, cancels it
+            super().on_response_complete()
+
+        def _await_head(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+            self.head_timer = self.loop.call_later(limits.header_timeout_s, self.transport.close)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.write_timer is None:
+                self.write_timer = self.loop.call_later(limits.write_timeout_s, self.transport.abort)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.write_timer is not None:
+                self.write_timer.cancel()
+                self.write_timer = None
+
+    return GuardedH11Protocol
