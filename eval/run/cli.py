@@ -24,7 +24,8 @@ from eval.run.rollout import limits_for_preset
 from eval.run.settings import FULL, SEQUENTIAL, Sampling, eval_settings, judge_setting
 from eval.run.suite import load_suite
 from eval.run.summary import format_table
-from reward_fns.judge import PROMPT_VERSION, JudgeConfig
+from reward_fns.judge import JudgeConfig
+from reward_fns.judge_prompt import PROMPT_VERSION
 from reward_fns.shapes import SHAPES
 from search_env.cli import hydra_quoted, positive_int
 from search_env.paths import EVAL_RECIPE, REPO_ROOT, repo_path
@@ -89,7 +90,7 @@ class EvalKeys:
     val_results: str | None = None
     judge: JudgeKeys = field(default_factory=JudgeKeys)
     gpus: Any = None
-    retriever_gpu: Any = "on"
+    retriever_gpu: Any = True  # YAML's `on`: the index on the GPU(s) where it fits
     timeout_s: float = 0
 
 
@@ -120,6 +121,8 @@ ALIASES: dict[str, tuple[str, Any, str | None]] = {
     "--val-results": ("eval.val_results", str, None),
     "--judge-url": ("eval.judge.url", str, None),
     "--judge-model": ("eval.judge.model", str, None),
+    "--judge-concurrency": ("eval.judge.concurrency", positive_int, None),
+    "--judge-max-tokens": ("eval.judge.max_tokens", positive_int, None),
     "--retriever-url": ("retriever.urls", str, "+"),
     "--retriever-auth-token-file": ("retriever.auth_token_file", str, None),
 }
