@@ -72,8 +72,10 @@ class BatchStats:
 
 
 class MicroBatcher:
-    """Collects concurrent `submit` calls into batches for `search_fn`, run in one worker thread, and
-    answers repeated (query, topk) pairs from `cache` (see the module docstring).
+    """Collects concurrent `submit` calls into batches, answered in one worker thread: each query
+    from `cache` (per client) when it holds it, the rest by one call of `search_fn`. Cached queries
+    queue, count against the bounds and share batches like searched ones; a batch's time, cache
+    look-ups included, adapts the shared batch.
 
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
     own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside). When a batch's search
@@ -88,9 +90,10 @@ class MicroBatcher:
     starves). The others each get an equal share, then what is left goes to the smallest backlogs
     first; each client's queries in arrival order (a request may be split over batches). So a light
     client's request waits about one short batch behind a heavy client's backlog.
-    max_queued: most queries waiting for a search; max_queued_per_client: most of one client's. A
+    max_queued: most queries waiting for a batch; max_queued_per_client: most of one client's. A
     request that would pass either while others (of that client) wait is refused with `Overloaded`
-    naming the flag (past the per-client bound after waiting up to `RETRY_AFTER_S` for room) (None = no bound; a request alone in the queue is always taken). A request whose
+    naming the flag (past the per-client bound after waiting up to `RETRY_AFTER_S` for room; None =
+    no bound; a request alone in the queue is always taken). A request whose
     `submit` is cancelled (its client went away) leaves the queue with its queries not yet searched.
     """
 
