@@ -9,6 +9,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from search_env import recipe_values
+
 
 def verl_config_dir() -> Path:
     """verl's config folder (``verl/trainer/config``, where ``ppo_trainer.yaml`` lives), found
@@ -26,12 +28,14 @@ def verl_config_dir() -> Path:
 
 def compose_recipe(recipe: Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """``recipe`` (a YAML file: a recipe, or a run's saved recipe.yaml) composed with verl's
-    ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved. verl's config
+    ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved but the protocol's
+    limits (``${rlvr:NAME}``) written as numbers (:func:`search_env.recipe_values.fill`). verl's config
     folder is the search path, as the recipes' ``pkg://verl.trainer.config`` names it (given here so
     that recipes/base.yaml, which declares none, composes on its own too)."""
     searchpath = f"hydra.searchpath=[file://{verl_config_dir()}]"
+    recipe_values.register()
     with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
-        return compose(config_name=recipe.stem, overrides=[searchpath, *overrides])
+        return recipe_values.fill(compose(config_name=recipe.stem, overrides=[searchpath, *overrides]))
 
 
 def validate(cfg: DictConfig) -> None:

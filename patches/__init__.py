@@ -9,6 +9,9 @@ workers included (``verl/__init__.py``). What it installs depends on the process
 - CPU mode (``cpu_compat.cpu_mode.cpu_mode_active()``): ``CPU_MODE_ONLY`` and ``RUN``;
 - any other verl run: nothing (no patch module is even imported).
 
+Every process, whatever it installs, can resolve the recipes' ``${rlvr:NAME}`` (the protocol's
+limits, :mod:`search_env.recipe_values`): a resolver, not a patch; verl's own keys are unchanged.
+
 Each installed patch logs one line, ``rlvr-search: patched <target> (<why>) [patches/<file>.py]``.
 Each module names the upstream file/line it fixes and has an idempotent ``install()``. What each
 patch fixes, CPU mode, and how to add one: patches/README.md.
@@ -22,6 +25,7 @@ from typing import NamedTuple
 from cpu_compat.cpu_mode import cpu_mode_active
 from patches.activation import announce, run_uses_rlvr_search
 from patches.verl_version import warn_if_unsupported
+from search_env import recipe_values
 
 
 class Patch(NamedTuple):
@@ -61,4 +65,5 @@ def install_all() -> None:
         announce(f"{__name__}.{patch.module}", patch.target, patch.why)
 
 
+recipe_values.register()
 install_all()

@@ -3,7 +3,8 @@
 Registered as agent ``search_agent`` (parquet column ``agent_name``; recipes/agent_loops.yaml).
 It overrides only what the study's rollout does differently: its stop strings, its query parser
 (:class:`StudyQueryParser`), its hand-built tool turn (loss mask 0 unless ``mask_retrieved`` is
-false), its token budgets, and the rollout record in ``extra_fields``. Options and each rule:
+false), its token budgets (read from verl's rollout config, :func:`protocol.token_limits`), and the rollout
+record in ``extra_fields``. Options and each rule:
 docs/environment.md ("Agent loop"); the study's sources: docs/protocol.md.
 """
 
@@ -66,8 +67,6 @@ class SearchAgentLoop(ToolAgentLoop):
         self,
         *args: Any,
         mask_retrieved: bool = True,
-        max_turn_tokens: int = protocol.MAX_TURN_TOKENS,
-        max_total_tokens: int = protocol.MAX_TOTAL_TOKENS,
         stop_strings: Sequence[str] = protocol.STOP_STRINGS,
         invalid_action: str = "end",
         **kwargs: Any,
@@ -77,11 +76,7 @@ class SearchAgentLoop(ToolAgentLoop):
             raise TypeError(
                 f"search_agent option mask_retrieved must be true or false, got {mask_retrieved!r}"
             )
-        if int(max_turn_tokens) < 1 or int(max_total_tokens) < 1:
-            raise ValueError(
-                f"search_agent options max_turn_tokens ({max_turn_tokens}) and max_total_tokens "
-                f"({max_total_tokens}) must be >= 1"
-            )
+        self.max_turn_tokens, self.max_total_tokens = protocol.token_limits(self.rollout_config)
         if invalid_action not in ("end", "retry"):
             raise ValueError(
                 f"search_agent option invalid_action must be 'end' or 'retry', got {invalid_action!r}"
@@ -91,8 +86,6 @@ class SearchAgentLoop(ToolAgentLoop):
                 f"search_agent option stop_strings must be a list of strings, got {stop_strings!r}"
             )
         self.mask_retrieved = mask_retrieved
-        self.max_turn_tokens = int(max_turn_tokens)
-        self.max_total_tokens = int(max_total_tokens)
         self.invalid_action = invalid_action
         self.stop_strings = tuple(stop_strings)
         self.stop_params = protocol.stop_sampling_params(self.tokenizer, self.stop_strings)

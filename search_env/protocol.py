@@ -27,13 +27,18 @@ TOOL_FORMAT = "qwen3_coder"
 """verl ``rollout.multi_turn.format``. verl needs a registered parser to build its tool agent loop;
 ``SearchAgentLoop`` reads calls with :func:`parse_query` (the study's rule) instead."""
 MAX_ASSISTANT_TURNS = 10
-"""At most this many assistant turns per rollout (study: ``grpo.max_rollout_turns`` 10)."""
+"""At most this many assistant turns per rollout (study: ``grpo.max_rollout_turns``); verl's
+``rollout.multi_turn.max_assistant_turns``."""
 MAX_TOTAL_TOKENS = 8192
-"""Whole sequence (prompt + model turns + tool turns), in tokens (``max_total_sequence_length``)."""
+"""Whole sequence (prompt + model turns + tool turns), in tokens (``max_total_sequence_length``);
+verl's ``rollout.max_model_len`` and ``data.max_response_length``."""
 MAX_TURN_TOKENS = 1024
-"""New tokens per assistant turn (``policy.generation.max_new_tokens``)."""
+"""New tokens per assistant turn (``policy.generation.max_new_tokens``); the rollout key
+``rollout.custom.max_turn_tokens`` (:data:`TURN_TOKENS_KEY`), which ``SearchAgentLoop`` reads."""
+TURN_TOKENS_KEY = "max_turn_tokens"
+"""The key of the per-turn limit in verl's ``actor_rollout_ref.rollout.custom`` (verl has none)."""
 TOPK = 5
-"""Passages per search (``env.search_r1.top_n``)."""
+"""Passages per search (``env.search_r1.top_n``); the recipes' ``retriever.top_k``."""
 CHUNK_CHAR_CAP = 1024
 """Characters kept per passage (``env.search_r1.max_obs_chars`` in every training_m5_* config)."""
 TRUNCATION_MARKER = "\n…[truncated]"
@@ -43,7 +48,18 @@ TOOL_RESPONSE_CHAR_CAP = TOPK * CHUNK_CHAR_CAP + (TOPK - 1) * len(BLOCK_JOIN)
 """Upper bound, in characters, on one search's tool text (:func:`tool_response_text`).
 
 Set verl's ``rollout.multi_turn.max_tool_response_length`` (characters; verl's default is 256)
-to at least this so verl never truncates a tool response (recipes/tools.yaml documents it)."""
+to at least this so verl never truncates a tool response (:data:`MAX_TOOL_RESPONSE_LENGTH`)."""
+MAX_TOOL_RESPONSE_LENGTH = 6000
+"""verl's ``rollout.multi_turn.max_tool_response_length`` in the recipes: characters, at least
+:data:`TOOL_RESPONSE_CHAR_CAP` (5,256 at top-5; a top-k of 6 needs 6,314: raise it with the top-k)."""
+RECIPE_VALUES = (
+    "MAX_ASSISTANT_TURNS",
+    "MAX_TOTAL_TOKENS",
+    "MAX_TURN_TOKENS",
+    "MAX_TOOL_RESPONSE_LENGTH",
+    "TOPK",
+)
+"""The limits a recipe names as ``${rlvr:NAME}`` (:mod:`search_env.recipe_values`): stated here only."""
 CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": True}
 """The study renders with ``enable_thinking=True`` (``src/processors/search_r1.py``): the first
 generation prompt ends ``<|im_start|>assistant\\n<think>\\n``. Override to turn thinking off:
@@ -157,11 +173,13 @@ __all__ = [
     "EVAL_STOP_STRINGS",
     "INVALID_ACTION_TEXT",
     "MAX_ASSISTANT_TURNS",
+    "MAX_TOOL_RESPONSE_LENGTH",
     "MAX_TOTAL_TOKENS",
     "MAX_TURN_TOKENS",
     "NO_DOCUMENTS_TEXT",
     "PRESETS",
     "PROMPT_TEMPLATE",
+    "RECIPE_VALUES",
     "RETRIEVER_FAILED_TEXT",
     "SEARCH_TOOL_SCHEMA",
     "STOP_STRINGS",
@@ -172,6 +190,7 @@ __all__ = [
     "TOPK",
     "TRAIN_PRESET",
     "TRUNCATION_MARKER",
+    "TURN_TOKENS_KEY",
     "RolloutPreset",
     "TurnReading",
     "build_messages",
@@ -188,8 +207,31 @@ __all__ = [
     "stop_sampling_params",
     "tool_response_contents",
     "tool_response_text",
+    "token_limits",
     "tool_turn_text",
 ]
+
+
+def token_limits(rollout: Any) -> tuple[int, int]:
+    """(new tokens per assistant turn, tokens of the whole sequence) as verl's rollout config
+    (``actor_rollout_ref.rollout``) states them, the way ``SearchAgentLoop`` reads them.
+
+    Per turn: ``custom.max_turn_tokens`` (:data:`TURN_TOKENS_KEY`; verl has no such key). Whole
+    sequence: ``prompt_length + response_length``, or ``max_model_len`` (the engine's context) when
+    set and smaller. ValueError naming the key when the per-turn limit is missing or a limit is < 1.
+    """
+    key = f"actor_rollout_ref.rollout.custom.{TURN_TOKENS_KEY}"
+    turn = (getattr(rollout, "custom", None) or {}).get(TURN_TOKENS_KEY)
+    if turn is None:
+        raise ValueError(
+            f"search_agent needs {key} (new tokens per assistant turn; recipes/base.yaml sets it)"
+        )
+    total = int(rollout.prompt_length) + int(rollout.response_length)
+    if getattr(rollout, "max_model_len", None):
+        total = min(total, int(rollout.max_model_len))
+    if int(turn) < 1 or total < 1:
+        raise ValueError(f"search_agent limits must be >= 1: {key}={turn}, whole sequence {total} tokens")
+    return int(turn), total
 
 
 def format_question(question: str, question_mark: bool = False) -> str:

@@ -71,11 +71,13 @@ def search_rollout_config(
     max_retries: int,
     response_length: int,
     max_assistant_turns: int,
+    max_turn_tokens: int = 1024,
+    max_total_tokens: int = 8192,
     **loop_options: Any,
 ):
     """A composed in-process rollout config: ``folder``/tools.yaml for ``retrieval_urls`` and
     ``folder``/agent_loops.yaml with ``search_agent`` (masked) and ``search_agent_unmasked``,
-    both with ``loop_options`` (``SearchAgentLoop`` keyword options)."""
+    both with ``loop_options`` (``SearchAgentLoop`` keyword options); the token limits are rollout keys."""
     import yaml
 
     from search_env.verl_glue import compose_rollout_config, write_tool_config
@@ -96,6 +98,8 @@ def search_rollout_config(
         tools,
         prompt_length=1024,
         response_length=response_length,
+        max_turn_tokens=max_turn_tokens,
+        max_total_tokens=max_total_tokens,
         agent_loop_config_path=folder / "agent_loops.yaml",
         overrides=[f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={max_assistant_turns}"],
     )

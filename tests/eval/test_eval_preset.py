@@ -58,7 +58,7 @@ def test_study_eval_files_carry_the_study_loop(tmp_path: Path, tiny_model_dir: P
     )
     (loop,) = yaml.safe_load(loops.read_text())
     assert loop["invalid_action"] == "retry" and loop["stop_strings"] == ["</tool_call>", "</answer>"]
-    assert (loop["max_turn_tokens"], loop["max_total_tokens"]) == (8192, 8192)
+    assert not {"max_turn_tokens", "max_total_tokens"} & loop.keys(), "limits are rollout keys"
     rows = rollout.to_verl_rows(plan.suite.benchmarks["nq"], question_mark=True)
     assert all(r["prompt"][0]["content"].rstrip().endswith("?") for r in rows)
     train = _plan(tmp_path, rollout.Limits())

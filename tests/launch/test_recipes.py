@@ -21,7 +21,7 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config
 from launch import preflight
 from launch import recipe as recipe_mod
 from launch.recipe import compose_recipe
-from search_env import protocol
+from search_env import protocol, recipe_values
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 
@@ -75,18 +75,19 @@ def test_cells_carry_the_protocol(cells):
         assert r.multi_turn.format == protocol.TOOL_FORMAT == "qwen3_coder"
         assert r.multi_turn.max_tool_response_length >= protocol.TOOL_RESPONSE_CHAR_CAP
         assert r.max_model_len == protocol.MAX_TOTAL_TOKENS == 8192 and d.max_response_length == 8192
-        assert (
-            r.multi_turn.tool_config_path == "recipes/tools.yaml"
-            and tools[0]["config"]["topk"] == protocol.TOPK
-        )
+        assert r.multi_turn.tool_config_path == "recipes/tools.yaml" and "topk" not in tools[0]["config"]
+        assert cfg.retriever.top_k == protocol.TOPK == 5  # preflight writes it into the run's tool YAML
         assert r.agent.default_agent_loop == "search_agent"
         assert r.agent.agent_loop_config_path == "recipes/agent_loops.yaml"
-        assert loops["search_agent"]["max_turn_tokens"] == protocol.MAX_TURN_TOKENS == 1024
-        assert loops["search_agent"]["max_total_tokens"] == 8192 and loops["search_agent"]["mask_retrieved"]
+        assert (
+            r.custom.max_turn_tokens == protocol.MAX_TURN_TOKENS == 1024
+            and loops["search_agent"]["mask_retrieved"]
+        )
+        assert protocol.token_limits(r) == (1024, 8192)
         assert d.apply_chat_template_kwargs == protocol.CHAT_TEMPLATE_KWARGS == {"enable_thinking": True}
         assert loops["search_agent"]["stop_strings"] == list(protocol.STOP_STRINGS)
         assert loops["search_agent"]["invalid_action"] == protocol.TRAIN_PRESET.invalid_action == "end"
-        assert tools[0]["config"]["chunk_cap"] == protocol.CHUNK_CHAR_CAP == 1024
+        assert "chunk_cap" not in tools[0]["config"]  # SearchTool's default: protocol.CHUNK_CHAR_CAP
         assert t.total_epochs == 2
         assert cfg.reward.custom_reward_function.path == "pkg://reward_fns.compute_score"
         assert cfg.reward.custom_reward_function.name == cfg.shape == shape
@@ -180,11 +181,13 @@ def test_composed_cells_reach_their_step_caps(cells, monkeypatch):
 def test_rollout_section_builds_verl_dataclass(cells):
     rollout = omega_conf_to_dataclass(cells[("f1_only", 44)].actor_rollout_ref.rollout)
     assert (rollout.n, rollout.max_model_len, rollout.multi_turn.format) == (5, 8192, "qwen3_coder")
+    assert rollout.custom == {"max_turn_tokens": 1024} and protocol.token_limits(rollout) == (1024, 8192)
 
 
 def test_demo_cpu_recipe():
     cfg = _validated("demo_cpu")
     a, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    assert protocol.token_limits(r) == (64, 256 + 640)  # the demo's turn; its prompt + response
     assert (cfg.launch.device, cfg.trainer.device, r.name, a.actor.fsdp_config.strategy) == (
         "cpu",
         "cpu",
@@ -378,8 +381,9 @@ def test_preflight_names_an_unusable_token_file_and_the_fix(tmp_path):
 
 
 def test_agent_loops_state_the_protocol_once():
-    """Both training loops and the demo's carry protocol.py's stop strings and invalid-action rule;
-    the unmasked ablation differs from the masked loop only in its name and mask."""
+    """Both training loops and the demo's carry protocol.py's stop strings and invalid-action rule and
+    no limit (the loop reads those from the rollout config); the unmasked ablation differs from the
+    masked loop only in its name and mask."""
     for name in ("agent_loops.yaml", "demo_agent_loops.yaml"):
         for loop in yaml.safe_load((RECIPES / name).read_text()):
             assert loop["stop_strings"] == list(protocol.STOP_STRINGS), (name, loop["name"])
@@ -388,10 +392,7 @@ def test_agent_loops_state_the_protocol_once():
     masked, unmasked = loops["search_agent"], loops["search_agent_unmasked"]
     assert masked.pop("mask_retrieved") is True and unmasked.pop("mask_retrieved") is False
     assert unmasked == masked
-    assert (masked["max_turn_tokens"], masked["max_total_tokens"]) == (
-        protocol.MAX_TURN_TOKENS,
-        protocol.MAX_TOTAL_TOKENS,
-    )
+    assert not {"max_turn_tokens", "max_total_tokens"} & masked.keys(), "the limits are rollout keys"
 
 
 def test_the_launchers_compose_is_the_trainers_and_imports_no_verl():
@@ -400,7 +401,8 @@ def test_the_launchers_compose_is_the_trainers_and_imports_no_verl():
     for name in ("demo_cpu", "f1_only_s44", "micro_sparse"):
         overrides = ["trainer.total_training_steps=3"]
         ours = compose_recipe(RECIPES / f"{name}.yaml", overrides)
-        assert OmegaConf.to_container(ours) == OmegaConf.to_container(_compose(name, overrides)), name
+        theirs = recipe_values.fill(_compose(name, overrides))  # ours writes the protocol's numbers in
+        assert OmegaConf.to_container(ours) == OmegaConf.to_container(theirs), name
     probe = (
         "import sys; from pathlib import Path; from launch.recipe import compose_recipe; "
         f"compose_recipe(Path({str(RECIPES / 'demo_cpu.yaml')!r})); print(sorted(m for m in sys.modules "

@@ -82,7 +82,7 @@ def scripted(tmp_path_factory, tiny_model_dir, retrieval_server_url):
             max_retries=0,
             response_length=response_length,
             max_assistant_turns=max_assistant_turns,
-            **{"max_turn_tokens": 1024, "max_total_tokens": 8192, **loop},
+            **loop,
         )
         client = ScriptedClient(config, tok, turns)
         worker = AgentLoopWorker(config, llm_client=client)
