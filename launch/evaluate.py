@@ -164,6 +164,8 @@ def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) ->
     into :class:`Settings`; EvalError when it does not compose or a setting is invalid."""
     overrides = env_overrides(env) + overrides
     print(f"recipe: {recipe} {' '.join(overrides)}", flush=True)
+    # eval run's keys the recipe does not state are added (python -m eval run checks each name)
+    overrides = [f"++{o}" if o.startswith("eval.") else o for o in overrides]
     try:
         cfg = compose_recipe(recipe, overrides)
     except (HydraException, ValueError) as err:  # ValueError: verl not installed

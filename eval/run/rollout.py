@@ -184,7 +184,6 @@ def rollout_config(
         f"{ROLLOUT}.name": "vllm" if backend == "vllm" else "hf",
         f"{ROLLOUT}.prompt_length": limits.prompt_length,
         f"{ROLLOUT}.response_length": limits.response_length,
-        f"{ROLLOUT}.max_model_len": limits.max_total_tokens,
         f"{ROLLOUT}.custom.{protocol.TURN_TOKENS_KEY}": limits.max_turn_tokens,
         f"{ROLLOUT}.multi_turn.max_assistant_turns": limits.max_assistant_turns,
         # a cap in tokens has no character bound: let verl's character cap never cut a passage
@@ -196,6 +195,8 @@ def rollout_config(
         f"{ROLLOUT}.val_kwargs.top_k": -1,
         f"{ROLLOUT}.val_kwargs.do_sample": bool(temperature),
     }
+    if limits.max_total_tokens != limits_from_config(cfg).max_total_tokens:  # a preset's or an override's
+        values[f"{ROLLOUT}.max_model_len"] = limits.max_total_tokens
     for key, value in values.items():
         OmegaConf.update(cfg, key, value, merge=False)
     return cfg

@@ -14,9 +14,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from eval.run.cli import build_run_parser, prepare
+from eval.run.cli import EvalKeys, build_run_parser, prepare
 from eval.run.rollout import EVAL_KEYS, rollout_config
 from eval.run.runner import write_run_json
+from eval.run.suite import SAMPLE_SUITE
 from launch.evaluate import DEFAULT_RECIPE, default_recipe, eval_command, load_settings, parse_args
 from launch.recipe import compose_recipe
 from search_env.paths import REPO_ROOT
@@ -61,11 +62,11 @@ def _run(tmp_path: Path, recipe: Path, overrides: list[str]) -> Path:
     return run / "checkpoints"
 
 
-def _setup(tmp_path: Path, checkpoints: Path, *extra: str):
+def _setup(tmp_path: Path, checkpoints: Path, *extra: str, overrides=(), env=None):
     """launch/eval.sh's path in process: compose (launch.evaluate), the command it runs, and that
     command's ``prepare`` (eval run)."""
-    overrides = ["retriever.urls=[http://127.0.0.1:9]", f"eval.out={tmp_path / 'out'}"]
-    settings = load_settings(default_recipe(checkpoints), overrides, {})
+    overrides = ["retriever.urls=[http://127.0.0.1:9]", f"eval.out={tmp_path / 'out'}", *overrides]
+    settings = load_settings(default_recipe(checkpoints), overrides, env or {})
     settings.extra = list(extra)
     cmd = eval_command(checkpoints, settings, tmp_path)
     return prepare(build_run_parser().parse_intermixed_args(cmd[cmd.index("run") + 1 :]))
@@ -148,3 +149,30 @@ def test_evaluation_sees_every_rollout_and_retriever_key_training_reads(tmp_path
             Path(OmegaConf.select(cfg, f"{ROLLOUT}.multi_turn.tool_config_path")).read_text()
         )
         assert (tool["tools"][0]["config"]["topk"], tool["tools"][0]["config"]["retry_budget_s"]) == (3, 7)
+
+
+def test_rlvr_data_dir_is_an_alias_of_the_recipe_key_eval_data_dir(tmp_path: Path):
+    """The built-in suites ``test`` and ``val`` live under ``eval.data_dir``; RLVR_DATA_DIR names it."""
+    data = tmp_path / "data"
+    (data / "suite").mkdir(parents=True)
+    shutil.copy(SAMPLE_SUITE["nq"], data / "suite" / "nq.jsonl")
+    checkpoints = tmp_path / "model"
+    shutil.copytree(REPO_ROOT / "assets" / "demo_base", checkpoints)
+    flags = ("--shape", "f1_only", "--seed", "1")
+    for env, overrides in (({"RLVR_DATA_DIR": str(data)}, []), ({}, [f"eval.data_dir={data}"])):
+        setup = _setup(tmp_path, checkpoints, *flags, overrides=["eval.suite=test", *overrides], env=env)
+        assert (setup.suite.path, setup.suite.sizes()) == (data / "suite", {"nq": 17})
+    with pytest.raises(ValueError, match=f"{tmp_path / 'elsewhere'}/suite does not exist.*eval.data_dir"):
+        _setup(
+            tmp_path,
+            checkpoints,
+            *flags,
+            overrides=["eval.suite=test", f"eval.data_dir={tmp_path / 'elsewhere'}"],
+        )
+
+
+def test_the_recipes_eval_block_states_eval_runs_own_defaults():
+    """recipes/base.yaml documents the eval: keys a user sets most; each holds eval run's default."""
+    stated = _leaves(OmegaConf.to_container(compose_recipe(DEFAULT_RECIPE).eval), "eval")
+    defaults = _leaves(OmegaConf.to_container(OmegaConf.structured(EvalKeys)), "eval")
+    assert stated == {key: defaults[key] for key in stated}

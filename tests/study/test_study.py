@@ -23,7 +23,7 @@ from search_env.paths import REPO_ROOT
 from study.__main__ import main as study_main
 from study.cost import checkpoints
 from study.hypotheses import Gap, gap_lines, gap_pairs, parse_tests
-from study.runner import Stages, eval_overrides, slots, study_lock
+from study.runner import Runner, Slot, Stages, eval_overrides, slots, study_lock
 from study.spec import StudyError, load_study
 from study.store import Layout, export_cell, latest_checkpoint, raw_complete, restore_cell, tree_root
 
@@ -462,6 +462,27 @@ def test_evaluation_uses_the_cells_own_world_retriever_and_limits(tmp_path):
     )
     with pytest.raises(StudyError, match="retriever.index"):
         eval_overrides(dense, dense.cells[0], "test", tmp_path / "out", 18500)
+
+
+def test_the_evaluation_passes_no_setting_by_hand_a_top_k_axis_reaches_it_through_the_recipe(
+    tmp_path, monkeypatch
+):
+    """The runner hands launch/eval.sh the cell's recipe and overrides only: no --top-k, no --run-name
+    (the run's recipe holds retriever.top_k and trainer.experiment_name)."""
+    study = load_study(
+        _write(tmp_path, BASE + "axes: {shape: [em_only], seed: [42], top_k: [3]}\nsteps: 2\n")
+    )
+    (cell,) = study.cells
+    runner = Runner(study, Layout(tmp_path / "runs", tmp_path / "results", None), lambda _: None, {})
+    commands: list[list[str]] = []
+    monkeypatch.setattr(runner.stages, "run", lambda cmd, *_, **__: commands.append(cmd) or 1)
+    with pytest.raises(StudyError, match="eval test: exit 1"):
+        runner.evaluate(cell, "test", Slot(18500, None))
+    (cmd,) = commands
+    overrides = cmd[cmd.index("--recipe") + 2 :]
+    assert not [arg for arg in overrides if arg.startswith("-")]
+    cfg = compose_recipe(cell.recipe, overrides)
+    assert (cfg.retriever.top_k, cfg.trainer.experiment_name) == (3, cell.name)
 
 
 def test_a_gap_on_two_seeds_gets_no_verdict():
