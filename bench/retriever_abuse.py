@@ -18,9 +18,10 @@ A good request fails (`good_errors`) when it gets an answer other than
 200 with one result or 429, or none within `--good-timeout-s`; a 429 is retried after its
 Retry-After, as the project's client does, and its wait counts in the latency.
 
-Abuse, from one client in its own process (so its work never stalls the good clients' event loop)
-whose sockets are bound to 127.0.0.2 (another machine to the server, which shares its batches out per
-client address; the good clients connect from 127.0.0.1; N = requests sent, K = those answered 4xx):
+Abuse, from one client in its own process (so its work never stalls the good clients' event loop),
+each type's sockets bound to its own address 127.0.0.2, .3, ... (`ADDRESSES`: other machines to the
+server, which limits connections and shares its batches out per client address; the good clients
+connect from 127.0.0.1; N = requests or connections, K = those answered 4xx):
   huge    one ~7.9 MB query per request, one request at a time
   amplify 1,024 copies of one query at topk 100 (a 30 kB body), one at a time
   slow    `--slow-connections` connections that send Content-Length 100, 10 bytes, then nothing
@@ -28,17 +29,26 @@ client address; the good clients connect from 127.0.0.1; N = requests sent, K = 
   badtext a query holding a lone surrogate (JSON "\\ud800 x"), one at a time
   flood   `--flood-connections` connections, each sending `--flood-queries` distinct questions per
           request in a closed loop, ignoring Retry-After
+  idle    `--idle-connections` (1,024) sockets that send nothing
+  headers `--headers-connections` sockets that send a request line, then a header line a second
+  bighead `--bighead-connections` sockets that send one header line without end, 64 KiB a write
+  cached  `--cached-connections` connections in a closed loop, each request the same 81 questions x
+          topk 100 (answered from the cache after the first: ~5.5 MB answers)
+  noread  `--noread-connections` sockets that send that request 4 times pipelined and never read
+The held sockets (idle, headers, bighead, noread) are reopened 0.5 s after the server ends them.
 
-Phases: closed-loop warm-up and calibration, good clients alone (`--seconds`), with all five abuse types at once (`--abuse-seconds`),
-alone again (`--seconds`), then (unless `--no-per-type`) with each type alone (`--type-seconds`),
-so the type that hurts can be read off (with each phase's slowest good requests and when they were
-sent). After each abusive phase the server is given time to settle (a probe answered in a few
-baseline p50s). good_p99_ratio = good p99 with all abuse / good p99 of the two good-only phases
-together; all clients share the machine with the server, so run it on an otherwise idle one (the
-load average is printed) and compare ratios within a run.
+Phases: closed-loop warm-up and calibration, good clients alone (`--seconds`), with all abuse types
+at once (`--abuse-seconds`), alone again (`--seconds`), then (unless `--no-per-type`) with each type
+alone (`--type-seconds`), so the type that hurts can be read off (with each phase's slowest good
+requests and when they were sent). After each abusive phase the server is given time to settle (a
+probe answered in a few baseline p50s). good_p99_ratio = good p99 with all abuse / good p99 of the
+two good-only phases together; all clients share the machine with the server, so run it on an
+otherwise idle one (the load average is printed) and compare ratios within a run. Last, the idle
+check: `--idle-check` (1,100) idle sockets from one address, then one good request from 127.0.0.1
+(its status and latency).
 
     .venv/bin/python bench/retriever_abuse.py [--clients 8] [--seconds 15] [--abuse-seconds 30]
-                                                              # ~2.5-3.5 min on 2 shared cores
+                                        # ~5 min on 2 shared cores (~2 min with --no-per-type)
 Last line: `retriever_abuse: good_p99_ratio=R good_errors=E refused=K/N` (the all-abuse phase).
 """
 
@@ -46,8 +56,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -63,13 +75,20 @@ from search_env.retrieval.heap import freeze_heap
 from search_env.retrieval.process import ServerProcess, spawn_server
 
 QUESTIONS = REPO_ROOT / "assets" / "eval_samples" / "r1-searcher-evalset" / "hotpotqa_500.jsonl"
-TYPES = ("huge", "amplify", "slow", "badtext", "flood")
+TYPES = ("huge", "amplify", "slow", "badtext", "flood", "idle", "headers", "bighead", "cached", "noread")
 HUGE_CHARS = 7_900_000
 TOPK = 5
 IDLE_CLOSE_S = 2.0
 """a good client closes a keep-alive connection idle this long (uvicorn closes them after 5 s)."""
-ABUSER_ADDRESS = "127.0.0.2"
-"""the abusive client's source address (Linux routes all of 127.0.0.0/8 to the loopback device)."""
+ADDRESSES = {kind: f"127.0.0.{i + 2}" for i, kind in enumerate(TYPES)}
+"""each abuse type's own source address (Linux routes all of 127.0.0.0/8 to the loopback device), so
+the server's per-address limits meet several abusers; the good clients connect from 127.0.0.1."""
+IDLE_ADDRESS = "127.0.0.100"
+"""the source of the idle-socket check's sockets."""
+CACHED_QUERIES = 81
+"""queries per `cached` / `noread` request, at topk 100: 8,100 passages (--max-hits 8,192), ~5.5 MB."""
+REOPEN_S = 0.5
+"""a held-socket abuser reopens a connection this long after the server closed or refused it."""
 
 
 def load_questions() -> list[str]:
@@ -290,10 +309,11 @@ async def abusive_requests(
     make_body: Callable[[int], bytes],
     outcomes: Counter,
     timeout_s: float,
+    local: str,
 ) -> None:
-    """One abusive request at a time until `stop_at`; each outcome counted (a request cut by the end of
-    the phase counts as 'cut')."""
-    connection, n = Connection(host, port, ABUSER_ADDRESS), 0
+    """One abusive request at a time from `local` until `stop_at`; each outcome counted (a request cut
+    by the end of the phase counts as 'cut')."""
+    connection, n = Connection(host, port, local), 0
     try:
         while time.perf_counter() < stop_at:
             body = make_body(n)
@@ -315,7 +335,7 @@ async def slow_body(host: str, port: int, stop_at: float, outcomes: Counter) -> 
     while time.perf_counter() < stop_at:
         writer = None
         try:
-            reader, writer = await asyncio.open_connection(host, port, local_addr=(ABUSER_ADDRESS, 0))
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(ADDRESSES["slow"], 0))
             head = Connection(host, port).head(100)
             writer.write(head + b'{"queries"')
             await writer.drain()
@@ -329,6 +349,75 @@ async def slow_body(host: str, port: int, stop_at: float, outcomes: Counter) -> 
         finally:
             if writer is not None:
                 writer.close()
+
+
+def status_of(data: bytes) -> str:
+    """The outcome of a held socket from what the server sent before closing it."""
+    parts = data.split(b" ", 2)
+    return parts[1].decode("latin-1") if data.startswith(b"HTTP/") and len(parts) > 1 else "closed"
+
+
+async def held_socket(
+    host: str, port: int, stop_at: float, kind: str, outcomes: Counter, body: bytes
+) -> None:
+    """One connection from `kind`'s address, reopened `REOPEN_S` after the server ends it, until
+    `stop_at`: idle (sends nothing), headers (a header line a second, never the blank line), bighead
+    (one header line, 64 KiB a write, never ending) or noread (the request `body` 4 times pipelined,
+    never read: a 1 KiB stream limit stops reading within 2 KiB). Outcome: the status the server
+    sent ('503' past the per-address cap, '400' for a head too large), 'closed' (without an answer:
+    a deadline), 'reset' (noread: aborted at the write deadline) or 'held' (still open at the end)."""
+    while time.perf_counter() < stop_at:
+        writer = None
+        try:
+            reader, writer = await asyncio.open_connection(
+                host, port, local_addr=(ADDRESSES[kind], 0), limit=1024 if kind == "noread" else 1 << 16
+            )
+            outcomes[
+                await asyncio.wait_for(hold(reader, writer, kind, body), stop_at - time.perf_counter())
+            ] += 1
+        except TimeoutError:
+            outcomes["held"] += 1
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            outcomes["closed"] += 1
+        finally:
+            if writer is not None:
+                writer.close()
+        await asyncio.sleep(REOPEN_S)
+
+
+async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, kind: str, body: bytes) -> str:
+    """`held_socket`'s behaviour on one connection until the server ends it; the outcome."""
+    if kind == "noread":
+        writer.write(body * 4)
+        await writer.drain()
+        sock = writer.get_extra_info("socket")  # reading is paused: a reset shows only as the error
+        while not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            await asyncio.sleep(0.5)
+        return "reset"
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    if kind == "bighead":
+        writer.write(head + b"X-Big: ")
+        chunk, data = b"a" * 65536, b""
+        while not reader.at_eof():
+            writer.write(chunk)
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                data += await asyncio.wait_for(reader.read(65536), 0.001)
+            if data:
+                break
+        return status_of(data + await reader.read())
+    if kind == "headers":
+        writer.write(head)
+    line = 0
+    while True:
+        try:
+            data = await asyncio.wait_for(reader.read(65536), 1.0)
+        except TimeoutError:
+            if kind == "headers":
+                writer.write(f"X-Trickle-{line}: {line}\r\n".encode())
+                line += 1
+            continue
+        return status_of(data)
 
 
 def abuse_tasks(kinds: list[str], host: str, port: int, stop_at: float, opts: dict, questions: list[str],
@@ -351,25 +440,43 @@ def abuse_tasks(kinds: list[str], host: str, port: int, stop_at: float, opts: di
 
         return body
 
+    cached = json.dumps({"queries": questions[:CACHED_QUERIES], "topk": 100}).encode()  # one body: warm
     tasks: list[Awaitable[None]] = []
-    o = out.outcomes
+    o, a = out.outcomes, ADDRESSES
     for kind in kinds:
         if kind == "huge":
             tasks.append(
                 abusive_requests(
-                    host, port, stop_at, lambda n: b"%s%d %s" % (huge[0], n, huge[1]), o["huge"], 120.0
+                    host,
+                    port,
+                    stop_at,
+                    lambda n: b"%s%d %s" % (huge[0], n, huge[1]),
+                    o["huge"],
+                    120.0,
+                    a[kind],
                 )
             )  # each body distinct: no cache hit
         elif kind == "amplify":
-            tasks.append(abusive_requests(host, port, stop_at, amplify_body, o["amplify"], 120.0))
+            tasks.append(abusive_requests(host, port, stop_at, amplify_body, o[kind], 120.0, a[kind]))
         elif kind == "badtext":
-            tasks.append(abusive_requests(host, port, stop_at, lambda n: badtext, o["badtext"], 60.0))
+            tasks.append(abusive_requests(host, port, stop_at, lambda n: badtext, o[kind], 60.0, a[kind]))
         elif kind == "slow":
             tasks += [slow_body(host, port, stop_at, o["slow"]) for _ in range(int(opts["slow_connections"]))]
-        else:
+        elif kind == "flood":
             tasks += [
-                abusive_requests(host, port, stop_at, flood_body(c), o["flood"], 60.0)
+                abusive_requests(host, port, stop_at, flood_body(c), o[kind], 60.0, a[kind])
                 for c in range(int(opts["flood_connections"]))
+            ]
+        elif kind == "cached":
+            tasks += [
+                abusive_requests(host, port, stop_at, lambda n: cached, o[kind], 60.0, a[kind])
+                for _ in range(int(opts["cached_connections"]))
+            ]
+        else:  # idle, headers, bighead, noread: held sockets
+            request = Connection(host, port).head(len(cached)) + cached
+            tasks += [
+                held_socket(host, port, stop_at, kind, o[kind], request)
+                for _ in range(int(opts[f"{kind}_connections"]))
             ]
     return tasks
 
@@ -408,7 +515,7 @@ class Abuser:
     """The long-lived abusive child process (`--abuser URL`)."""
 
     def __init__(self, url: str, opts) -> None:
-        knobs = {k: getattr(opts, k) for k in ("flood_queries", "flood_connections", "slow_connections")}
+        knobs = {k: v for k, v in vars(opts).items() if k == "flood_queries" or k.endswith("_connections")}
         knobs["nice"] = not opts.no_nice
         command = [sys.executable, __file__, "--abuser", url, "--abuser-opts", json.dumps(knobs)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -513,6 +620,34 @@ async def settle(server: ServerProcess, typical_s: float, limit_s: float = 120.0
     return time.perf_counter() - started
 
 
+async def idle_check(server: ServerProcess, sockets: int, questions: list[str]) -> str:
+    """`sockets` idle connections from `IDLE_ADDRESS`, then one good /retrieve from 127.0.0.1 on a new
+    connection: how many the server held and refused, and that request's status and latency."""
+    host, port = server.url.removeprefix("http://").split(":")
+    opened = [
+        await asyncio.open_connection(host, int(port), local_addr=(IDLE_ADDRESS, 0)) for _ in range(sockets)
+    ]
+    try:
+        await asyncio.sleep(0.5)
+        refused = 0
+        for reader, _ in opened:
+            with contextlib.suppress(TimeoutError):
+                refused += bool(await asyncio.wait_for(reader.read(1), 0.001))
+        body = good_body(questions, 0, 0, "idle-check")
+        connection, started = Connection(host, int(port)), time.perf_counter()
+        try:
+            answer = await connection.post(body, 10.0)
+        finally:
+            connection.close()
+        took = time.perf_counter() - started
+    finally:
+        for _, writer in opened:
+            writer.close()
+    return (f"idle check: {sockets} idle sockets from {IDLE_ADDRESS} ({sockets - refused} held, {refused} "
+            f"refused at once); a /retrieve from 127.0.0.1 on a new connection: HTTP {answer.status} in "
+            f"{1000 * took:.0f} ms")  # fmt: skip
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -575,6 +710,8 @@ async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str])
     for kind, (good, _) in per_type.items():
         print(f"  with {kind} alone: {good.slowest()}")
     print("settle after abuse (s): " + ", ".join(f"{k} {v:.1f}" for k, v in settled.items()))
+    if opts.idle_check:
+        print(await idle_check(server, opts.idle_check, questions))
     ratio = mixed.p(0.99) / base.p(0.99)
     print(f"retriever_abuse: good_p99_ratio={ratio:.2f} good_errors={mixed.failed} "
           f"refused={abuse.refused()}/{abuse.sent()}")  # fmt: skip
@@ -609,6 +746,17 @@ def main() -> None:
     parser.add_argument("--slow-connections", type=int, default=32, help="slow-body connections held")
     parser.add_argument("--flood-connections", type=int, default=64, help="flood: concurrent connections")
     parser.add_argument("--flood-queries", type=int, default=64, help="flood: queries per request")
+    parser.add_argument("--cached-connections", type=int, default=8, help="cached: concurrent connections")
+    parser.add_argument("--idle-connections", type=int, default=1024, help="idle: sockets held open")
+    parser.add_argument("--headers-connections", type=int, default=32, help="headers: trickling sockets")
+    parser.add_argument("--bighead-connections", type=int, default=2, help="bighead: endless-header sockets")
+    parser.add_argument("--noread-connections", type=int, default=64, help="noread: never-reading sockets")
+    parser.add_argument(
+        "--idle-check",
+        type=int,
+        default=1100,
+        help="idle sockets from one address in the final check (0: skip)",
+    )
     parser.add_argument("--dim", type=int, default=256, help="tiny encoder width (default 256)")
     parser.add_argument(
         "--serve-arg",
@@ -648,7 +796,10 @@ def main() -> None:
             print(f"retriever abuse benchmark: dense server (tiny BERT {opts.dim}-d, IVF16,SQ8 over "
                   f"{SAMPLE_CORPUS.name}), {opts.clients} good clients, abuse: huge {HUGE_CHARS / 1e6:.1f} MB "
                   f"query, amplify 1024 x topk 100, slow bodies x {opts.slow_connections}, lone surrogates, "
-                  f"flood {opts.flood_connections} x {opts.flood_queries} queries; {os.cpu_count()} CPUs, "
+                  f"flood {opts.flood_connections} x {opts.flood_queries} queries, idle x "
+                  f"{opts.idle_connections}, trickled heads x {opts.headers_connections}, endless heads x "
+                  f"{opts.bighead_connections}, cached x {opts.cached_connections}, never read x "
+                  f"{opts.noread_connections}; {os.cpu_count()} CPUs, "
                   f"load average {load_before[0]:.1f}; {placement}; server args after the assets: "
                   f"{' '.join(serve[8:])}",
                   flush=True)  # fmt: skip

@@ -132,7 +132,8 @@ class Limits:
         if self.max_connections_per_client >= self.max_connections:
             raise ValueError(
                 f"--max-connections-per-client {self.max_connections_per_client} must be below "
-                f"--max-connections {self.max_connections}, so one address cannot take every connection"
+                f"--max-connections {self.max_connections}, so one address cannot take every connection; "
+                "lower --max-connections-per-client too"
             )
         if self.topk > MAX_TOPK:
             raise ValueError(f"--topk must be in 1..{MAX_TOPK}, got {self.topk}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 import time
 from collections.abc import Hashable
 from contextlib import asynccontextmanager
@@ -58,6 +59,9 @@ HIDDEN_HEALTH_KEYS = frozenset(
     }
 )
 """`/health` keys shown only to callers the server trusts: process ids, traffic and cache counters."""
+SWITCH_INTERVAL_S = 0.001
+"""The GIL switch interval of the server process (Python's default: 5 ms): the event loop's thread
+waits at most about this long for the GIL while an answer or batch thread holds it."""
 PATH_NAME_KEYS = frozenset({"corpus", "encoder"})
 """`/health` keys cut to their last path component for other callers."""
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"]+/)*([^\s/'\"]*)")
@@ -359,8 +363,9 @@ def create_app(
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
     """Run `app` with uvicorn's h11 protocol under the connection limits of `app.state.limits`
     (`connections.guarded_protocol`) until interrupted (SIGINT/SIGTERM). The heap built so far is
-    frozen (`heap.freeze_heap`)."""
+    frozen (`heap.freeze_heap`) and the GIL switch interval shortened (`SWITCH_INTERVAL_S`)."""
     freeze_heap()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn.run(
         app, host=host, port=port, log_level=log_level, access_log=False, **uvicorn_options(app.state.limits)
     )
