@@ -87,6 +87,16 @@ IDLE_ADDRESS = "127.0.0.100"
 """the source of the idle-socket check's sockets."""
 CACHED_QUERIES = 81
 """queries per `cached` / `noread` request, at topk 100: 8,100 passages (--max-hits 8,192), ~5.5 MB."""
+CONNECTIONS = {
+    "slow": (32, "slow-body connections held"),
+    "flood": (64, "concurrent connections"),
+    "cached": (8, "concurrent connections"),
+    "idle": (1024, "sockets held open"),
+    "headers": (32, "trickling sockets"),
+    "bighead": (2, "endless-header sockets"),
+    "noread": (64, "never-reading sockets"),
+}
+"""Per abuse type with several connections: the default count (`--<type>-connections`) and what they are."""
 REOPEN_S = 0.5
 """a held-socket abuser reopens a connection this long after the server closed or refused it."""
 
@@ -743,14 +753,11 @@ def main() -> None:
     parser.add_argument("--calibrate-seconds", type=float, default=5.0, help="closed-loop capacity phase (s)")
     parser.add_argument("--warmup", type=float, default=3.0, help="good-only warm-up, not counted (s)")
     parser.add_argument("--good-timeout-s", type=float, default=60.0, help="a good request's deadline")
-    parser.add_argument("--slow-connections", type=int, default=32, help="slow-body connections held")
-    parser.add_argument("--flood-connections", type=int, default=64, help="flood: concurrent connections")
+    for kind, (count, what) in CONNECTIONS.items():
+        parser.add_argument(
+            f"--{kind}-connections", type=int, default=count, help=f"{kind}: {what} (default {count})"
+        )
     parser.add_argument("--flood-queries", type=int, default=64, help="flood: queries per request")
-    parser.add_argument("--cached-connections", type=int, default=8, help="cached: concurrent connections")
-    parser.add_argument("--idle-connections", type=int, default=1024, help="idle: sockets held open")
-    parser.add_argument("--headers-connections", type=int, default=32, help="headers: trickling sockets")
-    parser.add_argument("--bighead-connections", type=int, default=2, help="bighead: endless-header sockets")
-    parser.add_argument("--noread-connections", type=int, default=64, help="noread: never-reading sockets")
     parser.add_argument(
         "--idle-check",
         type=int,
