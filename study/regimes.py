@@ -28,6 +28,7 @@ from eval.report.select import resolve_matched_horizon, select_checkpoints
 from eval.report.tables import order_shapes
 from eval.run.checkpoints import get_dotted
 from eval.stats import RankingTest, binomial_tail, ci_text, ranking_test, seed_ci
+from reward_fns import PRIMARY
 from search_env.markdown import markdown_table
 
 ZERO_VAR = "grpo/zero_variance_group_frac"
@@ -82,7 +83,7 @@ def _reward_em_corr(results: Results, logs: pd.DataFrame, run: str, window: int 
     """Pearson r over a run's trained checkpoints between test EM (Avg all) and the training
     reward averaged over the ``window`` steps up to the checkpoint (paper §6.5); NaN under 3 points."""
     sc = results.scores
-    em = sc[(sc["run"] == run) & (sc["benchmark"] == AVG_ALL) & (sc["step"] >= 1)].set_index("step")["em"]
+    em = sc[(sc["run"] == run) & (sc["benchmark"] == AVG_ALL) & (sc["step"] >= 1)].set_index("step")[PRIMARY]
     pairs = [(_log_mean(logs, run, REWARD, s - window + 1, s), float(v)) for s, v in em.items()]
     pairs = [p for p in pairs if not math.isnan(p[0])]
     if len(pairs) < 3:
@@ -100,7 +101,7 @@ def _first_checkpoint(scores: pd.DataFrame, run: str) -> tuple[int, float]:
     if em.empty:
         return -1, math.nan
     row = em.loc[em["step"].idxmin()]
-    return int(row["step"]), float(row["em"])
+    return int(row["step"]), float(row[PRIMARY])
 
 
 def cells(tree: Tree, matched: int) -> pd.DataFrame:
@@ -109,11 +110,11 @@ def cells(tree: Tree, matched: int) -> pd.DataFrame:
     sc = tree.results.scores
     sel, _ = select_checkpoints(sc, matched, AVG_ALL)
     sel = sel[sel["rule"] == "matched"]
-    floor = sc[sc["step"] == 0].groupby(["seed", "benchmark"])["em"].first()
+    floor = sc[sc["step"] == 0].groupby(["seed", "benchmark"])[PRIMARY].first()
     rows = []
     for _, c in sel.iterrows():
         run, seed, step = c["run"], int(c["seed"]), int(c["step"])
-        at = sc[(sc["run"] == run) & (sc["step"] == step)].set_index("benchmark")["em"]
+        at = sc[(sc["run"] == run) & (sc["step"] == step)].set_index("benchmark")[PRIMARY]
         f_all = floor.get((seed, AVG_ALL), math.nan)
         f_held = floor.get((seed, AVG_HELDOUT), math.nan)
         length_early = _log_mean(tree.logs, run, LENGTH, 1, 3)

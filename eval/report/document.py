@@ -305,9 +305,9 @@ def _floor_notes(scores: pd.DataFrame, floors: pd.DataFrame) -> list[str]:
     notes = []
     zero = scores[(scores["step"] == 0) & (scores["benchmark"] == AVG_ALL)]
     for seed, group in zero.groupby("seed"):
-        if group["em"].max() - group["em"].min() > 1e-9:
+        if group[PRIMARY].max() - group[PRIMARY].min() > 1e-9:
             notes.append(
-                f"seed {seed}: step-0 EM differs across runs ({group['em'].min():.4f}-{group['em'].max():.4f});"
+                f"seed {seed}: step-0 EM differs across runs ({group[PRIMARY].min():.4f}-{group[PRIMARY].max():.4f});"
                 f" the floor row uses run {floors.set_index('seed').loc[seed, 'run']}."
             )
     return notes
@@ -635,7 +635,7 @@ def validation_cells(test: Results, val: Results, matched: int) -> pd.DataFrame:
     test_pick_em`` (EM fractions on the validation / test suite), runs in name order. Raises
     ResultsError when a run's validation rows share a question with its test rows."""
     check_disjoint(test, val)
-    picks, _ = select_checkpoints(test.scores, matched, AVG_ALL, "em", val.scores)
+    picks, _ = select_checkpoints(test.scores, matched, AVG_ALL, PRIMARY, val.scores)
     by_rule = picks.set_index(["run", "rule"])
     records = []
     for run, shape, seed in picks[["run", "shape", "seed"]].drop_duplicates().itertuples(index=False):

@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from eval.report.results import AVG_ALL, AVG_HELDOUT  # noqa: E402
+from reward_fns import PRIMARY  # noqa: E402
 
 SHAPE_COLOURS = {"em_only": "tab:red", "f1_only": "tab:blue", "f1_format": "tab:green"}
 _EXTRA_COLOURS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
@@ -95,18 +96,18 @@ def plot_trajectories(
     """Average EM vs step for one seed, one line per shape: left over all benchmarks (paper's
     Avg), right over the held-out benchmarks. Dashed: the step-0 floor; dotted: the matched horizon."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    sub = scores[(scores["seed"] == seed) & (scores["em"].notna())]
+    sub = scores[(scores["seed"] == seed) & (scores[PRIMARY].notna())]
     for ax, avg, title in (
         (axes[0], AVG_ALL, "EM, average over all benchmarks"),
         (axes[1], AVG_HELDOUT, "EM, average over held-out benchmarks"),
     ):
         data = sub[sub["benchmark"] == avg]
-        floor = data[data["step"] == 0]["em"]
+        floor = data[data["step"] == 0][PRIMARY]
         for (shape, run), line in _by_shape(data, shapes):
             label = shape if (data[data["shape"] == shape]["run"].nunique() == 1) else f"{shape} ({run})"
             ax.plot(
                 line["step"],
-                line["em"],
+                line[PRIMARY],
                 marker="o",
                 markersize=3,
                 color=shape_colour(shape, shapes),
@@ -216,7 +217,7 @@ def plot_search_profile(
             color=colour,
             label=shape,
         )
-        axes[1].plot(sub["searches"], sub["em"], marker="o", color=colour, label=shape)
+        axes[1].plot(sub["searches"], sub[PRIMARY], marker="o", color=colour, label=shape)
     top = int(profile["searches"].max()) if len(profile) else 0
     for ax in axes[:2]:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

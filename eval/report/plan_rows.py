@@ -13,6 +13,7 @@ from pathlib import Path
 from eval.report.results import load_results
 from eval.run import sequential as seq
 from eval.run.suite import load_suite
+from reward_fns import PRIMARY
 from search_env.benchmarks import STUDY_FLOOR, STUDY_SIZES, canonical_benchmark
 from search_env.markdown import markdown_table
 
@@ -22,7 +23,7 @@ def levels_from_results(root: Path) -> tuple[dict[str, int], dict[str, float]]:
     complete checkpoint under a results folder."""
     res = load_results(root)
     frame = res.scores[res.scores["benchmark"].isin(res.suite)]
-    p = frame.groupby("benchmark")["em"].mean().to_dict()
+    p = frame.groupby("benchmark")[PRIMARY].mean().to_dict()
     sizes: dict[str, int] = {}
     for run in res.runs.values():
         recorded = json.loads((run.path / "run.json").read_text()).get("eval", {}).get("benchmarks") or {}

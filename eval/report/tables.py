@@ -12,7 +12,7 @@ import pandas as pd
 from eval.report.results import AVG_ALL, AVG_HELDOUT, JUDGE, benchmark_label
 from eval.report.select import MATCHED, OWN, STAGE_MARKS
 from eval.stats import rank_groups
-from reward_fns import SHAPES, metric_names
+from reward_fns import PRIMARY, SHAPES, metric_names
 from search_env.benchmarks import FLOOR_SOURCE, IN_DISTRIBUTION, STUDY_FLOOR
 from search_env.markdown import markdown_table
 from search_env.protocol import PRESETS, TRAIN_PRESET
@@ -63,13 +63,13 @@ def table1(
     """Table 1 (tidy): one row per (rule, row, seed) with ``step, last_step, short``, EM for both
     averages with their bootstrap CI bounds (NaN without rows.jsonl), and ``rank`` of the shape
     within (rule, seed) by the ``criterion`` average (1 = best; ties share the better rank)."""
-    wide = cell_values(scores, selections, floors, "em")[list(AVERAGES)].reset_index()
+    wide = cell_values(scores, selections, floors, PRIMARY)[list(AVERAGES)].reset_index()
     extra = selections[["run", "rule", "step", "last_step", "short"]]
     frame = wide.merge(extra, on=["run", "rule", "step"], how="left")  # the floor (step 0) gets no match
     frame["short"] = frame["short"].astype("boolean").fillna(False).astype(bool)
     frame["last_step"] = frame["last_step"].astype("Int64")
     for avg in AVERAGES:
-        ci = cis[(cis["benchmark"] == avg) & (cis["metric"] == "em")][["run", "step", "lo", "hi"]]
+        ci = cis[(cis["benchmark"] == avg) & (cis["metric"] == PRIMARY)][["run", "step", "lo", "hi"]]
         ci = ci.rename(columns={"lo": f"{avg}_lo", "hi": f"{avg}_hi"})
         frame = frame.merge(ci, on=["run", "step"], how="left")
     frame = frame.rename(columns={AVG_ALL: "avg_all_em", AVG_HELDOUT: "avg_heldout_em"})
@@ -265,7 +265,9 @@ def search_profile(rows: pd.DataFrame, max_searches: int = 10) -> tuple[pd.DataF
     done = rows[completed & (rows["searches"] >= 0)].assign(
         searches=lambda f: f["searches"].clip(upper=max_searches)
     )
-    profile = done.groupby(["shape", "searches"], as_index=False).agg(n=("em", "size"), em=("em", "mean"))
+    profile = done.groupby(["shape", "searches"], as_index=False).agg(
+        n=(PRIMARY, "size"), **{PRIMARY: (PRIMARY, "mean")}
+    )
     profile["share"] = profile["n"] / profile.groupby("shape")["n"].transform("sum")
     aborts = (
         rows.assign(aborted=~completed)

@@ -47,6 +47,7 @@ from eval.run.store import (
 )
 from eval.run.suite import Question, Suite
 from eval.run.summary import JUDGE, add_judge, score_row, summarize
+from reward_fns import PRIMARY
 from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
 from search_env import protocol
 from search_env.checkpoint_layout import step_dir_name
@@ -432,7 +433,7 @@ def _scores(setup: EvalSetup, step: int, questions: Sequence[Question]) -> dict[
     """EM of one checkpoint's stored rows on ``questions`` (a sampled run: each question's mean
     over its samples): benchmark -> scores in question order."""
     em = {
-        row_key(r): float(r["em"])
+        row_key(r): float(r[PRIMARY])
         for r in RowStore(setup.run_root / step_dir_name(step) / "rows.jsonl").rows()
     }
     out: dict[str, list[float]] = {}
@@ -451,7 +452,7 @@ def _validation_choices(setup: EvalSetup, rules: dict[str, list[int]]) -> dict[s
     val = {}
     for path in root.glob(f"{step_dir_name('*')}/summary.json"):
         step = int(path.parent.name.removeprefix(step_dir_name("")))
-        val[step] = float(read_json(path)["macro"]["em"])
+        val[step] = float(read_json(path)["macro"][PRIMARY])
     choices = {}
     for rule, steps in rules.items():
         on_val = [s for s in steps if s in val]
