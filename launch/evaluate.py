@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from launch.procs import stop_on_sigterm, stop_process
 from launch.recipe import compose_recipe
 from launch.retriever import LocalRetriever, RetrieverSetup, retriever_gpu, setup_retriever
-from search_env.cli import hydra_quoted
+from search_env.cli import alias_path, hydra_quoted
 from search_env.paths import EVAL_RECIPE as DEFAULT_RECIPE
 from search_env.paths import REPO_ROOT, repo_path
 from search_env.retrieval.probe import ProbeError, check_retrievers
@@ -87,8 +87,7 @@ def env_overrides(env: Mapping[str, str]) -> list[str]:
         if value == "":
             out.append(f"{key}=null")
             continue
-        if var in PATH_ALIASES and (var != "SUITE" or Path(value).expanduser().exists()):
-            value = os.path.abspath(os.path.expanduser(value))
+        value = alias_path(value, var == "SUITE") if var in PATH_ALIASES else value
         out.append(f"{key}={hydra_quoted(value)}")
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -17,3 +18,11 @@ def positive_int(text: str) -> int:
 def hydra_quoted(value: Any) -> str:
     """``value`` as a hydra quoted string (commas, colons and slashes kept as they are)."""
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def alias_path(value: str, maybe_name: bool = False) -> str:
+    """A path given on a command line, made absolute against this folder (recipes' paths are relative
+    to the repository); ``maybe_name``: kept as given unless it exists (a suite: a path or a name)."""
+    if maybe_name and not os.path.exists(os.path.expanduser(value)):
+        return value
+    return os.path.abspath(os.path.expanduser(value))

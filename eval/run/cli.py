@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from eval.run import checkpoints as ckpts
 from eval.run import runner
-from eval.run import sequential as seq
 from eval.run.rollout import limits_for_preset
 from eval.run.settings import FULL, SEQUENTIAL, Sampling, eval_settings, judge_setting
 from eval.run.suite import load_suite
@@ -27,7 +25,7 @@ from eval.run.summary import format_table
 from reward_fns.judge import JudgeConfig
 from reward_fns.judge_prompt import PROMPT_VERSION
 from reward_fns.shapes import SHAPES
-from search_env.cli import hydra_quoted, positive_int
+from search_env.cli import alias_path, hydra_quoted, positive_int
 from search_env.paths import EVAL_RECIPE, REPO_ROOT, repo_path
 from search_env.protocol import TRAIN_PRESET
 from search_env.retrieval.auth import AuthFileError, load_tokens
@@ -47,18 +45,20 @@ class LimitKeys:
 
 @dataclass
 class JudgeKeys:
-    """``eval.judge``: an OpenAI-compatible endpoint and its served model (both or neither)."""
+    """``eval.judge``: an OpenAI-compatible endpoint and its served model (both or neither); null
+    limits are :class:`reward_fns.judge.JudgeConfig`'s."""
 
     url: str | None = None
     model: str | None = None
-    concurrency: int = 16
-    max_tokens: int = 512
+    max_concurrency: int | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
 class EvalKeys:
     """Every key of the recipe's ``eval:`` block with its default (recipes/base.yaml documents the
-    launcher's; docs/evaluation.md each one). Null sampling keys are the greedy default."""
+    launcher's; docs/evaluation.md each one). Null is the default of what reads the key (greedy
+    :class:`Sampling`, :class:`EngineSettings`, :class:`eval.run.runner.Schedule`)."""
 
     suite: str = "samples"
     data_dir: str = "data/parquet"
@@ -75,18 +75,18 @@ class EvalKeys:
     seed: int | None = None
     horizon: int | None = None
     max_in_flight: int | None = None
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float | None = None
     prefix_caching: bool = False
     samples: int | None = None
     temperature: float | None = None
-    top_p: float = 1.0
+    top_p: float | None = None
     sample_seed: int | None = None
     limits: LimitKeys = field(default_factory=LimitKeys)
-    screen_rows: int = seq.SCREEN_ROWS
-    delta: float = seq.DELTA
-    halfwidth: float = seq.HALFWIDTH
-    confirm: str = "auto"
-    matched_horizon: int = 180
+    screen_rows: int | None = None
+    delta: float | None = None
+    halfwidth: float | None = None
+    confirm: str | None = None
+    matched_horizon: int | None = None
     val_results: str | None = None
     judge: JudgeKeys = field(default_factory=JudgeKeys)
     gpus: Any = None
@@ -121,7 +121,7 @@ ALIASES: dict[str, tuple[str, Any, str | None]] = {
     "--val-results": ("eval.val_results", str, None),
     "--judge-url": ("eval.judge.url", str, None),
     "--judge-model": ("eval.judge.model", str, None),
-    "--judge-concurrency": ("eval.judge.concurrency", positive_int, None),
+    "--judge-concurrency": ("eval.judge.max_concurrency", positive_int, None),
     "--judge-max-tokens": ("eval.judge.max_tokens", positive_int, None),
     "--retriever-url": ("retriever.urls", str, "+"),
     "--retriever-auth-token-file": ("retriever.auth_token_file", str, None),
@@ -163,15 +163,19 @@ def _value(value: Any) -> str:
 
 def overrides_of(args: argparse.Namespace) -> list[str]:
     """The command line's overrides, then one per alias flag given."""
-    out = list(args.overrides)
-    for flag, (key, _, _) in ALIASES.items():
-        value = getattr(args, f"alias:{flag}")
-        if value is None:
-            continue
-        if flag in PATH_FLAGS and (flag != "--suite" or Path(value).expanduser().exists()):
-            value = os.path.abspath(os.path.expanduser(value))
-        out.append(f"{key}={_value(value)}")
-    return out
+    given = {flag: getattr(args, f"alias:{flag}") for flag in ALIASES}
+    paths = {flag: alias_path(v, flag == "--suite") for flag, v in given.items() if flag in PATH_FLAGS and v}
+    return [
+        *args.overrides,
+        *(f"{ALIASES[f][0]}={_value(paths.get(f, v))}" for f, v in given.items() if v is not None),
+    ]
+
+
+def _set(node: DictConfig, *names: str, **renamed: str) -> dict[str, Any]:
+    """Keyword arguments from the keys of ``node`` named (``renamed``: argument=key) that are not
+    null; a null key leaves the reader's default."""
+    pairs = [(name, name) for name in names] + list(renamed.items())
+    return {arg: node[key] for arg, key in pairs if node[key] is not None}
 
 
 def _eval_keys(block: Any) -> DictConfig:
@@ -213,9 +217,7 @@ def _judge(keys: DictConfig) -> JudgeConfig | None:
         )
     if not keys.url:
         return None
-    return JudgeConfig(
-        url=keys.url, model=keys.model, max_concurrency=keys.concurrency, max_tokens=keys.max_tokens
-    )
+    return JudgeConfig(url=keys.url, model=keys.model, **_set(keys, "max_concurrency", "max_tokens"))
 
 
 def _on_gpu() -> bool:
@@ -298,7 +300,7 @@ def prepare(args: argparse.Namespace) -> runner.EvalSetup:
     name the key to fix."""
     cfg = load_config(args.run_dir, args.config, overrides_of(args))
     e = cfg.eval
-    sampling = Sampling(e.samples or 1, e.temperature or 0.0, e.top_p, e.sample_seed or 0)
+    sampling = Sampling(**_set(e, "samples", "temperature", "top_p", seed="sample_seed"))
     judge = _judge(e.judge)
     limit = _limit(e)
     plan_name, _ = _resolve_plan(e.plan, limit)
@@ -306,8 +308,15 @@ def prepare(args: argparse.Namespace) -> runner.EvalSetup:
         raise ValueError(
             "eval.limit and eval.plan=sequential do not mix: the plan chooses each checkpoint's rows"
         )
-    if not 0 < e.halfwidth < 1 or not 0 <= e.delta < 1:
-        raise ValueError(f"eval.halfwidth {e.halfwidth} / eval.delta {e.delta}: macro EM, in (0, 1) / [0, 1)")
+    schedule = runner.Schedule(
+        plan_name,
+        val_results=repo_path(e.val_results),
+        **_set(e, "screen_rows", "delta", "halfwidth", "confirm", "matched_horizon"),
+    )
+    if not 0 < schedule.halfwidth < 1 or not 0 <= schedule.delta < 1:
+        raise ValueError(
+            f"eval.halfwidth {schedule.halfwidth} / eval.delta {schedule.delta}: macro EM, in (0, 1) / [0, 1)"
+        )
     if not e.out:
         raise ValueError("eval.out is not set: pass --out OUT (or eval.out=OUT), the results root")
     suite_path = repo_path(e.suite)
@@ -375,15 +384,7 @@ def prepare(args: argparse.Namespace) -> runner.EvalSetup:
         topk=topk,
         sampling=sampling,
         judge=judge,
-        schedule=runner.Schedule(
-            plan=plan_name,
-            screen_rows=e.screen_rows,
-            delta=e.delta,
-            halfwidth=e.halfwidth,
-            confirm=e.confirm,
-            matched_horizon=e.matched_horizon,
-            val_results=repo_path(e.val_results),
-        ),
+        schedule=schedule,
         recipe=cfg,
     )
 
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         setup = prepare(args)
         e = setup.recipe.eval
-        engine = EngineSettings(e.gpu_memory_utilization, prefix_caching=e.prefix_caching)
+        engine = EngineSettings(prefix_caching=e.prefix_caching, **_set(e, "gpu_memory_utilization"))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
