@@ -280,16 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launch retriever",
         usage="python -m launch retriever RECIPE [overrides ...] [-- python -m search_env.retrieval serve flags ...]",
-        description="Serve the retriever a recipe's retriever: block describes (backend, corpus, index, "
-        "encoder, nprobe, top_k, port, gpu, auth_token_file) on 127.0.0.1:retriever.port; flags after -- "
-        "(e.g. --host ADDR, --max-batch N) go to the server.",
+        description="Serve the retriever a recipe's retriever: block describes, on 127.0.0.1:retriever.port; "
+        "flags after -- (e.g. --host ADDR, --max-batch N) go to the server.",
     )
-    parser.add_argument(
-        "recipe", type=Path, help="e.g. recipes/f1_only_s44.yaml, or a run's saved recipe.yaml"
-    )
-    parser.add_argument(
-        "overrides", nargs="*", help="hydra overrides, e.g. retriever.port=8001 retriever.gpu=on"
-    )
+    parser.add_argument("recipe", type=Path, help="e.g. recipes/f1_only_s44.yaml, or a run's recipe.yaml")
+    parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. retriever.gpu=on")
     args = parser.parse_args(argv[:cut])
     if not args.recipe.is_file():
         print(f"error: recipe {args.recipe} not found", file=sys.stderr)

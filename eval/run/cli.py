@@ -139,8 +139,6 @@ def build_run_parser() -> argparse.ArgumentParser:
         prog="python -m eval run",
         usage="python -m eval run --run-dir RUN [--config COMPOSED.yaml] [key=value ...] [alias flags ...]",
         description="Evaluate every checkpoint of a run with the settings of its recipe.",
-        epilog="aliases:\n" + "\n".join(f"  {flag:28} {key}=" for flag, (key, _, _) in ALIASES.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--run-dir", required=True, type=Path, help="the run's checkpoints, or an HF model folder")
     p.add_argument(
