@@ -90,7 +90,8 @@ class MicroBatcher:
     starves). The others each get an equal share, then what is left goes to the smallest backlogs
     first; each client's queries in arrival order (a request may be split over batches). So a light
     client's request waits about one short batch behind a heavy client's backlog.
-    max_queued: most queries waiting for a batch; max_queued_per_client: most of one client's. A
+    max_queued: most queries waiting for a batch; max_queued_per_client: most of one client's
+    waiting for a batch or their answer (`submit`'s `keep`). A
     request that would pass either while others (of that client) wait is refused with `Overloaded`
     naming the flag (past the per-client bound after waiting up to `RETRY_AFTER_S` for room; None =
     no bound; a request alone in the queue is always taken). A request whose
@@ -134,6 +135,8 @@ class MicroBatcher:
         self._queues: dict[Hashable, deque[_Job]] = {}
         """Per client with queued queries, its requests in arrival order; dict order = turn order."""
         self._client_queued: dict[Hashable, int] = {}
+        self._held: dict[Hashable, int] = {}
+        """Per client, its queries submitted and not yet released (queued, searched or being answered)."""
         self._seen: dict[Hashable, float] = {}
         """Per recently active client, when it last sent a request or had queries queued (monotonic s)."""
         self._usage: dict[Hashable, tuple[float, float]] = {}
@@ -158,9 +161,13 @@ class MicroBatcher:
                 pass
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def submit(self, queries: list[str], topk: int, client: Hashable = None) -> list[list[Hit]]:
+    async def submit(
+        self, queries: list[str], topk: int, client: Hashable = None, keep: bool = False
+    ) -> list[list[Hit]]:
         """Per query its hits (at most `topk`); `client`: who sent it (fair shares; None = one client).
-        Raises `Overloaded` (429) past a queue bound; cancelling it drops the unsearched queries."""
+        Raises `Overloaded` (429) past a queue bound; cancelling it drops the unsearched queries.
+        The queries count against --max-queued-per-client until answered, or with `keep` until the
+        caller's `release` (its answer built: so a client's answers waiting to be built are bounded)."""
         if self._wakeup is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
         self._seen[client] = time.monotonic()
@@ -171,8 +178,8 @@ class MicroBatcher:
             await self._room_for(client, job.pending)  # Retry-After gets one refusal a second
             if self._client_full(client, job.pending):
                 raise Overloaded(
-                    f"{self._client_queued[client]} queries of this client wait for a search and this "
-                    f"request's {job.pending} would pass --max-queued-per-client "
+                    f"{self._held[client]} queries of this client wait for a search or their answer and "
+                    f"this request's {job.pending} would pass --max-queued-per-client "
                     f"{self.max_queued_per_client}; retry after {RETRY_AFTER_S} s"
                 )
         queued = self._queued_queries
@@ -183,16 +190,31 @@ class MicroBatcher:
             )
         self._queues.setdefault(client, deque()).append(job)
         self._count(client, job.pending)
+        self._held[client] = self._held.get(client, 0) + len(queries)
         self._wakeup.set()
         try:
-            return await job.future
-        except asyncio.CancelledError:
+            hits = await job.future
+        except BaseException:
             self._withdraw(job)
+            self.release(client, len(queries))
             raise
+        if not keep:
+            self.release(client, len(queries))
+        return hits
+
+    def release(self, client: Hashable, queries: int) -> None:
+        """`client`'s `queries` of a `submit(..., keep=True)` no longer count against its bound."""
+        left = self._held[client] - queries
+        if left:
+            self._held[client] = left
+        else:
+            del self._held[client]
+        if client in self._waiting:
+            self._wake(client)
 
     async def _room_for(self, client: Hashable, queries: int) -> None:
         """Wait up to `RETRY_AFTER_S` until `queries` more of `client` fit --max-queued-per-client;
-        waiting requests are woken in arrival order as batches take the client's queries."""
+        waiting requests are woken in arrival order as the client's queries are answered."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_AFTER_S
         while self._client_full(client, queries) and loop.time() < deadline:
@@ -211,18 +233,18 @@ class MicroBatcher:
 
     def _wake(self, client: Hashable) -> None:
         """Wake the waiting requests of `client` that now fit its bound, in arrival order."""
-        free = (self.max_queued_per_client or 0) - self._client_queued.get(client, 0)
+        free = (self.max_queued_per_client or 0) - self._held.get(client, 0)
         for queries, future in self._waiting.get(client, ()):
             if future.done():
                 continue
-            if queries > free and client in self._client_queued:
+            if queries > free and client in self._held:
                 break
             future.set_result(None)
             free -= queries
 
     def _client_full(self, client: Hashable, queries: int) -> bool:
-        """Whether `queries` more of `client` would pass --max-queued-per-client while some wait."""
-        mine = self._client_queued.get(client, 0)
+        """Whether `queries` more of `client` would pass --max-queued-per-client while some are held."""
+        mine = self._held.get(client, 0)
         bound = self.max_queued_per_client
         return bound is not None and mine > 0 and mine + queries > bound
 
@@ -234,8 +256,6 @@ class MicroBatcher:
             self._client_queued[client] = left
         else:
             self._client_queued.pop(client, None)
-        if queries < 0 and client in self._waiting:
-            self._wake(client)
 
     def _withdraw(self, job: _Job) -> None:
         """Take `job`'s queries not yet in a batch out of the queue (its answer is no longer wanted)."""

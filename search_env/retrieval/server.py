@@ -15,7 +15,7 @@ import contextlib
 import re
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -127,10 +127,11 @@ def client_key(request: Request, tokens: list[str] | None) -> Hashable:
 async def submit_while_connected(
     batcher: MicroBatcher, request: Request, queries: list[str], topk: int, client: Hashable
 ) -> list[list[Hit]]:
-    """`batcher.submit`, cancelled (its queries not yet searched leave the queue) when the client
-    disconnects first: uvicorn does not cancel a handler whose client went away, it only answers
-    `http.disconnect` to the next `receive()` once the body has been read."""
-    search = asyncio.ensure_future(batcher.submit(queries, topk, client))
+    """`batcher.submit(..., keep=True)` (the caller releases the queries), cancelled (its queries not
+    yet searched leave the queue) when the client disconnects first: uvicorn does not cancel a
+    handler whose client went away, it only answers `http.disconnect` to the next `receive()` once
+    the body has been read."""
+    search = asyncio.ensure_future(batcher.submit(queries, topk, client, keep=True))
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -146,6 +147,7 @@ async def submit_while_connected(
     if search not in done:
         with contextlib.suppress(asyncio.CancelledError, Refused):
             await search
+            batcher.release(client, len(queries))  # answered as the client went away
         raise Refused(499, None, "the client disconnected before its answer was ready")
     return search.result()
 
@@ -314,48 +316,55 @@ def create_app(
         shown = doc if trusted(request) else public_health(doc)
         return Response(content=encode_json(shown), media_type="application/json")
 
-    async def submit(request: Request, queries: list[str], topk: int) -> tuple[Hashable, list[list[Hit]]]:
+    async def answer(
+        request: Request, queries: list[str], topk: int, build: Callable[[list[list[Hit]]], object]
+    ) -> Response:
+        """`build(hits)` of `queries` as the JSON answer to the client of `request`; the queries count
+        against its --max-queued-per-client until the answer is built."""
         client = client_key(request, auth_tokens)
-        return client, await submit_while_connected(batcher, request, queries, topk, client)
+        hits = await submit_while_connected(batcher, request, queries, topk, client)
+        try:
+            return await answers.answer(client, lambda: build(hits))
+        finally:
+            batcher.release(client, len(queries))
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         topk = body.topk or default_topk
         check_request(limits, body.queries, topk, "queries", "topk")
-        client, hits = await submit(request, body.queries, topk)
         if body.return_scores:
-            return await answers.answer(
-                client,
-                lambda: {
-                    "result": [[{"document": d, "score": s} for d, s in per_query] for per_query in hits]
-                },
+            return await answer(
+                request,
+                body.queries,
+                topk,
+                lambda hits: {"result": [[{"document": d, "score": s} for d, s in one] for one in hits]},
             )
         # Search-R1 returns the bare documents when scores are not asked for
-        return await answers.answer(
-            client, lambda: {"result": [[d for d, _ in per_query] for per_query in hits]}
+        return await answer(
+            request, body.queries, topk, lambda hits: {"result": [[d for d, _ in one] for one in hits]}
         )
 
     @app.post("/search")
     async def search(body: SearchRequest, request: Request) -> Response:
         check_request(limits, [body.query], body.top_n, "query", "top_n", one=True)
-        client, (per_query,) = await submit(request, [body.query], body.top_n)
-        docs = [doc for doc, _ in per_query]
-        return await answers.answer(
-            client, lambda: [docs, [s for _, s in per_query]] if body.return_score else docs
-        )
+
+        def build(hits: list[list[Hit]]) -> object:
+            docs = [doc for doc, _ in hits[0]]
+            return [docs, [score for _, score in hits[0]]] if body.return_score else docs
+
+        return await answer(request, [body.query], body.top_n, build)
 
     @app.post("/batch_search")
     async def batch_search(body: BatchSearchRequest, request: Request) -> Response:
         check_request(limits, body.query, body.top_n, "query", "top_n")
-        client, hits = await submit(request, body.query, body.top_n)
 
-        def build() -> object:
-            docs = [[doc for doc, _ in per_query] for per_query in hits]
+        def build(hits: list[list[Hit]]) -> object:
+            docs = [[doc for doc, _ in one] for one in hits]
             if body.return_score:
-                return [docs, [[score for _, score in per_query] for per_query in hits]]
+                return [docs, [[score for _, score in one] for one in hits]]
             return docs
 
-        return await answers.answer(client, build)
+        return await answer(request, body.query, body.top_n, build)
 
     return app
 
@@ -376,6 +385,7 @@ def uvicorn_options(limits: Limits) -> dict:
     its own bounds and the guarded protocol."""
     return {
         "http": guarded_protocol(limits),
+        "ws": "none",  # no upgrades: a connection stays with the guarded protocol until it closes
         "limit_concurrency": limits.max_connections,
         "timeout_keep_alive": limits.keep_alive_timeout_s,
         "h11_max_incomplete_event_size": limits.max_header_bytes,

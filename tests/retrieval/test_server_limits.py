@@ -230,9 +230,9 @@ def test_answers_are_serialised_off_the_event_loop(monkeypatch) -> None:
     threads: list[str] = []
     encode = answers.encode_json
 
-    def recording(payload: object) -> bytes:
+    def recording(payload: object, depth: int = 2) -> bytes:
         threads.append(threading.current_thread().name)
-        return encode(payload)
+        return encode(payload, depth)
 
     monkeypatch.setattr(answers, "encode_json", recording)
 
@@ -241,7 +241,7 @@ def test_answers_are_serialised_off_the_event_loop(monkeypatch) -> None:
         assert (await client.post("/retrieve", json=GOOD)).status_code == 200
         assert (await client.post("/search", json={"query": "Evan Morris"})).status_code == 200
         assert (await client.post("/batch_search", json={"query": ["Evan Morris"]})).status_code == 200
-        assert len(threads) == 3 and loop_thread not in threads
+        assert len(threads) >= 3 and loop_thread not in threads  # every piece in the answer pool
 
     _in_process(check)
 
@@ -721,5 +721,25 @@ def test_cached_answers_count_against_the_per_client_bound_on_a_real_server() ->
             stub.gate.set()
             assert [(await t).status_code for t in (first, cached)] == [200, 200]
             assert batcher.stats.searched == searched + 1  # only q1: the cached ones from the cache
+
+    asyncio.run(run())
+
+
+def test_answers_not_yet_built_count_against_the_clients_bound() -> None:
+    """Security review 3 N4: a client's answered queries still count until its answer is built
+    (`keep`, then `release`), so answers waiting for a client that does not read are bounded too."""
+
+    async def run() -> None:
+        batcher = MicroBatcher(lambda qs, k: [[] for _ in qs], 256, 0, max_queued_per_client=4)
+        await batcher.start()
+        try:
+            assert len(await batcher.submit(["a", "b", "c"], 1, "slow reader", keep=True)) == 3
+            with pytest.raises(Overloaded, match="--max-queued-per-client 4"):
+                await batcher.submit(["d", "e"], 1, "slow reader")  # 3 + 2 > 4: its answer is not built
+            assert len(await batcher.submit(["x", "y"], 1, "other")) == 2
+            batcher.release("slow reader", 3)
+            assert len(await batcher.submit(["d", "e"], 1, "slow reader")) == 2
+        finally:
+            await batcher.stop()
 
     asyncio.run(run())
