@@ -26,8 +26,9 @@ import numpy as np
 from eval.report.results import load_results
 from eval.report.select import selection_document
 from eval.run import sequential as seq
-from eval.run.store import RowStore, row_key
+from eval.run.store import RowStore
 from eval.run.suite import Suite, load_suite
+from eval.schema import row_key
 from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import REPO_ROOT
 

@@ -17,7 +17,7 @@ from eval.report.document import main as eval_report
 from eval.report.results import SETTINGS_FIX, ResultsError, load_results, load_training_logs, run_settings
 from eval.report.select import resolve_matched_horizon
 from eval.report.tables import order_shapes
-from eval.run.settings import differences, mismatch_message
+from eval.schema import differences, mismatch_message
 from eval.stats import seed_ci
 from search_env.markdown import markdown_table
 from search_env.paths import repo_path

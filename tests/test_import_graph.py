@@ -175,13 +175,14 @@ def test_one_training_run_reads_in_the_launch_package():
 
 
 def test_one_evaluation_reads_in_its_two_lifecycles():
-    """eval/run/ produces results and imports nothing of eval/report/, which reads them (the reverse is
-    allowed); every eval module but the shared statistics and the dispatcher sits in one of the two;
+    """eval/run/ produces results and imports nothing of eval/report/, which reads them through the
+    results schema (eval/schema.py); every eval module but the schema, the shared statistics and the
+    dispatcher sits in one of the two;
     the launcher and the runner share one setup of the retriever and one tool writer."""
     graph = import_graph()
     eval_modules = {m for m in graph if m.split(".")[0] == "eval"}
     loose = sorted(m for m in eval_modules if not m.startswith(("eval.run", "eval.report")))
-    assert loose == ["eval", "eval.__main__", "eval.stats"], loose
+    assert loose == ["eval", "eval.__main__", "eval.schema", "eval.stats"], loose
     wrong = sorted(
         f"{m} imports {t}"
         for m in eval_modules
@@ -190,6 +191,13 @@ def test_one_evaluation_reads_in_its_two_lifecycles():
         if t.startswith("eval.report")
     )
     assert not wrong, wrong
+    # the results schema is a floor below both halves: the report reads results through it, and
+    # imports of eval/run/ only the plan's arithmetic and the suite reader (``python -m eval plan``)
+    assert not {t for t in graph["eval.schema"] if t.startswith(("eval.run", "eval.report"))}
+    producer = sorted(
+        {t for m in eval_modules if m.startswith("eval.report") for t in graph[m] if t.startswith("eval.run")}
+    )
+    assert producer == ["eval.run", "eval.run.sequential", "eval.run.suite"], producer
     assert "launch.recipe" in graph["launch.evaluate"] & graph["launch.preflight"]
     assert "launch.retriever" in graph["launch.evaluate"] & graph["launch.train"]
     assert "search_env.verl_glue" in graph["launch.preflight"] & graph["eval.run.rollout"]

@@ -19,10 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from eval.run.checkpoints import RUN_NAME
-from eval.run.settings import FULL, differences, mismatch_message
-from eval.run.store import RowStore
-from eval.run.summary import JUDGE, SUMMARY_SHAPE
+from eval.schema import FULL, JUDGE, RUN_NAME, SUMMARY_SHAPE, differences, mismatch_message, read_rows
 from reward_fns import SHAPES, metric_names, normalize_answer
 from search_env.benchmarks import BY_KEY, IN_DISTRIBUTION, canonical_benchmark, order_benchmarks
 from search_env.checkpoint_layout import step_dir_name, step_of
@@ -258,7 +255,7 @@ def load_results(root: Path | str) -> Results:
     folders (with summary.json or rows.jsonl; others, such as merged-weight caches, are ignored).
 
     Refused (ResultsError naming the setting and both values): runs or summaries evaluated with
-    other settings than the first run (:func:`eval.run.settings.differences`). Skipped, with a note:
+    other settings than the first run (:func:`eval.schema.differences`). Skipped, with a note:
     checkpoint folders without ``summary.json`` (not evaluated yet),
     summaries marked ``"complete": false``, and checkpoints lacking a benchmark of the suite (the
     suite is the union of benchmarks over all complete checkpoints; a partial checkpoint's average
@@ -355,9 +352,7 @@ def _questions(run_dir: Path) -> set[str]:
     """Normalised questions of every ``global_step_*/rows.jsonl`` under ``run_dir``."""
     out: set[str] = set()
     for rows_path in run_dir.glob(f"{step_dir_name('*')}/rows.jsonl"):
-        out |= {
-            normalize_answer(r.get("question", "")) for r in RowStore(rows_path).rows() if r.get("question")
-        }
+        out |= {normalize_answer(r.get("question", "")) for r in read_rows(rows_path) if r.get("question")}
     return out
 
 
@@ -390,7 +385,7 @@ def load_rows(path: Path) -> pd.DataFrame:
     Columns: ``benchmark`` (canonical), ``id``, each registered metric (``em``, ``f1``, ``acc``: floats in [0, 1]),
     ``searches`` (int, -1 when absent), ``termination`` (str, "" when absent), ``answered`` (bool:
     a prediction was extracted). A question appearing twice keeps its first line, as
-    :class:`eval.run.store.RowStore` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
+    :func:`eval.schema.read_rows` does (the runner never writes a key twice). Blank lines are ignored; any other malformed line raises naming ``file:line``.
     """
     records = []
     for lineno, row in iter_jsonl(path, ROW_FIX, ResultsError):

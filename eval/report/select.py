@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from eval.report.results import AVG_ALL, check_disjoint, load_results
-from eval.run.store import write_json_atomic
+from eval.schema import write_json_atomic
 from reward_fns import PRIMARY, metric_named, metric_names
 from search_env.markdown import markdown_table
 from search_env.paths import repo_relative

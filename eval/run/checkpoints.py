@@ -9,7 +9,6 @@ docs/evaluation.md ("`python -m eval run`": RUN, Step 0).
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -18,13 +17,11 @@ from typing import Any, Literal
 
 from omegaconf import OmegaConf
 
+from eval.schema import RUN_NAME
 from reward_fns import REWARD_PATH, SHAPES
 from search_env.checkpoint_layout import TRACKER, step_dir_name, step_of
 from search_env.safe_fs import remove_tree, replace_durably
 
-RUN_NAME = re.compile(r"(?P<shape>" + "|".join(sorted(SHAPES, key=len, reverse=True)) + r")_s(?P<seed>\d+)")
-"""A run named by its recipe, ``<shape>_s<seed>`` (e.g. ``f1_only_s2``): the run folder, its
-training log, its results."""
 CONFIG_CANDIDATES = (
     "config.yaml",
     "resolved_config.yaml",

@@ -19,9 +19,10 @@ from omegaconf.errors import OmegaConfBaseException
 from eval.run import checkpoints as ckpts
 from eval.run import runner
 from eval.run.rollout import limits_for_preset
-from eval.run.settings import FULL, SEQUENTIAL, Sampling, eval_settings, judge_setting
+from eval.run.settings import Sampling, eval_settings, judge_setting
 from eval.run.suite import load_suite
 from eval.run.summary import format_table
+from eval.schema import FULL, SEQUENTIAL
 from reward_fns.judge import JudgeConfig
 from reward_fns.judge_prompt import PROMPT_VERSION
 from reward_fns.shapes import SHAPES

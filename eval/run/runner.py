@@ -24,29 +24,22 @@ from eval.run import checkpoints as ckpts
 from eval.run import sequential as seq
 from eval.run.pool import rollout_pool
 from eval.run.rollout import Limits, rollout_config, to_verl_rows
-from eval.run.settings import (
-    CHECKPOINT_FILE,
+from eval.run.settings import CHECKPOINT_FILE, Sampling, checkpoint_fingerprint, step0_key
+from eval.run.store import InOrderWriter, RowStore, exclusive_lock, try_lock
+from eval.run.suite import Question, Suite
+from eval.run.summary import add_judge, score_row, summarize
+from eval.schema import (
     FULL,
+    JUDGE,
     SEQUENTIAL,
-    Sampling,
-    checkpoint_fingerprint,
+    RowKey,
     differences,
     mismatch_message,
-    step0_key,
-)
-from eval.run.store import (
-    InOrderWriter,
-    RowKey,
-    RowStore,
-    exclusive_lock,
     read_json,
     row_key,
-    try_lock,
     unit_key,
     write_json_atomic,
 )
-from eval.run.suite import Question, Suite
-from eval.run.summary import JUDGE, add_judge, score_row, summarize
 from reward_fns import PRIMARY
 from reward_fns.judge import JudgeConfig, VerdictCache, check_model, judge_many
 from search_env import protocol

@@ -14,14 +14,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.schema import FULL, comparable
 from search_env import protocol
 
 if TYPE_CHECKING:
     from eval.run.rollout import Limits
     from eval.run.suite import Suite
 
-FULL, SEQUENTIAL = "full", "sequential"
-"""Evaluation plans: every checkpoint on every row, or screen + decide + confirm (eval.run.sequential)."""
 CHECKPOINT_FILE = "checkpoint.json"
 """In a step's results folder: the fingerprint of the checkpoint its rows came from."""
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model_world_size_*_rank_*.pt", "config.json")
@@ -135,45 +134,6 @@ def eval_settings(
 def judge_setting(model: str, prompt_version: str) -> dict[str, str]:
     """The judge's identity as an evaluation setting: its served model name and prompt version."""
     return {"model": model, "prompt_version": prompt_version}
-
-
-def comparable(settings: dict[str, Any]) -> dict[str, Any]:
-    """The settings two result sets must share, by human name; ``None`` = not recorded (old results).
-
-    Rows per benchmark count only for the full plan: a sequential plan's rows grow by stage, and
-    its numbers carry their stage instead. The judge is compared only when both sides used one:
-    results without judge verdicts may be judged later into the same folder.
-    """
-    limits = dict(settings.get("limits") or {})
-    preset = limits.pop("preset", protocol.TRAIN_PRESET.name)
-    plan = settings.get("plan", FULL)
-    return {
-        "limits preset": preset,
-        "rollout limits": limits or None,
-        "benchmarks": sorted(settings.get("benchmarks") or {}) or None,
-        "suite fingerprint": settings.get("suite_fingerprint") or None,
-        "plan": plan,
-        "rows per benchmark (--limit)": settings.get("benchmarks") if plan == FULL else None,
-        "subsample seed": settings.get("subsample_seed", 0),
-        "backend": settings.get("backend"),
-        "sampling": settings.get("sampling"),
-        "vLLM prefix caching": settings.get("prefix_caching"),
-        "retriever": settings.get("retriever") or None,
-        "top-k": settings.get("topk", protocol.TOPK),
-        "judge (--judge-model, prompt version)": settings.get("judge") or None,
-    }
-
-
-def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(setting, value in a, value in b)`` for every setting both record and that differs."""
-    ca, cb = comparable(a), comparable(b)
-    return [(k, ca[k], cb[k]) for k in ca if ca[k] is not None and cb[k] is not None and ca[k] != cb[k]]
-
-
-def mismatch_message(where_a: str, where_b: str, diffs: list[tuple[str, Any, Any]], fix: str) -> str:
-    """One error line naming each differing setting with both values, and how to proceed."""
-    said = "; ".join(f"{name} is {va!r} in {where_a} but {vb!r} in {where_b}" for name, va, vb in diffs)
-    return f"evaluation settings differ: {said}. Fix: {fix}"
 
 
 def _file_digest(path: Path) -> str:

@@ -21,32 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from search_env.safe_fs import fsync_dir, open_lock, write_atomic
-
-RowKey = tuple[str, ...]
-"""(benchmark, question id) of a greedy row, (benchmark, question id, sample index) of a sampled
-one: the identity of one row."""
-
-
-def unit_key(question: tuple[str, str], sample: int | None) -> RowKey:
-    """The key of one rollout of a question (``Question.key``): greedy (``sample`` None) or a sample."""
-    return question if sample is None else (*question, str(sample))
-
-
-def row_key(row: dict[str, Any]) -> RowKey:
-    sample = row.get("sample")
-    return unit_key((str(row["benchmark"]), str(row["id"])), None if sample is None else int(sample))
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` by temp file + fsync + rename (+ dir fsync)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+from eval.schema import RowKey, intact_rows, read_rows, row_key
+from search_env.safe_fs import fsync_dir, open_lock
 
 
 class RowStore:
@@ -60,41 +36,9 @@ class RowStore:
         self.path = Path(path)
         self._done: set[RowKey] | None = None
 
-    def _good_prefix(self) -> tuple[list[dict[str, Any]], int]:
-        """Parsed complete rows and the byte length of the intact prefix of the file.
-
-        A line counts only if it ends in a newline and parses as a JSON object with
-        ``benchmark`` and ``id``; parsing stops at the first bad line (a torn write can only be
-        the last line, since every batch is fsynced before the next one starts).
-        """
-        if not self.path.exists():
-            return [], 0
-        rows: list[dict[str, Any]] = []
-        good = 0
-        with open(self.path, "rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    row = json.loads(raw)
-                except json.JSONDecodeError:
-                    break
-                if not isinstance(row, dict) or "benchmark" not in row or "id" not in row:
-                    break
-                rows.append(row)
-                good += len(raw)
-        return rows, good
-
     def rows(self) -> list[dict[str, Any]]:
         """Complete rows in file order, first occurrence of each :func:`row_key` only."""
-        seen: set[RowKey] = set()
-        out = []
-        for row in self._good_prefix()[0]:
-            key = row_key(row)
-            if key not in seen:
-                seen.add(key)
-                out.append(row)
-        return out
+        return read_rows(self.path)
 
     def done_keys(self) -> set[RowKey]:
         return {row_key(r) for r in self.rows()}
@@ -103,7 +47,7 @@ class RowStore:
         """Cut a torn or corrupt tail off the file; returns the number of bytes removed."""
         if not self.path.exists():
             return 0
-        _, good = self._good_prefix()
+        _, good = intact_rows(self.path)
         size = self.path.stat().st_size
         if good < size:
             with open(self.path, "r+b") as f:

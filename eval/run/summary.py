@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from eval.run.suite import Question
+from eval.schema import JUDGE
 from eval.stats import AGREEMENT, bootstrap_macro, mean, pass_at_ks, percentile_interval, stream_seed
 from reward_fns import PRIMARY, evaluation_scores, metric_names, registered
 from search_env import protocol
@@ -21,16 +22,6 @@ AVERAGES: dict[str, Callable[[Sequence[float]], float]] = {"mean": mean}
 N_BOOT, CI_LEVEL, CI_SEED = 1000, 0.95, 0
 """pass@k / avg@k intervals: percentile bootstrap over questions within each benchmark (the
 report's defaults: ``--bootstrap 1000 --ci-level 0.95 --seed 0``, :func:`eval.stats.stream_seed`)."""
-JUDGE = "judge"
-"""Key of the judge's score (the share of rows it judged ``correct``) in a summary's benchmarks and
-macro, beside the registered metrics; present only when a judge scored the rows."""
-SUMMARY_SHAPE = (
-    '{"benchmarks": {name: {"n", '
-    + "".join(f'"{name}", ' for name in metric_names())
-    + '...}}, "macro": {...}, "step": N, "complete": true}'
-)
-"""The fields of ``summary.json`` every reader needs: what :func:`summarize` writes and
-:func:`eval.report.results.load_summary` checks (``macro``: the unweighted mean of ``benchmarks``)."""
 
 
 def sampled_names(samples: int) -> list[str]:

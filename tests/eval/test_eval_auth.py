@@ -13,7 +13,8 @@ from conftest import token_file
 from eval.run.cli import build_run_parser, prepare
 from eval.run.rollout import tool_and_loop_files
 from eval.run.runner import write_run_json
-from eval.run.settings import differences, step0_key
+from eval.run.settings import step0_key
+from eval.schema import differences
 from search_env.paths import REPO_ROOT
 
 TOKEN = "eval-token-0123456789abcdef"

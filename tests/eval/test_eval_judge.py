@@ -17,8 +17,9 @@ import httpx
 import pytest
 
 from eval.run.runner import SCREENED, VERDICTS, _wants_judge, judge_rows, write_run_json
-from eval.run.settings import FULL, differences, judge_setting, step0_key
+from eval.run.settings import judge_setting, step0_key
 from eval.run.summary import add_judge, format_table, summarize
+from eval.schema import FULL, differences
 from eval.stats import agreement, bootstrap_agreement
 from reward_fns.judge import PROMPT_VERSION, JudgeConfig
 from search_env.retrieval.process import free_port

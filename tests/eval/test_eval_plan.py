@@ -21,9 +21,10 @@ from eval.run import checkpoints as ckpts
 from eval.run import runner
 from eval.run import sequential as seq
 from eval.run.rollout import Limits
-from eval.run.settings import SEQUENTIAL, eval_settings
+from eval.run.settings import eval_settings
 from eval.run.store import RowStore
 from eval.run.suite import load_suite
+from eval.schema import SEQUENTIAL
 from search_env.benchmarks import STUDY_SIZES
 from search_env.paths import REPO_ROOT
 

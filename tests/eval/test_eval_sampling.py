@@ -16,10 +16,11 @@ from eval.run import checkpoints as ckpts
 from eval.run import runner
 from eval.run.backends import ROLLOUT_SEED, seeded, turn_seed
 from eval.run.rollout import Limits
-from eval.run.settings import GREEDY, Sampling, differences, eval_settings, mismatch_message
-from eval.run.store import RowStore, row_key
+from eval.run.settings import GREEDY, Sampling, eval_settings
+from eval.run.store import RowStore
 from eval.run.suite import load_suite
 from eval.run.summary import summarize
+from eval.schema import differences, mismatch_message, row_key
 from eval.stats import pass_at_k, pass_at_ks
 
 

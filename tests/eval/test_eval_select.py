@@ -10,8 +10,9 @@ import pytest
 from eval.__main__ import main
 from eval.report.select import selection_document
 from eval.run import checkpoints as ckpts
-from eval.run.store import RowStore, write_json_atomic
+from eval.run.store import RowStore
 from eval.run.summary import summarize
+from eval.schema import write_json_atomic
 
 
 def _write_run(

@@ -15,7 +15,8 @@ import pytest
 from eval.report.document import main as report_main
 from eval.report.results import ResultsError, load_results, load_rows
 from eval.report.select import selection_document
-from eval.run.settings import checkpoint_fingerprint, differences
+from eval.run.settings import checkpoint_fingerprint
+from eval.schema import differences
 from eval.stats import bootstrap_macro, stream_seed
 from search_env.paths import REPO_ROOT
 

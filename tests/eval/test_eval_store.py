@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from eval.run.store import RowStore, exclusive_lock, read_json, write_json_atomic
+from eval.run.store import RowStore, exclusive_lock
 from eval.run.suite import SAMPLE_SUITE, load_suite, read_suite, subsample
 from eval.run.summary import summarize
+from eval.schema import read_json, write_json_atomic
 
 
 def _row(bench: str, i: int, **kw) -> dict:
