@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,16 +26,13 @@ from eval.report.results import (
     Results,
     ResultsError,
     benchmark_label,
-    check_disjoint,
     load_results,
-    load_rows,
     load_training_logs,
 )
 from eval.report.select import (
     MATCHED,
     MATCHED_HORIZON,
     OWN,
-    VAL_RULES,
     floor_checkpoints,
     horizon_arg,
     resolve_matched_horizon,
@@ -44,7 +40,6 @@ from eval.report.select import (
     stage_caption,
 )
 from eval.report.tables import (
-    FLOOR,
     format_ranking,
     frame_markdown,
     limits_preset_of,
@@ -58,18 +53,15 @@ from eval.report.tables import (
     table1,
     table1_markdown,
 )
+from eval.report.uncertainty import Cell, bootstrap_cells, statistics_markdown
+from eval.report.validation import validation_cells, validation_markdown
 from eval.stats import (
     AGREEMENT,
     AGREEMENT_MEASURES,
-    RankingTest,
     agreement,
     bootstrap_agreement,
-    bootstrap_macro,
-    percentile_interval,
-    ranking_test,
-    stream_seed,
 )
-from reward_fns import PRIMARY, metric_names, registered
+from reward_fns import PRIMARY, registered
 from search_env.benchmarks import IN_DISTRIBUTION, is_multi_hop
 from search_env.markdown import markdown_table
 from search_env.safe_fs import write_atomic
@@ -120,140 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the tables, statistics and index only: no PNG is drawn (each is still listed)",
     )
     return parser
-
-
-@dataclass
-class Cell:
-    """Rows of one selected checkpoint, loaded once for the bootstrap and the search profile."""
-
-    run: str
-    step: int
-    rows: pd.DataFrame
-
-
-def bootstrap_cells(
-    results: Results, cells: pd.DataFrame, n_boot: int, seed: int, level: float
-) -> tuple[pd.DataFrame, dict[tuple[str, int], Cell], list[str]]:
-    """Bootstrap CIs for every (run, step) in ``cells``: tidy ``run, step, benchmark, metric, n,
-    estimate, lo, hi`` (benchmark includes the two averages). Cells without rows.jsonl, or whose rows
-    lack a benchmark, get no CI and a note; rows disagreeing with summary.json get a note."""
-    suite = results.suite
-    subsets = {AVG_ALL: suite, AVG_HELDOUT: [b for b in suite if b not in IN_DISTRIBUTION]}
-    records, loaded, notes = [], {}, []
-    names = list(metric_names())
-    primary = names.index(PRIMARY)
-    for run, step in sorted(set(zip(cells["run"], cells["step"], strict=True))):
-        path = results.rows_path(run, int(step))
-        if not path.exists():
-            notes.append(f"{path}: missing - no confidence interval or search profile for this checkpoint.")
-            continue
-        rows = load_rows(path)
-        loaded[(run, int(step))] = Cell(run, int(step), rows)
-        groups = {b: rows.loc[rows["benchmark"] == b, names].to_numpy() for b in suite}
-        empty = [benchmark_label(b) for b, g in groups.items() if len(g) == 0]
-        if empty:
-            notes.append(
-                f"{path}: no rows for {', '.join(empty)} - no confidence interval for this checkpoint."
-            )
-            continue
-        point = {b: g.mean(axis=0) for b, g in groups.items()}
-        point.update(
-            {name: np.mean([point[b] for b in members], axis=0) for name, members in subsets.items()}
-        )
-        summary = results.scores[(results.scores["run"] == run) & (results.scores["step"] == step)]
-        in_summary = summary.set_index("benchmark")[PRIMARY]
-        off = [benchmark_label(b) for b in suite if abs(in_summary.get(b, np.nan) - point[b][primary]) > 1e-6]
-        if off:
-            notes.append(
-                f"{path}: {PRIMARY.upper()} from rows differs from summary.json on {', '.join(off)}."
-            )
-        draws = (
-            bootstrap_macro(groups, subsets, n_boot, stream_seed(seed, run, int(step))) if n_boot > 0 else {}
-        )
-        for bench, est in point.items():
-            lo, hi = percentile_interval(draws[bench], level) if draws else (np.full(len(names), np.nan),) * 2
-            n = len(rows) if bench in subsets else len(groups[bench])
-            for i, metric in enumerate(names):
-                records.append((run, int(step), bench, metric, n, float(est[i]), float(lo[i]), float(hi[i])))
-    columns = ["run", "step", "benchmark", "metric", "n", "estimate", "lo", "hi"]
-    return pd.DataFrame(records, columns=columns), loaded, notes
-
-
-def statistics_markdown(
-    t1: pd.DataFrame, shapes: Sequence[str], criterion: str, matched: int
-) -> tuple[str, pd.DataFrame, pd.DataFrame]:
-    """statistics.md body, the ranking-test frame (one row per rule x average) and the seed-range
-    frame (one row per rule x average x shape)."""
-    lines = ["# Statistics", ""]
-    tests, ranges = [], []
-    for rule in (MATCHED, OWN):
-        lines += [f"## {rule_label(rule, matched)}", ""]
-        for avg in (AVG_ALL, AVG_HELDOUT):
-            col = f"{avg}_em"
-            sub = t1[(t1["rule"] == rule) & (t1["row"] != FLOOR)]
-            table = {int(s): dict(zip(g["row"], g[col], strict=True)) for s, g in sub.groupby("seed")}
-            test = ranking_test(table, shapes)
-            picked = " (the selection average)" if avg == criterion else " (at the same checkpoints)"
-            lines += [f"### Average: {benchmark_label(avg)}{picked}", ""]
-            if test.p_given_shape is None:
-                lines += [
-                    f"Ranking test not computable: {len(shapes)} shape(s), {len(test.seeds)} complete seed(s).",
-                    "",
-                ]
-            else:
-                k, s = len(test.shapes), len(test.seeds)
-                last, verdict = _last_per_seed(test), _verdict(test)
-                lines += [
-                    f"- k = {k} shapes ({', '.join(test.shapes)}), s = {s} seeds with every shape "
-                    f"({', '.join(map(str, test.seeds))})"
-                    + (
-                        f"; seeds lacking a shape, left out: {', '.join(map(str, test.incomplete_seeds))}"
-                        if test.incomplete_seeds
-                        else ""
-                    ),
-                    f"- strictly last per seed: {last}",
-                    f"- {verdict[0].upper()}{verdict[1:]}.",
-                    f"- P(a pre-specified shape is last at all {s} seeds | exchangeable) = (1/{k})^{s} = "
-                    f"**{test.p_given_shape}** ≈ {float(test.p_given_shape):.4f}",
-                    f"- P(some shape is last at all {s} seeds | exchangeable) = {k}·(1/{k})^{s} = "
-                    f"**{test.p_any_shape}** ≈ {float(test.p_any_shape):.4f} (post-hoc, direction not pre-registered)",
-                    "",
-                ]
-            tests.append(
-                {
-                    "rule": rule,
-                    "average": avg,
-                    "k": len(test.shapes),
-                    "seeds": len(test.seeds),
-                    "last_everywhere": ";".join(test.last_everywhere),
-                    "p_given_shape": str(test.p_given_shape),
-                    "p_any_shape": str(test.p_any_shape),
-                }
-            )
-            rng = (
-                sub.groupby("row")[col]
-                .agg(["min", "max", "mean", "count"])
-                .reindex(order_shapes(list(shapes)))
-            )
-            rng["range"] = rng["max"] - rng["min"]
-            ranges.append(
-                rng.reset_index()
-                .rename(columns={"row": "shape", "count": "seeds"})
-                .assign(rule=rule, average=avg)
-            )
-            lines += [
-                "Seed range per shape (max - min over seeds):",
-                "",
-                frame_markdown(rng.reset_index().rename(columns={"row": "reward", "count": "seeds"})),
-                "",
-            ]
-            rankings = seed_rankings(t1, rule, col)
-            lines += ["Per-seed ranking (best first):", ""]
-            lines += [f"- seed {sd}: {format_ranking(groups)}" for sd, groups in rankings.items()]
-            lines.append("")
-    seed_ranges = pd.concat(ranges, ignore_index=True)
-    columns = ["rule", "average", "shape", "seeds", "min", "max", "mean", "range"]
-    return "\n".join(lines), pd.DataFrame(tests), seed_ranges[columns]
 
 
 @dataclass
@@ -628,91 +486,6 @@ def emit_zero_variance(r: Report) -> None:
     r.emit("zero_variance.csv", frame.to_csv(index=False), "The same as CSV.")
 
 
-def validation_cells(test: Results, val: Results, matched: int) -> pd.DataFrame:
-    """Checkpoints chosen by validation Avg (all) EM (the ``val_matched`` / ``val_own`` rules of
-    :func:`eval.report.select.select_checkpoints`, as ``python -m eval select`` reports them) next to the
-    test-chosen ones: ``rule, shape, seed, run, val_step, val_em, test_em, test_step,
-    test_pick_em`` (EM fractions on the validation / test suite), runs in name order. Raises
-    ResultsError when a run's validation rows share a question with its test rows."""
-    check_disjoint(test, val)
-    picks, _ = select_checkpoints(test.scores, matched, AVG_ALL, PRIMARY, val.scores)
-    by_rule = picks.set_index(["run", "rule"])
-    records = []
-    for run, shape, seed in picks[["run", "shape", "seed"]].drop_duplicates().itertuples(index=False):
-        for test_rule in (MATCHED, OWN):
-            rule = VAL_RULES[test_rule]
-            if (run, rule) not in by_rule.index:
-                continue
-            pick, test_pick = by_rule.loc[(run, rule)], by_rule.loc[(run, test_rule)]
-            records.append(
-                {
-                    "rule": rule,
-                    "shape": shape,
-                    "seed": seed,
-                    "run": run,
-                    "val_step": int(pick["step"]),
-                    "val_em": pick["val_value"],
-                    "test_em": pick["value"],
-                    "test_step": int(test_pick["step"]),
-                    "test_pick_em": test_pick["value"],
-                }
-            )
-    columns = ["rule", "shape", "seed", "run", "val_step", "val_em", "test_em", "test_step", "test_pick_em"]
-    return pd.DataFrame(records, columns=columns)
-
-
-def validation_markdown(
-    frame: pd.DataFrame,
-    test_root: Path,
-    val_root: Path,
-    matched: int,
-    shapes: Sequence[str],
-    seeds: Sequence[int],
-) -> str:
-    """``table1_val.md`` from a :func:`validation_cells` frame: per rule, a shape x seed table of
-    ``test EM @validation-chosen step (test-chosen: EM @step)`` with the mean over seeds and the
-    ranking test on the validation-chosen cells (omitted when not computable)."""
-    lines = [
-        "# Table 1 (validation-selected): average EM per reward shape x seed",
-        "",
-        f"- Checkpoint chosen by macro EM on the validation split ({val_root}), reported on the test split"
-        f" ({test_root}); ties -> earliest step. Matched horizon = step <= {matched}.",
-        "- A cell reads `test EM @validation-chosen step (test-chosen: EM @step)`; the gap is the optimism of"
-        " choosing the checkpoint on the test split itself.",
-        "",
-    ]
-    for rule, label in (
-        (VAL_RULES[MATCHED], f"matched horizon (step <= {matched})"),
-        (VAL_RULES[OWN], "own horizon"),
-    ):
-        sub = frame[frame["rule"] == rule]
-        if sub.empty:
-            continue
-        rows, table = [], {}
-        for shape in shapes:
-            cells = []
-            for seed in seeds:
-                hit = sub[(sub["shape"] == shape) & (sub["seed"] == seed)]
-                if hit.empty:
-                    cells.append("–")
-                    continue
-                c = hit.iloc[0]
-                table.setdefault(int(seed), {})[shape] = c["test_em"]
-                cells.append(
-                    f"{c['test_em']:.3f} @{c['val_step']} (test-chosen: {c['test_pick_em']:.3f} @{c['test_step']})"
-                )
-            rows.append([shape, *cells, f"{sub[sub['shape'] == shape]['test_em'].mean():.3f}"])
-        lines += [f"## {label}", "", markdown_table(["reward", *[f"seed {s}" for s in seeds], "mean"], rows)]
-        test = ranking_test(table, shapes)
-        if test.p_given_shape is not None:
-            lines += [
-                f"- strictly last per seed: {_last_per_seed(test)}; {_verdict(test)} "
-                f"(P = {test.p_given_shape} for a pre-specified shape, {test.p_any_shape} for any).",
-                "",
-            ]
-    return "\n".join(lines)
-
-
 def emit_validation(r: Report) -> None:
     """``table1_val.{md,csv}`` when ``--val-results`` is given (see :func:`validation_cells`)."""
     if r.args.val_results is None:
@@ -806,18 +579,6 @@ def write_report(args: argparse.Namespace) -> list[tuple[str, str]]:
     emit_search_profile(r)
     emit_index(r)
     return r.files
-
-
-def _last_per_seed(test: RankingTest) -> str:
-    """``seed 42: em_only; seed 43: tie for last; ...`` of a ranking test."""
-    return "; ".join(f"seed {sd}: {test.last_by_seed[sd] or 'tie for last'}" for sd in test.seeds)
-
-
-def _verdict(test: RankingTest) -> str:
-    """Whether one shape is strictly last at every complete seed (lower case, no full stop)."""
-    if test.last_everywhere:
-        return f"**{test.last_everywhere[0]}** is strictly last at every one of the {len(test.seeds)} seeds"
-    return "no shape is strictly last at every seed"
 
 
 def _write(path: Path, text: str) -> None:
