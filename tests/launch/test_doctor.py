@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from launch import preflight
-from launch.doctor import cuda, gpu_smoke
+from launch.doctor import cuda, gpu_smoke, smoke_checks
 from search_env.paths import REPO_ROOT
 from search_env.retrieval.process import free_port
 
@@ -196,10 +196,10 @@ def test_smoke_compares_gpu_and_cpu_searches():
 
     cpu = (np.array([[0.9, 0.5], [0.8, 0.7], [0.6, 0.1]]), np.array([[1, 2], [3, 4], [5, 6]]))
     gpu = (np.array([[0.9004, 0.5], [0.7, 0.6], [0.6, 0.2]]), np.array([[1, 2], [4, 3], [5, 9]]))
-    match = gpu_smoke.compare_searches(cpu, gpu)
+    match = smoke_checks.compare_searches(cpu, gpu)
     assert match["overlap"] == pytest.approx((1 + 1 + 0.5) / 3)
     assert match["top1"] == pytest.approx(2 / 3) and match["score_diff"] == pytest.approx(4e-4)
-    none_agree = gpu_smoke.compare_searches(cpu, (gpu[0], gpu[1] + 100))
+    none_agree = smoke_checks.compare_searches(cpu, (gpu[0], gpu[1] + 100))
     assert none_agree["top1"] == 0.0 and none_agree["score_diff"] == 0.0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch.doctor import gpu_smoke
+from launch.doctor import gpu_smoke, smoke_checks
 from search_env.paths import REPO_ROOT
 
 
@@ -27,5 +27,5 @@ def test_the_run_has_a_judge_stage_and_its_cases_are_balanced(tmp_path: Path):
         str(REPO_ROOT / "data" / "models" / "Qwen3.5-0.8B"),
         str(tmp_path / "judge"),
     )
-    right = [case[3] for case in gpu_smoke.JUDGE_CASES]
+    right = [case[3] for case in smoke_checks.JUDGE_CASES]
     assert right.count("correct") == right.count("incorrect") == len(right) // 2
