@@ -3,7 +3,7 @@
 Every reader takes it from here: ``python -m search_env.data suite`` (dataset, split, rows),
 evaluation's suites and labels (:mod:`eval.run.suite`, :mod:`eval.report`), the sequential plan's
 sizes (:mod:`eval.run.sequential`) and Table 1's reference row of the study's floor
-(:mod:`eval.report.tables`). Adding a benchmark: docs/protocol.md, "Adding a benchmark".
+(:mod:`eval.report.tables`). Adding a benchmark: docs/report.md, "Adding a benchmark".
 """
 
 from __future__ import annotations
