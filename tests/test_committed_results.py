@@ -51,3 +51,18 @@ def test_run_json_names_the_config_from_its_run_folder(tmp_path: Path, run_dir: 
     (run / "checkpoints").mkdir(parents=True)
     (run / "recipe.yaml").write_text("shape: f1_only\nseed: 43\n")
     assert run_info(tmp_path / run_dir)["config_path"] == "f1_only_s43/recipe.yaml"
+
+
+OUTSIDE = re.compile(r"\.\./shared|shared/notes|\bissue #\d+|\bverl #\d+")
+"""A citation a reader of the repository cannot follow: notes outside it, or an issue number."""
+
+
+def test_docs_cite_nothing_outside_the_repository():
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    found = [
+        f"{page.relative_to(REPO_ROOT)}:{number}: {match.group(0)}"
+        for page in pages
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if (match := OUTSIDE.search(line))
+    ]
+    assert not found, found
