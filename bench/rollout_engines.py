@@ -2,7 +2,7 @@
 
 Workload: ``--rollouts`` (32) concurrent multi-turn rollouts of demo training questions, through
 verl's own ``AgentLoopWorker`` -> ``SearchAgentLoop`` -> ``SearchTool`` and a real BM25 server, with
-the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_agent_loops.yaml``), exactly
+the demo's sampling (temperature 1) and per-turn cap (``recipes/demo_cpu_base.yaml``), exactly
 as a CPU training step rolls out. Both engines serve the same model folder: ``hf`` in fp32, vLLM
 in bf16 (its CPU kernels' dtype; ``eval.run.backends.CPU_ENGINE_KWARGS``). Start-up is timed apart.
 The engines run one at a time, each in its own process, hf -> vllm -> hf (an idle vLLM engine's
