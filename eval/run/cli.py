@@ -228,9 +228,9 @@ def _on_gpu() -> bool:
 def _resolve_plan(name: str, limit: int | None) -> tuple[str, str]:
     """(plan, why) for ``eval.plan``; ``auto`` is sequential on a GPU and full elsewhere or with a limit."""
     if name != "auto":
-        return name, "eval.plan"
+        return name, "--plan"
     if limit is not None:
-        return FULL, "eval.limit given"
+        return FULL, "--limit given"
     return (SEQUENTIAL, "default on a GPU") if _on_gpu() else (FULL, "default without a GPU")
 
 
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     steps = ", ".join(str(c.step) for c in setup.checkpoints)
     why = _resolve_plan(e.plan, _limit(e))[1]
-    print(f"plan {setup.schedule.plan} ({why}; eval.plan=full|sequential)", flush=True)
+    print(f"plan {setup.schedule.plan} ({why}; --plan full|sequential)", flush=True)
     print(
         f"run {setup.run_name}: steps [{steps}] on suite {setup.suite.name} ({setup.suite.n_rows} rows, "
         f"{len(setup.suite.benchmarks)} benchmarks), backend {setup.backend}, top-k {setup.topk}, "

@@ -1,21 +1,33 @@
-"""launch/eval.sh end to end on CPU: one process per GPU on one results folder (GPUS=a,b), and the
-dense retriever it starts with its node's index placement (INDEX and ENCODER)."""
+"""launch/eval.sh end to end on CPU: one process per GPU on one results folder (GPUS=a,b), evaluating
+with the run's own saved recipe (its top-k and turns, recorded in run.json), and the dense retriever it
+starts with its node's index placement (INDEX and ENCODER)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
-from search_env.paths import REPO_ROOT
+from launch.recipe import compose_recipe
+from search_env.paths import EVAL_RECIPE, REPO_ROOT
 from search_env.retrieval.process import free_port
 
 
 def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, tiny_model_dir: Path):
     """GPUS=a,b: two `python -m eval run` processes share OUT (here on CPU with the hf backend, on
-    the untrained model as its own step 0); the table is printed once, each row written once."""
+    the untrained model as its own step 0); the table is printed once, each row written once. The
+    run's saved recipe says top-k 3 and 1 assistant turn: the evaluation runs and records both."""
+    turns = "actor_rollout_ref.rollout.multi_turn.max_assistant_turns"
+    (tmp_path / "run").mkdir()
+    OmegaConf.save(
+        compose_recipe(EVAL_RECIPE, ["retriever.top_k=3", f"{turns}=1"]), tmp_path / "run" / "recipe.yaml"
+    )
+    shutil.copytree(tiny_model_dir, tmp_path / "run" / "checkpoints")
     env = {
         **os.environ,
         "GPUS": "0,1",
@@ -25,10 +37,10 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
         "RETRIEVER_PORT": str(free_port()),
         "TIMEOUT_S": "600",
     }
-    args = ["--shape", "f1_only", "--seed", "0", "--max-turns", "1", "--max-turn-tokens", "8"]
+    args = ["--shape", "f1_only", "--seed", "0", "--max-turn-tokens", "8"]
     args += ["--response-length", "32", "--benchmarks", "nq", "bamboogle"]
     done = subprocess.run(
-        ["bash", "launch/eval.sh", str(tiny_model_dir), *args],
+        ["bash", "launch/eval.sh", str(tmp_path / "run" / "checkpoints"), *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -41,6 +53,8 @@ def test_eval_sh_runs_one_process_per_gpu_on_one_results_folder(tmp_path: Path, 
     assert [p.name.split(".")[-2] for p in logs] == ["gpu0", "gpu1"]
     (rows,) = (tmp_path / "out").glob("*/global_step_0/rows.jsonl")
     assert len(rows.read_text().splitlines()) == 2, "one row per benchmark, written by one process"
+    recorded = json.loads((rows.parent.parent / "run.json").read_text())["eval"]
+    assert (recorded["topk"], recorded["limits"]["max_assistant_turns"]) == (3, 1)
 
 
 def test_eval_sh_starts_a_dense_retriever_with_its_nodes_index_placement(tmp_path: Path):
