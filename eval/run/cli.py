@@ -150,7 +150,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", help="hydra overrides: eval.*, retriever.*, the rollout's keys")
     for flag, (key, kind, nargs) in ALIASES.items():
-        p.add_argument(flag, type=kind, nargs=nargs, dest=f"alias:{flag}", help=f"{key}=")
+        p.add_argument(flag, type=kind, nargs=nargs, dest=f"alias:{flag}", metavar="V", help=f"{key}=")
     return p
 
 
