@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from launch import preflight
-from launch.doctor import gpu_smoke
+from launch.doctor import gpu_smoke, smoke_checks
 from launch.recipe import compose_recipe
 from launch.retriever import retriever_gpu
 from search_env.paths import REPO_ROOT
@@ -253,7 +253,9 @@ def _check_packed_sequences(tmp_path: Path, capsys) -> None:
     model.config.use_cache = model.config.text_config.use_cache = False
     apply_monkey_patch(model, use_remove_padding=True)
     smoke = gpu_smoke
-    seqs, packed, positions, cu = smoke._packed_inputs([7, 30, 19], model.config.text_config.vocab_size)
+    seqs, packed, positions, cu = smoke_checks._packed_inputs(
+        [7, 30, 19], model.config.text_config.vocab_size
+    )
 
     def worst_gap() -> float:
         with torch.no_grad():
