@@ -152,6 +152,11 @@ class Report:
         _write(self.out / name, text)
         self.listed(name, sentence)
 
+    def emit_table(self, stem: str, text: str, frame: pd.DataFrame, sentence: str, csv_sentence: str) -> None:
+        """``stem.md`` (``text``) and ``stem.csv`` (``frame``), listed in that order."""
+        self.emit(f"{stem}.md", text, sentence)
+        self.emit(f"{stem}.csv", frame.to_csv(index=False), csv_sentence)
+
     def listed(self, name: str, sentence: str) -> None:
         """List a file already written under ``out`` (a figure) in the index with ``sentence``."""
         self.files.append((name, sentence))
@@ -240,13 +245,14 @@ def emit_table1(r: Report) -> None:
             rankings = seed_rankings(r.t1, rule, f"{avg}_em")
             parts += [f"- seed {s}: {format_ranking(g)}" for s, g in rankings.items()]
             parts.append("")
-    r.emit(
-        "table1.md",
+    r.emit_table(
+        "table1",
         "\n".join(parts),
+        r.t1,
         "Table 1: average EM per reward shape x seed at the matched and own horizons,"
         " both averages, with CIs, the untrained floor and per-seed rankings.",
+        "Table 1 as tidy CSV (one row per rule x row x seed).",
     )
-    r.emit("table1.csv", r.t1.to_csv(index=False), "Table 1 as tidy CSV (one row per rule x row x seed).")
 
 
 def emit_per_benchmark_tables(r: Report) -> None:
@@ -261,12 +267,13 @@ def emit_per_benchmark_tables(r: Report) -> None:
             f"{r.avg_text[AVG_HELDOUT]}. Same checkpoints as Table 1.\n{r.caption}\n\n"
             + frame_markdown(frame)
         )
-        r.emit(
-            f"{stem}.md",
+        r.emit_table(
+            stem,
             text,
+            frame,
             f"{title} per benchmark for every cell, with both macro averages.",
+            f"{title} per benchmark as CSV.",
         )
-        r.emit(f"{stem}.csv", frame.to_csv(index=False), f"{title} per benchmark as CSV.")
 
 
 def agreement_frame(r: Report) -> pd.DataFrame:
@@ -312,8 +319,13 @@ def emit_judge(r: Report) -> None:
         "unparsed verdict counts as not correct. Same checkpoints as Table 1; a cell without a judged "
         f"summary is empty.\n{r.caption}\n\n" + frame_markdown(frame)
     )
-    r.emit("table_judge.md", text, "The LLM judge's score per benchmark for every cell, with both averages.")
-    r.emit("table_judge.csv", frame.to_csv(index=False), "The LLM judge per benchmark as CSV.")
+    r.emit_table(
+        "table_judge",
+        text,
+        frame,
+        "The LLM judge's score per benchmark for every cell, with both averages.",
+        "The LLM judge per benchmark as CSV.",
+    )
     agree = agreement_frame(r)
     level = f"{r.args.ci_level:.0%}"
 
@@ -353,12 +365,13 @@ def emit_judge(r: Report) -> None:
             "",
         ]
     )
-    r.emit(
-        "judge_agreement.md",
+    r.emit_table(
+        "judge_agreement",
         text,
+        agree,
         "Per benchmark: the judge against EM (accepted EM failures, rejected EM passes, kappa) with CIs.",
+        "The judge-EM agreement per benchmark as CSV.",
     )
-    r.emit("judge_agreement.csv", agree.to_csv(index=False), "The judge-EM agreement per benchmark as CSV.")
 
 
 def emit_statistics(r: Report) -> None:
@@ -478,12 +491,13 @@ def emit_zero_variance(r: Report) -> None:
         + "\n## Per run\n\n"
         + frame_markdown(frame)
     )
-    r.emit(
-        "zero_variance.md",
+    r.emit_table(
+        "zero_variance",
         text,
+        frame,
         "Zero-variance group fraction per shape and run (whole run, first and second half).",
+        "The same as CSV.",
     )
-    r.emit("zero_variance.csv", frame.to_csv(index=False), "The same as CSV.")
 
 
 def emit_validation(r: Report) -> None:
@@ -493,13 +507,14 @@ def emit_validation(r: Report) -> None:
     val = load_results(r.args.val_results)
     frame = validation_cells(r.results, val, r.matched)
     text = validation_markdown(frame, r.results.root, val.root, r.matched, r.shapes, r.seeds)
-    r.emit(
-        "table1_val.md",
+    r.emit_table(
+        "table1_val",
         text.replace("\n\n", f"\n\n{r.caption}\n", 1),
+        frame,
         "Table 1 with checkpoints chosen on the independent validation split and scored on the test"
         " split, next to the test-chosen cells (the optimism of choosing on test).",
+        "The validation-selected cells as tidy CSV.",
     )
-    r.emit("table1_val.csv", frame.to_csv(index=False), "The validation-selected cells as tidy CSV.")
 
 
 def emit_search_profile(r: Report) -> None:
