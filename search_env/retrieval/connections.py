@@ -53,11 +53,26 @@ def refusal(per_client: int) -> bytes:
     return head.encode() + body
 
 
+def head_too_large(max_header_bytes: int) -> bytes:
+    """The 431 written to a connection whose request head passed --max-header-bytes (h11 stops
+    reading it there), before it is closed."""
+    body = error_body(
+        f"the request head is over --max-header-bytes {max_header_bytes} bytes; send shorter headers",
+        "headers",
+    )
+    head = (
+        "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 def guarded_protocol(limits: Limits) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the per-address cap, the head deadline and the write deadline of
     `limits` (one `ConnectionTable` per call: pass the class to one server)."""
     table = ConnectionTable(limits.max_connections_per_client)
     refused = refusal(limits.max_connections_per_client)
+    too_large = head_too_large(limits.max_header_bytes)
 
     class GuardedH11Protocol(H11Protocol):
         """A connection of one server; see the module docstring."""
@@ -97,6 +112,14 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             if self.head_timer is not None and self.cycle is not None and not self.cycle.response_complete:
                 self.head_timer.cancel()  # a request head is complete
                 self.head_timer = None
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn answers every h11 protocol error 400; a head past h11's bound is a 431
+            if len(self.conn.trailing_data[0]) <= limits.max_header_bytes:
+                super().send_400_response(msg)
+                return
+            self.transport.write(too_large)
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             if not self.transport.is_closing():
