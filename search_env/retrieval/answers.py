@@ -1,5 +1,5 @@
-"""How answers leave the retrieval server: built and serialised in a bounded pool of threads, one at
-a time per client and only while that client's answers in flight (built, not yet handed to its
+"""How answers leave the retrieval server: joined from their queries' JSON bytes (`hits_json`) in a
+bounded pool of threads, one at a time per client and only while that client's answers in flight (built, not yet handed to its
 sockets) are under --max-answer-mb-per-client, then sent in chunks under uvicorn's flow control (a
 client that stops reading is cut off by the write deadline, `connections.py`). Mechanisms:
 docs/security.md ("Connections").
@@ -8,7 +8,6 @@ docs/security.md ("Connections").
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,24 +15,9 @@ from dataclasses import dataclass, field
 from starlette.responses import Response
 
 ANSWER_THREADS = 2
-"""Threads that build and serialise answers (JSON holds the GIL: more would only queue)."""
+"""Threads that join answers (joining holds the GIL: more would only queue)."""
 CHUNK_BYTES = 64 * 1024
 """An answer is written in pieces of this size; uvicorn waits for the socket between them."""
-
-
-def encode_json(payload: object, depth: int = 2) -> bytes:
-    """`payload` as UTF-8 JSON, the same bytes as one `json.dumps` (", " and ": " separators), made
-    piece by piece: the items of lists and dicts down to `depth` levels (a query's hits, a passage)
-    are encoded one call each. json's C encoder holds the GIL for a whole call (a 6 MB answer: tens
-    of ms); between pieces the event loop's thread gets it back within the switch interval."""
-    if depth and isinstance(payload, list):
-        return b"[" + b", ".join(encode_json(item, depth - 1) for item in payload) + b"]"
-    if depth and isinstance(payload, dict):
-        items = (
-            encode_json(key, 0) + b": " + encode_json(value, depth - 1) for key, value in payload.items()
-        )
-        return b"{" + b", ".join(items) + b"}"
-    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
 
 
 class PacedResponse(Response):
@@ -76,8 +60,9 @@ class AnswerBudget:
         self.executor = ThreadPoolExecutor(max_workers=ANSWER_THREADS, thread_name_prefix="retrieval-answer")
         self.clients: dict[Hashable, _Client] = {}
 
-    async def answer(self, client: Hashable, build: Callable[[], object]) -> PacedResponse:
-        """`build()` as a JSON answer, built in the pool in `client`'s turn and under its bound."""
+    async def answer(self, client: Hashable, build: Callable[[], bytes]) -> PacedResponse:
+        """`build()` (the JSON body) as the answer, built in the pool in `client`'s turn and under its
+        bound."""
         state = self.clients.setdefault(client, _Client())
         state.users += 1
         try:
@@ -86,7 +71,7 @@ class AnswerBudget:
                     state.freed.clear()
                     await state.freed.wait()
                 loop = asyncio.get_running_loop()
-                content = await loop.run_in_executor(self.executor, lambda: encode_json(build()))
+                content = await loop.run_in_executor(self.executor, build)
                 state.bytes += len(content)
         except BaseException:
             self._release(client, state, 0)

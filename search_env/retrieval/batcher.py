@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from search_env.retrieval.admission import Overloaded
-from search_env.retrieval.cache import Hit, QueryCache
+from search_env.retrieval.cache import QueryCache
+from search_env.retrieval.hits_json import EncodedHits, Hit, encode_hits
 from search_env.retrieval.limits import RETRY_AFTER_S, Limits
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,13 @@ class BackendFailure(RuntimeError):
 
 @dataclass(eq=False)
 class _Job:
-    """One request: its queries, topk, future, client key, per query the answer found so far (None =
-    search), the indices to search (`todo`, in order) and how many of them are in a batch (`taken`)."""
+    """One request: its queries, topk, future, client key, per query the answer found so far (its
+    hits as JSON; None = search), the indices to search (`todo`, in order) and how many of them are in a batch (`taken`)."""
 
     queries: list[str]
     topk: int
     future: asyncio.Future = field(repr=False)
-    answers: list[list[Hit] | None] = field(repr=False)
+    answers: list[EncodedHits | None] = field(repr=False)
     client: Hashable = None
     todo: list[int] = field(default_factory=list, repr=False)
     taken: int = 0
@@ -78,7 +79,8 @@ class MicroBatcher:
     look-ups included, adapts the shared batch.
 
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
-    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside). When a batch's search
+    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside), encoded as JSON once
+    (`hits_json.encode_hits`: what is cached and what answers are joined from). When a batch's search
     raises, each of its requests is searched alone, so only a request that fails alone gets the error.
 
     Fairness: each request carries a client key (a token, an IP address). With one client active, a
@@ -163,15 +165,15 @@ class MicroBatcher:
 
     async def submit(
         self, queries: list[str], topk: int, client: Hashable = None, keep: bool = False
-    ) -> list[list[Hit]]:
-        """Per query its hits (at most `topk`); `client`: who sent it (fair shares; None = one client).
+    ) -> list[EncodedHits]:
+        """Per query its hits (at most `topk`) as JSON; `client`: who sent it (fair shares; None = one client).
         Raises `Overloaded` (429) past a queue bound; cancelling it drops the unsearched queries.
         The queries count against --max-queued-per-client until answered, or with `keep` until the
         caller's `release` (its answer built: so a client's answers waiting to be built are bounded)."""
         if self._wakeup is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
         self._seen[client] = time.monotonic()
-        answers: list[list[Hit] | None] = [None] * len(queries)
+        answers: list[EncodedHits | None] = [None] * len(queries)
         todo = list(range(len(queries)))  # cached ones too: every query counts against the bounds
         job = _Job(queries, topk, asyncio.get_running_loop().create_future(), answers, client, todo)
         if self._client_full(client, job.pending):  # hold it a while: a client that ignores
@@ -371,8 +373,9 @@ class MicroBatcher:
     def _look_up_and_search(self, batch: list[_Slice]) -> tuple[list[list[tuple[int, int]]], list[list[Hit]]]:
         """In the worker thread: `batch`'s answers from the cache (keyed by each job's client), then
         ONE search of the rest at the largest topk of a slice with a query to search; per slice,
-        (query index, position in the search's hits) for each query searched, and those hits.
-        Identical texts of one client in the batch share one position (counted as hits)."""
+        (query index, position in the search's hits) for each query searched, and those hits. Each
+        searched (query, topk) is encoded once and cached. Identical texts of one client in the batch
+        share one position (counted as hits)."""
         topk = 0
         searched: list[str] = []
         position: dict[tuple[Hashable, str], int] = {}
@@ -397,10 +400,13 @@ class MicroBatcher:
         hits = self.search_fn(searched, topk) if searched else []
         self.stats.searched += len(searched)
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
+        encoded: dict[tuple[int, int], EncodedHits] = {}
         for (job, _), where in zip(batch, positions, strict=True):
             for i, pos in where:
-                job.answers[i] = hits[pos][: job.topk]
-                self.cache.put(job.queries[i], job.topk, job.answers[i], job.client)
+                if (pos, job.topk) not in encoded:
+                    encoded[pos, job.topk] = encode_hits(hits[pos][: job.topk])
+                    self.cache.put(job.queries[i], job.topk, encoded[pos, job.topk], job.client)
+                job.answers[i] = encoded[pos, job.topk]
         return positions, hits
 
     async def _run(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import re
 import sys
 import time
@@ -35,13 +36,14 @@ from search_env.retrieval.admission import (
     check_request,
     error_body,
 )
-from search_env.retrieval.answers import AnswerBudget, encode_json
+from search_env.retrieval.answers import AnswerBudget
 from search_env.retrieval.auth import token_matches
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.batcher import BackendFailure, MicroBatcher, log_stats_every
-from search_env.retrieval.cache import Hit, QueryCache
+from search_env.retrieval.cache import QueryCache
 from search_env.retrieval.connections import guarded_protocol
 from search_env.retrieval.heap import freeze_heap
+from search_env.retrieval.hits_json import EncodedHits, Hit, batch_search_body, retrieve_body, search_body
 from search_env.retrieval.limits import MAX_QUERIES, MAX_TOPK, Limits
 from search_env.retrieval.prewarm import Prewarm
 
@@ -61,7 +63,7 @@ HIDDEN_HEALTH_KEYS = frozenset(
 )
 """`/health` keys shown only to callers the server trusts: process ids, traffic and cache counters."""
 GC_THRESHOLDS = (50_000, 20, 20)
-"""The server process's garbage-collector thresholds (Python's: 2,000, 10, 10): a request's parsed
+"""The server process's garbage-collector thresholds (Python's: 2,000, 10, 10): a batch's searched
 hits (up to --max-hits passages) live for milliseconds and hold no cycles; with young collections
 rarer they die before one, instead of being promoted and scanned again by full collections."""
 SWITCH_INTERVAL_S = 0.001
@@ -131,7 +133,7 @@ def client_key(request: Request, tokens: list[str] | None) -> Hashable:
 
 async def submit_while_connected(
     batcher: MicroBatcher, request: Request, queries: list[str], topk: int, client: Hashable
-) -> list[list[Hit]]:
+) -> list[EncodedHits]:
     """`batcher.submit(..., keep=True)` (the caller releases the queries), cancelled (its queries not
     yet searched leave the queue) when the client disconnects first: uvicorn does not cancel a
     handler whose client went away, it only answers `http.disconnect` to the next `receive()` once
@@ -164,6 +166,10 @@ def lookup_hits(retriever: Retriever, queries: list[str], topk: int) -> list[lis
         [(corpus.row(row), score) for row, score in per_query]
         for per_query in retriever.search_hits(queries, topk)
     ]
+
+
+def _json(doc: dict) -> bytes:
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
 
 
 def _error(
@@ -303,7 +309,7 @@ def create_app(
     async def health(request: Request) -> Response:
         if not retriever.healthy():
             unhealthy = {"status": "unhealthy", "error": "the retrieval backend cannot search", "field": None}
-            return Response(content=encode_json(unhealthy), status_code=503, media_type="application/json")
+            return Response(content=_json(unhealthy), status_code=503, media_type="application/json")
         doc = {
             "status": "healthy",
             "backend": retriever.backend,
@@ -319,13 +325,13 @@ def create_app(
             "uptime_s": round(time.time() - app.state.started, 3),
         }
         shown = doc if trusted(request) else public_health(doc)
-        return Response(content=encode_json(shown), media_type="application/json")
+        return Response(content=_json(shown), media_type="application/json")
 
     async def answer(
-        request: Request, queries: list[str], topk: int, build: Callable[[list[list[Hit]]], object]
+        request: Request, queries: list[str], topk: int, build: Callable[[list[EncodedHits]], bytes]
     ) -> Response:
-        """`build(hits)` of `queries` as the JSON answer to the client of `request`; the queries count
-        against its --max-queued-per-client until the answer is built."""
+        """`build(hits)` of `queries` (the JSON body) as the answer to the client of `request`; the
+        queries count against its --max-queued-per-client until the answer is built."""
         client = client_key(request, auth_tokens)
         hits = await submit_while_connected(batcher, request, queries, topk, client)
         try:
@@ -337,39 +343,21 @@ def create_app(
     async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         topk = body.topk or default_topk
         check_request(limits, body.queries, topk, "queries", "topk")
-        if body.return_scores:
-            return await answer(
-                request,
-                body.queries,
-                topk,
-                lambda hits: {"result": [[{"document": d, "score": s} for d, s in one] for one in hits]},
-            )
-        # Search-R1 returns the bare documents when scores are not asked for
-        return await answer(
-            request, body.queries, topk, lambda hits: {"result": [[d for d, _ in one] for one in hits]}
-        )
+        return await answer(request, body.queries, topk, lambda hits: retrieve_body(hits, body.return_scores))
 
     @app.post("/search")
     async def search(body: SearchRequest, request: Request) -> Response:
         check_request(limits, [body.query], body.top_n, "query", "top_n", one=True)
-
-        def build(hits: list[list[Hit]]) -> object:
-            docs = [doc for doc, _ in hits[0]]
-            return [docs, [score for _, score in hits[0]]] if body.return_score else docs
-
-        return await answer(request, [body.query], body.top_n, build)
+        return await answer(
+            request, [body.query], body.top_n, lambda hits: search_body(hits[0], body.return_score)
+        )
 
     @app.post("/batch_search")
     async def batch_search(body: BatchSearchRequest, request: Request) -> Response:
         check_request(limits, body.query, body.top_n, "query", "top_n")
-
-        def build(hits: list[list[Hit]]) -> object:
-            docs = [[doc for doc, _ in one] for one in hits]
-            if body.return_score:
-                return [docs, [[score for _, score in one] for one in hits]]
-            return docs
-
-        return await answer(request, body.query, body.top_n, build)
+        return await answer(
+            request, body.query, body.top_n, lambda hits: batch_search_body(hits, body.return_score)
+        )
 
     return app
 

@@ -3,6 +3,7 @@ the micro-batcher answering repeats from the cache or from one search per batch.
 
 import asyncio
 import gc
+import json
 import tracemalloc
 
 import pytest
@@ -11,6 +12,11 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.batcher import MicroBatcher
 from search_env.retrieval.cache import QueryCache, entry_bytes
 from search_env.retrieval.corpus import Corpus
+from search_env.retrieval.hits_json import EncodedHits, Hit, encode_hits
+
+
+def _decoded(hits: EncodedHits) -> list[Hit]:
+    return [(hit["document"], hit["score"]) for hit in json.loads(hits.scored)]
 
 
 def _hits(corpus: Corpus, first: int, k: int) -> list:
@@ -20,9 +26,9 @@ def _hits(corpus: Corpus, first: int, k: int) -> list:
 def test_lru_evicts_least_recently_used_first() -> None:
     cache = QueryCache(max_entries=3, max_bytes=10**9)
     for q in ("a", "b", "c"):
-        cache.put(q, 5, [({"id": q, "contents": q}, 1.0)])
+        cache.put(q, 5, encode_hits([({"id": q, "contents": q}, 1.0)]))
     assert cache.get("a", 5) is not None  # "a" is now the most recent; "b" the least
-    cache.put("d", 5, [])
+    cache.put("d", 5, encode_hits([]))
     assert [cache.get(q, 5) is not None for q in ("a", "b", "c", "d")] == [True, False, True, True]
     assert len(cache) == 3 and cache.stats.evictions == 1
     assert cache.get("a", 4) is None  # topk is part of the key
@@ -31,20 +37,22 @@ def test_lru_evicts_least_recently_used_first() -> None:
 def test_replacing_an_entry_keeps_the_byte_count_exact() -> None:
     cache = QueryCache(max_entries=10, max_bytes=10**9)
     small, large = [({"id": "1", "contents": "x"}, 1.0)], [({"id": "1", "contents": "x" * 5000}, 1.0)]
-    cache.put("q", 1, small)
+    cache.put("q", 1, encode_hits(small))
     small_bytes = cache.bytes
-    cache.put("q", 1, large)
+    cache.put("q", 1, encode_hits(large))
     assert len(cache) == 1 and cache.bytes == small_bytes + 4999
-    cache.put("q", 1, small)
-    assert cache.bytes == small_bytes == entry_bytes("None\x001:q", b'[[{"id": "1", "contents": "x"}, 1.0]]')
+    cache.put("q", 1, encode_hits(small))
+    assert cache.bytes == small_bytes == entry_bytes("None\x001:q", encode_hits(small))
 
 
 def test_cached_answers_come_back_equal_and_are_never_scanned_by_the_garbage_collector() -> None:
     corpus = Corpus(SAMPLE_CORPUS)
     cache = QueryCache(max_entries=100, max_bytes=10**9)
     hits = _hits(corpus, 3, 5) + [({"id": "u", "contents": "Zoë \u2014 naïve"}, -0.25)]
-    cache.put("query", 6, hits)
-    assert cache.get("query", 6) == hits
+    cache.put("query", 6, encode_hits(hits))
+    cached = cache.get("query", 6)
+    assert cached == encode_hits(hits) and _decoded(cached) == hits
+    assert cached.scored is cache.get("query", 6).scored  # the stored bytes themselves: no parse
     assert not any(gc.is_tracked(part) for entry in cache._entries.items() for part in (entry[0], *entry[1]))
 
 
@@ -53,12 +61,12 @@ def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
     bound = 200_000
     cache = QueryCache(max_entries=10**6, max_bytes=bound)
     for i in range(500):
-        cache.put(f"query {i}", 5, _hits(corpus, 5 * i, 5))
+        cache.put(f"query {i}", 5, encode_hits(_hits(corpus, 5 * i, 5)))
         assert cache.bytes <= bound
     assert 0 < len(cache) < 500 and cache.stats.evictions == 500 - len(cache)
     assert cache.get("query 499", 5) is not None and cache.get("query 0", 5) is None
     huge = [({"id": "h", "contents": "y" * (bound + 1)}, 1.0)]
-    cache.put("huge", 1, huge)
+    cache.put("huge", 1, encode_hits(huge))
     assert cache.get("huge", 1) is None and cache.bytes <= bound
 
 
@@ -72,7 +80,9 @@ def test_estimated_bytes_cover_the_real_allocation() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(2000):
-            cache.put(f"who wrote book number {i}?", 1 + i % 10, _hits(corpus, 7 * i, 1 + i % 10))
+            cache.put(
+                f"who wrote book number {i}?", 1 + i % 10, encode_hits(_hits(corpus, 7 * i, 1 + i % 10))
+            )
         gc.collect()
         real = tracemalloc.get_traced_memory()[0] - before
     finally:
@@ -82,7 +92,7 @@ def test_estimated_bytes_cover_the_real_allocation() -> None:
 
 def test_disabled_cache_keeps_nothing() -> None:
     cache = QueryCache(max_entries=0, max_bytes=1)
-    cache.put("q", 5, [])
+    cache.put("q", 5, encode_hits([]))
     assert not cache.enabled and len(cache) == 0 and cache.get("q", 5) is None
     with pytest.raises(ValueError, match="cache size"):
         QueryCache(max_entries=-1, max_bytes=1)
@@ -119,7 +129,7 @@ def test_identical_queries_in_one_batch_are_searched_once() -> None:
     first, again = _run(batcher, group)
     assert calls == [(["capital of France"], 3)]
     assert all(answer == first[0] for answer in first) and again == first[0]
-    assert [doc["id"] for doc, _ in first[0][0]] == [
+    assert [doc["id"] for doc, _ in _decoded(first[0][0])] == [
         "capital of France/0",
         "capital of France/1",
         "capital of France/2",
@@ -142,8 +152,8 @@ def test_partial_hits_search_only_the_misses_with_the_right_topk() -> None:
 
     both, new4 = _run(batcher, mixed)
     assert calls == [(["new"], 4)]
-    assert [len(hits) for hits in both] == [2, 2] and len(new4[0]) == 4
-    assert new4[0][:2] == both[1]
+    assert [len(_decoded(hits)) for hits in both] == [2, 2] and len(_decoded(new4[0])) == 4
+    assert _decoded(new4[0])[:2] == _decoded(both[1])
     assert batcher.cache.get("new", 2) == both[1] and batcher.cache.get("new", 4) == new4[0]
 
 

@@ -192,7 +192,7 @@ def test_micro_batcher_merges_concurrent_requests_into_one_call() -> None:
     results = asyncio.run(run())
     assert len(calls) == 1 and len(calls[0][0]) == 20 and calls[0][1] == 3
     for i, per_request in enumerate(results):
-        assert [[doc["id"] for doc, _ in hits] for hits in per_request] == [
+        assert [[doc["id"] for doc in json.loads(hits.docs())] for hits in per_request] == [
             [f"q{i}"] * (1 + i % 3),
             [f"r{i}"] * (1 + i % 3),
         ]

@@ -18,8 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
-from search_env.retrieval import SAMPLE_CORPUS, admission, answers
+from search_env.retrieval import SAMPLE_CORPUS, admission
 from search_env.retrieval import batcher as batcher_module
+from search_env.retrieval import server as server_module
 from search_env.retrieval.admission import Overloaded, Refused
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.batcher import BackendFailure, MicroBatcher
@@ -122,8 +123,8 @@ def test_a_failed_batch_is_searched_request_by_request_so_only_the_bad_request_f
     assert calls[0] == ["a", "b", "poison", "c", "d", "e"]  # one batch first, then each request alone
     assert sorted(map(tuple, calls[1:])) == [("a", "b"), ("d",), ("e",), ("poison", "c")]
     assert isinstance(bad, BackendFailure) and "TypeError" in str(bad)
-    assert [[doc["id"] for doc, _ in hits] for hits in good_a] == [["a"], ["b"]]
-    assert good_d[0][0][0]["id"] == "d" and good_e[0][0][0]["id"] == "e"
+    assert [[hit["document"]["id"] for hit in json.loads(hits.scored)] for hits in good_a] == [["a"], ["b"]]
+    assert [json.loads(good[0].docs())[0]["id"] for good in (good_d, good_e)] == ["d", "e"]
 
 
 # ---------------------------------------------------------------- M2: query length
@@ -226,15 +227,18 @@ def test_a_request_larger_than_the_queue_bound_is_taken_when_it_is_alone() -> No
     assert issubclass(Overloaded, Refused)
 
 
-def test_answers_are_serialised_off_the_event_loop(monkeypatch) -> None:
+def test_answers_are_joined_off_the_event_loop(monkeypatch) -> None:
     threads: list[str] = []
-    encode = answers.encode_json
 
-    def recording(payload: object, depth: int = 2) -> bytes:
-        threads.append(threading.current_thread().name)
-        return encode(payload, depth)
+    def recording(join):
+        def joined(*args: object) -> bytes:
+            threads.append(threading.current_thread().name)
+            return join(*args)
 
-    monkeypatch.setattr(answers, "encode_json", recording)
+        return joined
+
+    for name in ("retrieve_body", "search_body", "batch_search_body"):
+        monkeypatch.setattr(server_module, name, recording(getattr(server_module, name)))
 
     async def check(client: httpx.AsyncClient, _) -> None:
         loop_thread = threading.current_thread().name
@@ -442,7 +446,7 @@ def test_a_light_clients_request_is_searched_next_without_the_floods_backlog() -
         return [*flood, good]
 
     *_, good = _with_first_batch_blocked(recorder, batcher, then)
-    assert good[0][0][0]["id"] == "good"
+    assert json.loads(good[0].docs())[0]["id"] == "good"
     assert recorder.calls[0] == ["first"]
     assert recorder.calls[1] == ["good"]  # the flood (largest backlog, served before) waits for it
     assert all(len(c) <= 32 for c in recorder.calls[2:])  # the flood's own batches stay short meanwhile
@@ -603,7 +607,7 @@ def test_past_max_queued_per_client_that_client_gets_429_while_another_is_admitt
     _, queued, other = _with_first_batch_blocked(recorder, batcher, then)
     assert len(refused) == 1 and "--max-queued-per-client 4" in refused[0].message
     assert refused[0].headers == {"Retry-After": "1"}
-    assert len(queued) == 3 and [hits[0][0]["id"] for hits in other] == ["x", "y", "z"]
+    assert len(queued) == 3 and [json.loads(hits.docs())[0]["id"] for hits in other] == ["x", "y", "z"]
     with pytest.raises(ValueError, match="--max-queued-per-client"):
         MicroBatcher(recorder, 4, 0, max_queued_per_client=0)
 
@@ -623,7 +627,7 @@ def test_a_cancelled_request_leaves_the_queue_before_its_queries_are_searched() 
         return [gone, stays]
 
     _, gone, stays = _with_first_batch_blocked(recorder, batcher, then)
-    assert isinstance(gone, asyncio.CancelledError) and stays[0][0][0]["id"] == "stays"
+    assert isinstance(gone, asyncio.CancelledError) and json.loads(stays[0].docs())[0]["id"] == "stays"
     assert recorder.calls == [["first"], ["stays"]]
 
 
