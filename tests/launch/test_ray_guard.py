@@ -244,19 +244,43 @@ def test_ray_with_the_loopback_switch_listens_on_loopback_only(heads):
 
     assert ray_guard.LOOPBACK_ENV == {ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}
     for proc, address in heads.values():
-        listening = {
-            (p.name(), ipaddress.ip_address(c.laddr.ip), c.laddr.port)
-            for p in psutil.process_iter()
-            if _in_group(p, proc.pid)
-            for c in p.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN
-        }
+        listening = _listening_when_up(proc.pid)
         assert {"gcs_server", "raylet"} <= {name for name, _, _ in listening}, listening
         assert int(address.rsplit(":", 1)[1]) in {port for name, _, port in listening if name == "gcs_server"}
         wide = [
             item for item in listening if not (getattr(item[1], "ipv4_mapped", None) or item[1]).is_loopback
         ]
         assert not wide, wide
+
+
+def _listening(pgid: int) -> set[tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Address, int]]:
+    """(process name, address, port) of every TCP socket listening in process group ``pgid``."""
+    found = set()
+    for p in psutil.process_iter():
+        if not _in_group(p, pgid):
+            continue
+        try:
+            conns = p.net_connections(kind="tcp")
+        except psutil.Error:  # exited between the listing and the look
+            continue
+        found |= {
+            (p.name(), ipaddress.ip_address(c.laddr.ip), c.laddr.port)
+            for c in conns
+            if c.status == psutil.CONN_LISTEN
+        }
+    return found
+
+
+def _listening_when_up(pgid: int, timeout_s: float = HEAD_START_S) -> set:
+    """:func:`_listening` once the GCS and the raylet both listen (the GCS answers before the raylet
+    has bound its port, so the head fixture's readiness says nothing about the raylet), or at
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _listening(pgid)
+        if {"gcs_server", "raylet"} <= {name for name, _, _ in found} or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
 
 
 def _in_group(proc: psutil.Process, pgid: int) -> bool:
