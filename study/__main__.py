@@ -1,4 +1,5 @@
-"""``python -m study list|run|report STUDY.yaml``: a reward-design study from one file (docs/studies.md)."""
+"""``python -m study list|run|report|cell|retrievers|status STUDY.yaml``: a reward-design study from
+one file (docs/studies.md), locally or on a Slurm or Ray cluster (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from study.hypotheses import parse_tests
 from study.report import write_study_report
 from study.runner import run_study
 from study.spec import Study, StudyError, load_study, recipe_tree
-from study.store import layout
+from study.stage import RETRIEVERS, STAGES, cell_main
+from study.store import Layout, layout
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,13 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("list", "print the cells"),
         ("run", "train and evaluate every cell"),
         ("report", "write the reports"),
+        ("cell", "run one stage of one cell here (what a cluster job runs)"),
+        ("retrievers", "start one retriever per cluster node, or serve one here (--serve)"),
+        ("status", "what is done, queued, running or failed"),
     ):
         s = sub.add_parser(name, help=text)
         s.add_argument("study", type=Path, help="study file, e.g. recipes/studies/micro_sparse.yaml")
         s.add_argument("--runs", type=Path, help="run folders (default runs/<study name>)")
         s.add_argument("--results", type=Path, help="evaluation results (default results/<study name>)")
         s.add_argument("--export", type=Path, help="export folder (default: the file's export)")
-        s.add_argument("--cells", nargs="+", help="only these cells, in this order")
+        if name in ("list", "run", "report", "status"):
+            s.add_argument("--cells", nargs="+", help="only these cells, in this order")
     lst = sub.choices["list"]
     lst.add_argument(
         "--gpu-hours", action="store_true", help="estimate each cell's GPU-hours from the stated costs"
@@ -54,12 +60,62 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="do not write the reports at the end")
     run.add_argument("--train-only", action="store_true", help="train every cell; no evaluation or report")
     run.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="hydra overrides for every cell (after its own)",
+        "--on",
+        choices=("local", "slurm", "ray"),
+        default="local",
+        help="local: here (default); slurm or ray: submit every stage as a cluster job and exit",
     )
+    cell = sub.choices["cell"]
+    cell.add_argument("--cell", help="the cell (study list names them); the report stage needs none")
+    cell.add_argument("--stage", required=True, choices=STAGES, help="train, eval (both splits) or report")
+    cell.add_argument(
+        "--port", type=int, help="training's retriever port (evaluation: +1; default: a free pair)"
+    )
+    for s in (run, cell):
+        s.add_argument(
+            "--set",
+            nargs="+",
+            default=[],
+            metavar="KEY=VALUE",
+            help="hydra overrides for every cell (after its own)",
+        )
+        s.add_argument(
+            "--retrievers",
+            choices=RETRIEVERS,
+            default="private",
+            help="private: each stage starts its own on loopback; published: the URLs in RUNS/retrievers/",
+        )
+    ret = sub.choices["retrievers"]
+    ret.add_argument("--on", choices=("slurm", "ray"), help="the cluster to start them on")
+    ret.add_argument("--serve", action="store_true", help="serve one here (what each node's job runs)")
+    ret.add_argument("--port", type=int, default=18400, help="each retriever's port on its node")
+    ret.add_argument(
+        "--nodes", nargs="+", default=[], help="slurm: the nodes to start one on (one CPU job each)"
+    )
+    for s in (run, ret):
+        g = s.add_argument_group("slurm (--on slurm)")
+        g.add_argument("--partition", help="#SBATCH --partition")
+        g.add_argument("--account", help="#SBATCH --account")
+        g.add_argument(
+            "--time", help="#SBATCH --time of each GPU stage, e.g. 24:00:00 (site default if unset)"
+        )
+        g.add_argument("--dry-run", action="store_true", help="print the jobs and scripts; submit nothing")
+        g.add_argument(
+            "--sbatch-line",
+            action="append",
+            default=[],
+            metavar="LINE",
+            help="a site #SBATCH line for every job, e.g. '--qos=normal' (repeatable)",
+        )
+        r = s.add_argument_group("ray (--on ray)")
+        r.add_argument("--address", help="the Ray dashboard, e.g. http://10.0.0.1:8265")
+    run.add_argument(
+        "--signal-s",
+        type=positive_int,
+        default=300,
+        help="slurm: seconds before the time limit at which a train job stops and requeues itself",
+    )
+    run.add_argument("--max-retries", type=int, default=2, help="ray: resubmissions of a failed stage")
     sub.choices["report"].add_argument("--out", type=Path, help="report folder (default EXPORT/report)")
     sub.choices["report"].add_argument(
         "--no-figures",
@@ -93,24 +149,64 @@ def print_list(study: Study, cells: list, gpu_hours: bool, args: argparse.Namesp
         )
 
 
+def cluster_run(study: Study, where: Layout, cells: list, args: argparse.Namespace) -> int:
+    """``run --on slurm|ray``: submit the stages and exit."""
+    if args.on == "slurm":
+        from study.slurm import submit_study
+
+        return submit_study(study, where, cells, args)
+    if not args.address:
+        raise StudyError("--on ray: needs --address. Fix: e.g. --address http://HEAD_IP:8265")
+    from study.ray_jobs import run_on_ray
+
+    return run_on_ray(study, where, cells, args)
+
+
+def retrievers_main(study: Study, where: Layout, args: argparse.Namespace) -> int:
+    """``retrievers``: ``--serve`` one here, or start one per node ``--on slurm|ray``."""
+    if args.serve:
+        from study.retrievers import serve_here
+
+        return serve_here(study, where, args)
+    if args.on == "slurm":
+        from study.slurm import submit_retrievers
+
+        return submit_retrievers(study, where, args)
+    if args.on == "ray":
+        if not args.address:
+            raise StudyError("--on ray: needs --address. Fix: e.g. --address http://HEAD_IP:8265")
+        from study.retrievers import start_on_ray
+
+        return start_on_ray(study, where, args)
+    raise StudyError("retrievers: needs --on slurm|ray or --serve. Fix: e.g. --on slurm --nodes n1 n2")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         study = load_study(args.study)
         parse_tests(study.spec.tests, {a for c in study.cells for a in c.axes})
-        cells = select(study, args.cells)
+        cells = select(study, getattr(args, "cells", None))
         where = layout(study, args.runs, args.results, args.export)
+        for override in getattr(args, "set", []):
+            if "=" not in override:
+                raise StudyError(f"--set {override}: not KEY=VALUE. Fix: e.g. --set data.train_batch_size=4")
+        if args.command == "cell":
+            return cell_main(study, where, args)
+        if args.command == "retrievers":
+            return retrievers_main(study, where, args)
+        if args.command == "status":
+            from study.status import print_status
+
+            return print_status(study, where, cells)
+        if args.command == "run" and args.on != "local":
+            return cluster_run(study, where, cells, args)
         if args.command == "list":
             print_list(study, cells, args.gpu_hours, args)
             return 0
         if args.command == "run":
             gpus = visible_gpus()
             jobs = args.jobs or (1 if gpus else 2)
-            for override in args.set:
-                if "=" not in override:
-                    raise StudyError(
-                        f"--set {override}: not KEY=VALUE. Fix: e.g. --set data.train_batch_size=4"
-                    )
             echo = lambda line: print(line, file=sys.stderr)  # noqa: E731
             run_study(
                 study,
