@@ -19,6 +19,7 @@ import time
 
 import httpx
 
+from search_env.protocol import TOPK
 from search_env.retrieval.auth import bearer_headers
 from search_env.retrieval.corpus import Passage, split_contents
 
@@ -218,7 +219,7 @@ class RetrievalClient:
                 return index
         return next(self._next_url)
 
-    async def retrieve(self, queries: list[str], topk: int = 5) -> list[list[Passage]]:
+    async def retrieve(self, queries: list[str], topk: int = TOPK) -> list[list[Passage]]:
         """Top-`topk` passages for each query, in query order (fewer when the backend finds fewer,
         e.g. BM25 with no matching term). Raises RetrievalError once the retry budget (or
         `max_retries`) is spent, or at once on a 4xx answer (401: the token, see

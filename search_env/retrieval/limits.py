@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
 
+from search_env.protocol import TOPK
+
 MAX_QUERIES = 4096
 """Most queries in one request body (a model bound, before --max-hits)."""
 MAX_TOPK = 100
@@ -42,7 +44,7 @@ def _check(item: Field, value: float) -> None:
 class Limits:
     """Every number the server runs by (one field per `serve` flag; see each field's help)."""
 
-    topk: int = _setting(5, "topk when a request omits it", BATCHING)
+    topk: int = _setting(TOPK, "topk when a request omits it (the protocol's)", BATCHING)
     max_batch: int = _setting(256, "most queries per backend call; 1 = no micro-batching", BATCHING)
     max_wait_ms: float = _setting(2.0, "how long a non-full batch waits for more requests", BATCHING, True)
     cache_size: int = _setting(
