@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--runs", type=Path, help="run folders (default runs/<study name>)")
         s.add_argument("--results", type=Path, help="evaluation results (default results/<study name>)")
         s.add_argument("--export", type=Path, help="export folder (default: the file's export)")
-        if name in ("list", "run", "report", "status"):
+        if name in ("list", "run", "report", "status", "retrievers"):
             s.add_argument("--cells", nargs="+", help="only these cells, in this order")
     lst = sub.choices["list"]
     lst.add_argument(
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     cell.add_argument(
         "--port", type=int, help="training's retriever port (evaluation: +1; default: a free pair)"
     )
-    for s in (run, cell):
+    ret = sub.choices["retrievers"]
+    for s in (run, cell, ret):
         s.add_argument(
             "--set",
             nargs="+",
@@ -79,16 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="KEY=VALUE",
             help="hydra overrides for every cell (after its own)",
         )
+    for s in (run, cell):
         s.add_argument(
             "--retrievers",
             choices=RETRIEVERS,
             default="private",
             help="private: each stage starts its own on loopback; published: the URLs in RUNS/retrievers/",
         )
-    ret = sub.choices["retrievers"]
     ret.add_argument("--on", choices=("slurm", "ray"), help="the cluster to start them on")
     ret.add_argument("--serve", action="store_true", help="serve one here (what each node's job runs)")
-    ret.add_argument("--port", type=int, default=18400, help="each retriever's port on its node")
+    ret.add_argument("--port", type=int, help="each retriever's port on its node (default: the recipe's)")
+    ret.add_argument("--host", help="--serve: the address to bind (default: this node's private IP)")
     ret.add_argument(
         "--nodes", nargs="+", default=[], help="slurm: the nodes to start one on (one CPU job each)"
     )

@@ -25,12 +25,16 @@ from launch.preflight import visible_gpus
 from search_env.cli import hydra_quoted
 from search_env.paths import REPO_ROOT, repo_relative
 from study.report import write_study_report
-from study.runner import Progress, Runner, Slot
+from study.runner import STOP_GRACE_S, Progress, Runner, Slot
 from study.spec import Cell, Study, StudyError
-from study.store import SPLITS, Layout, export_cell, latest_checkpoint, raw_complete, tree_root
+from study.status import cell_done
+from study.store import SPLITS, Layout, export_cell
 
 STAGES = ("train", "eval", "report")
 RETRIEVERS = ("private", "published")
+LOCK_WAIT_S = 2 * STOP_GRACE_S
+"""Seconds a stage waits for its cell's lock: a previous run of it may still be stopping its
+process groups (:data:`study.runner.STOP_GRACE_S` each)."""
 
 
 class StageFailed(Exception):
@@ -38,24 +42,30 @@ class StageFailed(Exception):
 
 
 @contextmanager
-def stage_lock(runs: Path, name: str) -> Iterator[None]:
-    """A shared lock on ``runs/.lock`` (a local ``study run`` holds it exclusively) and an exclusive
-    one on ``runs/<name>``; StudyError naming the holder's file when either is taken."""
+def stage_lock(runs: Path, name: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """A shared lock on ``runs/.lock`` (a local ``study run`` holds it exclusively: StageFailed at
+    once) and an exclusive one on ``runs/<name>``, waited for up to ``wait_s`` seconds (a requeued
+    job can start while its previous run still stops), then StageFailed naming the file."""
     runs.mkdir(parents=True, exist_ok=True)
     fds = []
     try:
-        for path, mode, who in (
-            (runs / ".lock", fcntl.LOCK_SH, "a local `study run` of this runs folder"),
-            (runs / name, fcntl.LOCK_EX, "another process running this stage"),
+        for path, mode, who, patience in (
+            (runs / ".lock", fcntl.LOCK_SH, "a local `study run` of this runs folder", 0.0),
+            (runs / name, fcntl.LOCK_EX, "another process running this stage", wait_s),
         ):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             fds.append(fd)
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StageFailed(
-                    f"{path}: held by {who}. Fix: wait for it to end (or stop it), then run again"
-                ) from None
+            deadline = time.monotonic() + patience
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StageFailed(
+                            f"{path}: held by {who}. Fix: wait for it to end (or stop it), then run again"
+                        ) from None
+                    time.sleep(1)
         yield
     finally:
         for fd in fds:
@@ -94,20 +104,9 @@ def retriever_overrides(mode: str, runs: Path) -> list[str]:
     return [f"retriever.urls=[{','.join(hydra_quoted(u) for u in urls)}]"]
 
 
-def incomplete(study: Study, where: Layout, runner: Runner) -> list[str]:
-    """The study's cells that are neither reused, complete in the export, nor trained and evaluated here."""
-    left = []
-    for cell in study.cells:
-        if runner.reused(cell) is not None:
-            continue
-        if where.export is not None and raw_complete(tree_root(where.export, cell.tree), cell):
-            continue
-        run_dir = where.runs / cell.name
-        done = latest_checkpoint(run_dir) == cell.cap
-        if done and all((run_dir / f".study_eval_{s}").is_file() for s in SPLITS):
-            continue
-        left.append(cell.name)
-    return left
+def incomplete(study: Study, where: Layout) -> list[str]:
+    """The study's cells not trained and evaluated (on disk, a reuse export or the export)."""
+    return [c.name for c in study.cells if not all(cell_done(study, where, c))]
 
 
 def python_env() -> dict[str, str]:
@@ -133,7 +132,7 @@ def run_stage(
         progress = Progress(where.runs / "progress.log", echo)
         runner = Runner(study, where, progress, python_env(), extra)
         if cell is None:
-            left = incomplete(study, where, runner)
+            left = incomplete(study, where)
             if left:
                 raise StageFailed(
                     f"report: {len(left)} cells not complete: {', '.join(left)}. "
