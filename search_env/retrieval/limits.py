@@ -127,6 +127,14 @@ class Limits:
         "MiB of one client's answers built but not yet handed to its sockets; its next answer is built "
         "(one at a time per client) only below it",
     )
+    max_answer_mb_per_s_per_client: float = _setting(
+        32.0,
+        "MiB a second of one client's answers, after a burst of --max-answer-mb-per-client: its next "
+        "answer is built once the earlier ones are paid for at this rate, so a client re-asking large "
+        "cached answers cannot keep the server joining and sending them (0 = off; a training node's "
+        "top-5 searches need well under 10)",
+        zero=True,
+    )
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -247,7 +247,9 @@ def create_app(
         max_queued_per_client=limits.max_queued_per_client,
         fair_batch_ms=limits.fair_batch_ms,
     )
-    answers = AnswerBudget(int(limits.max_answer_mb_per_client * 2**20))
+    answers = AnswerBudget(
+        int(limits.max_answer_mb_per_client * 2**20), limits.max_answer_mb_per_s_per_client * 2**20
+    )
     default_topk, stats_interval_s = limits.topk, limits.stats_interval_s
 
     @asynccontextmanager
