@@ -76,7 +76,7 @@ class MicroBatcher:
     """Collects concurrent `submit` calls into batches, answered in one worker thread: each query
     from `cache` (per client) when it holds it, the rest by one call of `search_fn`. Cached queries
     queue, count against the bounds and share batches like searched ones; a batch's time, cache
-    look-ups included, adapts the shared batch.
+    look-ups included, can shrink the shared batch (only searched queries grow it).
 
     search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
     own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside), encoded as JSON once
@@ -299,8 +299,10 @@ class MicroBatcher:
         return max(self.fair_batch_s, FIXED_COST_FACTOR * quickest)
 
     def _timed(self, queries: int, seconds: float, shared: bool) -> None:
-        """Note a batch of `queries` that searched in `seconds`; after a `shared` one, adapt
-        `shared_batch` to it."""
+        """Note a batch that searched `queries` (cache hits and repeats of a query in the batch not
+        counted) in `seconds`; after a `shared` one, adapt `shared_batch` to it. A batch of cheap
+        look-ups never grows it: a client of repeated or cached queries would otherwise grow it to
+        `max_batch`, and the next client's first shared batch would search that many."""
         quickest = self._quickest_s
         self._quickest_s = seconds if quickest is None else min(quickest * QUICKEST_RISE, seconds)
         if not shared:
@@ -434,7 +436,9 @@ class MicroBatcher:
         self.busy = True
         started = time.perf_counter()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._look_up_and_search, batch)
+            _, hits = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._look_up_and_search, batch
+            )
         except Exception as err:
             failure = f"{type(err).__name__}: {err}"
             queries = sum(len(indices) for _, indices in batch)
@@ -453,7 +457,7 @@ class MicroBatcher:
         finally:
             self.busy = False
         if not retry:
-            self._timed(sum(len(i) for _, i in batch), time.perf_counter() - started, shared)
+            self._timed(len(hits), time.perf_counter() - started, shared)
         self.stats.batches += 1
         for job, _ in batch:
             if job.pending or any(answer is None for answer in job.answers):

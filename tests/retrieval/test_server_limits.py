@@ -24,6 +24,7 @@ from search_env.retrieval import server as server_module
 from search_env.retrieval.admission import Overloaded, Refused
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.batcher import BackendFailure, MicroBatcher
+from search_env.retrieval.cache import QueryCache
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.limits import Limits
 from search_env.retrieval.process import spawn_server
@@ -474,6 +475,31 @@ def test_two_heavy_clients_share_the_batches_equally() -> None:
         running[0] += a
         running[1] += b
         assert abs(running[0] - running[1]) <= 10
+
+
+def test_shared_batches_of_repeated_queries_do_not_grow_the_shared_batch() -> None:
+    """The abuse bench's amplify client (1,024 copies of one query a request) beside a light one:
+    each shared batch searches one query however many it holds, so the shared batch stays small and
+    the next client's first shared batch does not search hundreds (a 270 ms stall, measured)."""
+    gate = _Recorder()
+    gate.gate.set()
+    batcher = MicroBatcher(
+        gate, 256, 0, QueryCache(1000, 2**20), fair_batch_ms=10_000
+    )  # the server's cache on
+
+    async def run() -> None:
+        await batcher.start()
+        try:
+            for _ in range(20):
+                await asyncio.gather(
+                    batcher.submit(["same"] * 1024, 5, "amplify"), batcher.submit(["light"], 5, "light")
+                )
+        finally:
+            await batcher.stop()
+
+    asyncio.run(run())
+    assert max(len(call) for call in gate.calls) <= 2  # one text searched per client and batch
+    assert batcher.shared_batch() <= 2, batcher.shared_batch()
 
 
 def test_the_shared_batch_grows_while_batches_search_within_fair_batch_ms_and_shrinks_after() -> None:
