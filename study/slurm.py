@@ -209,14 +209,18 @@ def queue(prefix: str) -> dict[str, Queued]:
     return found
 
 
-def queue_or_none(prefix: str, dry_run: bool) -> dict[str, Queued]:
-    """:func:`queue`; in a dry run a Slurm that does not answer counts as an empty queue (said on stderr)."""
+def queue_or_none(prefix: str, tolerate: bool) -> dict[str, Queued]:
+    """:func:`queue`; with ``tolerate`` (a dry run, ``study status``) a Slurm that does not answer
+    counts as an empty queue (said on stderr)."""
     try:
         return queue(prefix)
     except StudyError as err:
-        if not dry_run:
+        if not tolerate:
             raise
-        print(f"note: the queue is not known ({err}); every missing stage is listed", file=sys.stderr)
+        print(
+            f"note: the queue is not known ({err}); what is not done on disk is listed as not queued",
+            file=sys.stderr,
+        )
         return {}
 
 

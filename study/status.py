@@ -91,10 +91,10 @@ def stage_states(
 
 def print_status(study: Study, where: Layout, cells: list[Cell]) -> int:
     """Print every stage's state and the published retrievers; 0."""
-    from study.slurm import finished, queue
+    from study.slurm import finished, queue_or_none
 
     prefix = f"{study.name}."
-    states = stage_states(study, where, cells, queue(prefix), finished(prefix))
+    states = stage_states(study, where, cells, queue_or_none(prefix, True), finished(prefix))
     for name, state in states.items():
         print(f"{name}: {state.describe()}")
     published = sorted((where.runs / "retrievers").glob("*.json"))

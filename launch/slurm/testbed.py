@@ -148,7 +148,7 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
-KillWait=10
+KillWait=30
 MinJobAge=600
 SlurmdParameters=config_overrides
 NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={CPUS} Gres=gpu:{FAKE_GPUS} State=UNKNOWN
