@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from eval.report.results import ResultsError
 from launch.preflight import visible_gpus
 from search_env.cli import hydra_quoted
 from search_env.paths import REPO_ROOT, repo_relative
@@ -28,7 +29,7 @@ from study.report import write_study_report
 from study.runner import STOP_GRACE_S, Progress, Runner, Slot
 from study.spec import Cell, Study, StudyError
 from study.status import cell_done
-from study.store import SPLITS, Layout, export_cell
+from study.store import SPLITS, Layout, export_cell, latest_checkpoint
 
 STAGES = ("train", "eval", "report")
 RETRIEVERS = ("private", "published")
@@ -138,9 +139,17 @@ def run_stage(
                     f"report: {len(left)} cells not complete: {', '.join(left)}. "
                     "Fix: run their train and eval stages first"
                 )
-            return write_study_report(study, where)
+            try:
+                return write_study_report(study, where)
+            except (StudyError, ResultsError) as err:
+                raise StageFailed(f"report: {err}") from None
         if not runner.todo([cell]):  # reused: nothing to run; a restore is reported and marks it done
             return []
+        latest = latest_checkpoint(where.runs / cell.name)
+        if stage == "eval" and latest != cell.cap:
+            raise StageFailed(
+                f"{cell.name} eval: trained to step {latest}, not its cap {cell.cap}. Fix: run --stage train first"
+            )
         visible = visible_gpus()
         slot = Slot(port if port is not None else free_pair(), ",".join(visible) if visible else None)
 

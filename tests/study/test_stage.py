@@ -50,10 +50,15 @@ def test_a_stage_refuses_bad_input_with_exit_2_naming_the_fix(two, tmp_path, cap
     assert not (tmp_path / "runs").exists(), "bad input must write nothing"
 
 
-def test_the_report_stage_fails_naming_the_cells_not_complete(two, tmp_path, capsys):
+def test_a_stage_before_its_inputs_fails_naming_what_is_missing(two, tmp_path, capsys):
     where = ["--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "res")]
     assert main(["cell", str(two), "--stage", "report", *where]) == 1
     assert "report: 2 cells not complete: f1_format_s42, f1_format_s43" in capsys.readouterr().err
+    assert main(["cell", str(two), "--stage", "eval", "--cell", "f1_format_s43", *where]) == 1
+    assert (
+        "f1_format_s43 eval: trained to step None, not its cap 2. Fix: run --stage train first"
+        in capsys.readouterr().err
+    )
 
 
 def test_stages_of_different_cells_run_at_once_and_a_local_run_excludes_them(tmp_path):
