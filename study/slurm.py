@@ -33,6 +33,9 @@ from study.store import Layout
 
 SLURM_TIMEOUT_S = 60
 """Limit of one ``sbatch``/``squeue``/``sacct`` call."""
+USR1_IGNORED_S = 60
+"""A requeued job's script ignores USR1 in its first seconds (:func:`script_text`); ``--time`` must
+leave more than ``--signal-s`` + this."""
 
 
 @dataclass
@@ -96,13 +99,17 @@ def stage_command(
 
 
 def script_text(job: Job, after_ids: list[str], cwd: Path) -> str:
-    """The batch script: ``#SBATCH`` lines, then the stage (``exec``'d unless ``job.requeue``). A
-    requeued job's stage runs in the background; on USR1 (``--signal``: before the time limit, or a
-    preemption) the trap sends SIGTERM to the stage (which stops its
-    process groups within :data:`study.runner.STOP_GRACE_S`), waits for it and requeues the job; a failed
-    requeue fails the job, so nothing that waits on it starts. On SIGTERM (cancel, requeue by hand,
-    preemption) the script passes it on and waits for the stage, so the stage stops inside the job
-    (Slurm's ``KillWait``) even where Slurm tracks processes by parentage."""
+    """The batch script: ``#SBATCH`` lines, then the stage (``exec``'d unless ``job.requeue``).
+
+    A requeued job's stage runs in the background. On USR1 (``--signal``: before the time limit, or a
+    preemption) the trap sends SIGTERM to the stage, which stops its process groups within
+    :data:`study.runner.STOP_GRACE_S`, waits for it and requeues the job, unless the stage had ended
+    well (exit 0: nothing to requeue). A failed requeue fails the job, so nothing that waits on it
+    starts. A USR1 in the first :data:`USR1_IGNORED_S` seconds of a run is ignored: Slurm 22.05 sent
+    the time-limit signal of the previous run again as a requeued run started (seen on the test
+    cluster). On SIGTERM (cancel, requeue by hand, preemption) the script passes it on and waits for
+    the stage, so the stage stops inside the job (Slurm's ``KillWait``) even where Slurm tracks
+    processes by parentage."""
     deps = [f"afterok:{':'.join(after_ids)}"] if after_ids else []
     opts = [f"--job-name={job.name}", *job.options, f"--dependency={','.join([*deps, 'singleton'])}"]
     if after_ids:
@@ -118,8 +125,10 @@ def script_text(job: Job, after_ids: list[str], cwd: Path) -> str:
             f"{shlex.join(job.command)} &",
             "stage=$!",
             'trap \'kill -TERM "$stage"; wait "$stage"; exit 143\' TERM',
-            'trap \'kill -TERM "$stage"; wait "$stage"; scontrol requeue "$SLURM_JOB_ID" || exit 1; exit 0\' USR1',
-            'wait "$stage"',
+            f'trap \'if ((SECONDS >= {USR1_IGNORED_S})); then kill -TERM "$stage"; wait "$stage" && exit 0; '
+            'scontrol requeue "$SLURM_JOB_ID" || exit 1; exit 0; fi\' USR1',
+            'while wait "$stage"; rc=$?; kill -0 "$stage" 2>/dev/null; do :; done  # a trap interrupts wait',
+            'exit "$rc"',
         ]
     else:
         lines.append(f"exec {shlex.join(job.command)}")

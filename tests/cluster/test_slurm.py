@@ -97,9 +97,10 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(slu
     try:
         t0 = time.monotonic()
         deadline = t0 + STUDY_TIMEOUT_S
-        # beside the study (CPU only): a 2-minute job whose USR1 trap stops its stage and requeues it
+        # beside the study (CPU only): a 3-minute job whose USR1 trap (90 s before the limit, after the
+        # first USR1_IGNORED_S) stops its stage and requeues it
         trap_log = tmp_path / "trapped.log"
-        opts = ["--time=2", "--requeue", "--signal=B:USR1@100", f"--output={tmp_path}/trapped.%j.out"]
+        opts = ["--time=3", "--requeue", "--signal=B:USR1@90", f"--output={tmp_path}/trapped.%j.out"]
         trapped = Job("trapped", opts, [sys.executable, "-c", TRAPPED, str(trap_log)], requeue=True)
         (tmp_path / "trapped.sh").write_text(script_text(trapped, [], tmp_path))
         assert slurm.run("sbatch", str(tmp_path / "trapped.sh")).returncode == 0
