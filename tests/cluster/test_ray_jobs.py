@@ -1,0 +1,300 @@
+"""``python -m study run STUDY --on ray`` against a real Ray cluster: a head and a second node on
+loopback (127.0.0.2 and 127.0.0.3, two logical nodes), token auth, every port fixed, one lane each
+(docs/cluster.md "A Ray cluster"). A 3-cell CPU study: the third lane job queues until a lane frees,
+a train stopped with ``ray job stop`` is resubmitted and finishes, and every cell searches the
+retrievers ``study retrievers --on ray`` published, one per node."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from conftest import token_file
+
+from launch import ray_guard
+from search_env.paths import REPO_ROOT
+from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.process import free_port
+from study import ray_jobs, retrievers
+
+RAY = str(Path(sys.executable).with_name("ray"))
+START_S = 120.0
+STUDY_TIMEOUT_S = 1800
+NODES = {"head": "127.0.0.2", "worker": "127.0.0.3"}
+"""Loopback addresses other than 127.0.0.1: Ray 2.60 rewrites 127.0.0.1 (and localhost) to the
+machine's outside address unless its single-machine switch is on, and that switch refuses a second
+node; 127.0.0.2 and 127.0.0.3 are kept, so every connection stays on loopback."""
+NODE_PORTS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
+HEAD_PORTS = ("--port", "--ray-client-server-port", "--dashboard-port")
+WORKER_PORTS = 8
+"""Ports of a node's worker processes (job supervisors): a few jobs at once per node."""
+STAGE_SETS = ("data.train_batch_size=4", "trainer.save_freq=1")
+
+
+def _node_args(name: str, ip: str) -> tuple[list[str], dict[str, int]]:
+    ports = {flag: free_port() for flag in NODE_PORTS + (HEAD_PORTS if name == "head" else ())}
+    args = [f"--node-ip-address={ip}", "--num-cpus=1", "--resources", json.dumps({ray_jobs.LANE: 1})]
+    args += ["--block", "--disable-usage-stats", "--include-log-monitor=false"]
+    args += [f"{flag}={port}" for flag, port in ports.items()]
+    args.append("--worker-port-list=" + ",".join(str(free_port()) for _ in range(WORKER_PORTS)))
+    return args, ports
+
+
+def _family(marker: str) -> list[psutil.Process]:
+    """Live processes with ``marker`` (``KEY=VALUE``) in their environment: the nodes', their jobs'
+    and the stages' (job entrypoints run in sessions of their own)."""
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if marker.encode() in f.read().split(b"\0"):
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict]:
+    """The two nodes, started with the cluster settings docs/cluster.md names; the client env (token
+    auth, own HOME) and the dashboard URL. Stopped at the end: the running jobs by the job API, then
+    every process with the cluster's token path in its environment, by PID; none may be left."""
+    temp = Path(tempfile.mkdtemp(prefix="rlvr_rayj.", dir="/tmp"))  # short: Ray's socket paths are capped
+    token = temp / "ray_token"  # Ray reads the whole file as the token: no comment line
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    client = {**base, "HOME": str(temp), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    node_env = {
+        **client,
+        "RAY_JOB_START_TIMEOUT_SECONDS": "3600",
+        "RAY_JOB_STOP_WAIT_TIME_S": "60",
+        "DASHBOARD_METRIC_PORT": str(free_port()),
+        "AUTOSCALER_METRIC_PORT": str(free_port()),
+    }
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        args, ports = _node_args("head", NODES["head"])
+        args += ["--include-dashboard=true", f"--dashboard-host={NODES['head']}"]
+        gcs = f"{NODES['head']}:{ports['--port']}"
+        procs["head"] = _start(["--head", f"--temp-dir={temp}", *args], node_env, temp / "head.log")
+        _wait(lambda: ray_guard.cluster_has_token_auth(gcs, timeout_s=2), procs["head"], temp / "head.log")
+        args, _ = _node_args("worker", NODES["worker"])
+        procs["worker"] = _start(
+            [f"--address={gcs}", f"--temp-dir={temp}", *args], node_env, temp / "worker.log"
+        )
+        api = Api(f"http://{NODES['head']}:{ports['--dashboard-port']}", token)
+        _wait(lambda: api.alive() == sorted(NODES.values()), procs["worker"], temp / "worker.log")
+        yield {"env": client, "api": api}
+    finally:
+        if "worker" in procs:
+            with contextlib.suppress(httpx.HTTPError, KeyError):
+                api.stop_all()
+        marker = f"RAY_AUTH_TOKEN_PATH={token}"
+        family = _family(marker)
+        for proc in family:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        for proc in procs.values():
+            proc.wait(timeout=30)
+        psutil.wait_procs(family, timeout=30)
+        left = _family(marker)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [RAY, "start", *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _wait(ready, proc: subprocess.Popen, log: Path) -> None:  # noqa: ANN001 - a predicate
+    """Until ``ready()``; skipped when the node's ``ray start`` exits (Ray cannot start here),
+    failed after :data:`START_S`."""
+    deadline = time.monotonic() + START_S
+    while True:
+        with contextlib.suppress(ConnectionError, httpx.HTTPError, KeyError):
+            if ready():
+                return
+        if proc.poll() is not None:
+            pytest.skip(f"Ray cannot start here:\n{log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+
+
+class Api:
+    """The cluster's dashboard over HTTP with the cluster token (this process never imports Ray's
+    client, which reads the auth mode once per process)."""
+
+    def __init__(self, dashboard: str, token: Path) -> None:
+        self.url, self.headers = dashboard, {"Authorization": f"Bearer {token.read_text()}"}
+
+    def get(self, path: str) -> Any:
+        answer = httpx.get(f"{self.url}{path}", headers=self.headers, timeout=30)
+        answer.raise_for_status()
+        return answer.json()
+
+    def alive(self) -> list[str]:
+        nodes = self.get("/api/v0/nodes?limit=100")["data"]["result"]["result"]
+        return sorted(n["node_ip"] for n in nodes if n["state"] == "ALIVE")
+
+    def jobs(self) -> dict[str, dict]:
+        return {j["submission_id"]: j for j in self.get("/api/jobs/") if j.get("submission_id")}
+
+    def stop_all(self) -> None:
+        """Stop every running job (SIGTERM to its processes) and wait until each ended."""
+        running = [sid for sid, j in self.jobs().items() if j["status"] in ray_jobs.RUNNING]
+        for sid in running:
+            httpx.post(f"{self.url}/api/jobs/{sid}/stop", headers=self.headers, timeout=30)
+        deadline = time.monotonic() + 90
+        while any(self.jobs()[sid]["status"] in ray_jobs.RUNNING for sid in running):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(1)
+
+    def ran(self, sid: str, job: dict) -> tuple[float, float]:
+        """(start, end) of job ``sid`` in Unix seconds: when its supervisor started (the first line
+        of its log: when it got its lane) and when it ended."""
+        first = self.get(f"/api/jobs/{sid}/logs")["logs"].splitlines()[0]
+        stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", first)
+        assert stamp, first
+        return datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), job["end_time"] / 1000
+
+
+def _study(tmp_path: Path, token: Path) -> Path:
+    path = tmp_path / "ray3.yaml"
+    path.write_text(
+        "name: ray3\nbase: recipes/micro_sparse.yaml\naxes: {shape: [em_only, f1_only, f1_format], seed: [42]}\n"
+        f"steps: 1\noverrides: {{retriever.corpus: {SAMPLE_CORPUS}, retriever.auth_token_file: {token}}}\n"
+        "eval: {test_limit: 2, val_limit: 1, backend: hf}\n"
+    )
+    return path
+
+
+def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers(cluster, tmp_path):
+    env, api = cluster["env"], cluster["api"]
+    dashboard = api.url
+    token = token_file(tmp_path / "retriever_token", secrets.token_hex(16))
+    study, runs, results = _study(tmp_path, token), tmp_path / "runs", tmp_path / "res"
+    where = ["--runs", str(runs), "--results", str(results), "--address", dashboard]
+    port = free_port()
+    t0 = time.monotonic()
+    started = subprocess.run(
+        [sys.executable, "-m", "study", "retrievers", str(study), "--on", "ray", "--port", str(port), *where],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert started.returncode == 0, started.stderr[-3000:]
+    urls = sorted(f"http://{ip}:{port}" for ip in NODES.values())
+    assert retrievers.published_urls(runs) == urls
+
+    log = tmp_path / "submitter.log"
+    with open(log, "w") as out:
+        submitter = subprocess.Popen(
+            [sys.executable, "-m", "study", "run", str(study), "--on", "ray", "--max-retries", "1", *where]
+            + ["--set", *STAGE_SETS],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stopped = "ray3.em_only_s42.train"
+    try:
+        deadline = time.monotonic() + STUDY_TIMEOUT_S
+        while not (runs / "em_only_s42" / "train.log").is_file():  # its trainer started
+            assert submitter.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        assert api.jobs()[stopped]["status"] == "RUNNING"
+        stop = subprocess.run(
+            [RAY, "job", "stop", "--address", dashboard, stopped],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        rc = submitter.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if submitter.poll() is None:
+            os.killpg(submitter.pid, signal.SIGKILL)
+            submitter.wait(timeout=30)
+    text = log.read_text()
+    assert rc == 0, text[-4000:]
+    print(f"study on Ray: {time.monotonic() - t0:.0f} s")
+
+    jobs = {sid: j for sid, j in api.jobs().items() if sid.startswith("ray3.")}
+    cells = ("em_only_s42", "f1_only_s42", "f1_format_s42")
+    assert jobs[stopped]["status"] == "STOPPED"
+    assert jobs[f"{stopped}-r1"]["status"] == "SUCCEEDED"
+    assert f"{stopped}-r1: submitted" in text
+    for cell in cells:
+        for stage in ("train", "eval"):
+            sid = f"ray3.{cell}.{stage}" + ("-r1" if f"ray3.{cell}.{stage}" == stopped else "")
+            assert jobs[sid]["status"] == "SUCCEEDED", (sid, text[-3000:])
+            assert jobs[sid]["metadata"]["study"] == "ray3" and jobs[sid]["metadata"]["cell"] == cell
+            assert jobs[sid]["metadata"]["stage"] == stage
+        assert (runs / cell / ".study_eval_test").is_file() and (runs / cell / ".study_eval_val").is_file()
+        tools = (runs / cell / "tools.yaml").read_text()
+        assert all(url in tools for url in urls), tools  # retriever.urls: the published ones
+    assert (results / "report" / "study.md").is_file()
+    assert jobs["ray3.report"]["status"] == "SUCCEEDED"
+
+    # at most two lane jobs at once (one lane per node), and one waited for a lane
+    spans = {
+        sid: api.ran(sid, job)
+        for sid, job in jobs.items()
+        if job["metadata"].get("stage") in ("train", "eval")
+    }
+    for start, _ in spans.values():
+        assert sum(1 for s, e in spans.values() if s <= start < e) <= 2, spans
+    queued = [
+        sid for sid, (start, _) in spans.items() if start - jobs[sid]["start_time"] / 1000 > 5
+    ]  # started over 5 s after its submission: it waited for a lane
+    assert queued, spans
+    for sid in queued:
+        start = spans[sid][0]
+        assert any(e <= start + 2 for s, e in spans.values() if s < start), (sid, spans)
+
+    # rerun: nothing is missing, nothing is submitted
+    again = subprocess.run(
+        [sys.executable, "-m", "study", "run", str(study), "--on", "ray", *where, "--set", *STAGE_SETS],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "submitted" not in again.stderr and "ray3.report: done (on disk)" in again.stderr
