@@ -98,16 +98,10 @@ def test_serve_here_publishes_while_healthy_and_unpublishes_on_sigterm(tmp_path)
     study = _study(tmp_path)
     token = token_file(tmp_path / "token", secrets.token_hex(16))
     port, runs = free_port(), tmp_path / "runs"
-    driver = (
-        "import argparse, sys\n"
-        "from study.retrievers import serve_here\nfrom study.spec import load_study\n"
-        "from study.store import layout\n"
-        "s = load_study(sys.argv[1])\n"
-        "a = argparse.Namespace(host='127.0.0.1', port=int(sys.argv[2]), set=sys.argv[4:], cells=None)\n"
-        "sys.exit(serve_here(s, layout(s, sys.argv[3]), a))\n"
-    )
+    cmd = [sys.executable, "-m", "study", "retrievers", str(study), "--serve", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--runs", str(runs), "--set", *_sets(token)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", driver, str(study), str(port), str(runs), *_sets(token)],
+        cmd,
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
