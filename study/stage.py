@@ -111,9 +111,15 @@ def incomplete(study: Study, where: Layout) -> list[str]:
 
 
 def python_env() -> dict[str, str]:
-    """This environment with the repository on ``PYTHONPATH`` (as ``study run`` gives its stages)."""
+    """This environment with the repository on ``PYTHONPATH`` (as ``study run`` gives its stages),
+    less ``ROCR_VISIBLE_DEVICES`` when ``CUDA_VISIBLE_DEVICES`` is set: Slurm's GPU plugin sets both
+    for a ``--gres=gpu`` job, and verl 0.9.1 refuses to start with both
+    (``single_controller/base/worker.py``, "Please don't set ROCR_VISIBLE_DEVICES")."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
+    if "CUDA_VISIBLE_DEVICES" in env:
+        env.pop("ROCR_VISIBLE_DEVICES", None)
+    return env
 
 
 def run_stage(

@@ -44,7 +44,7 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 
 
-class TestbedError(RuntimeError):
+class SlurmSetupError(RuntimeError):
     """The testbed cannot be installed or started (the message says why)."""
 
 
@@ -55,12 +55,12 @@ def missing_programs() -> list[str]:
 
 
 def install(timeout_s: float = 600.0) -> None:
-    """``apt-get install`` :data:`PACKAGES` when a program is missing; TestbedError when that cannot be
+    """``apt-get install`` :data:`PACKAGES` when a program is missing; SlurmSetupError when that cannot be
     done (not root, no apt, apt fails)."""
     if not missing_programs():
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise TestbedError(
+        raise SlurmSetupError(
             f"{', '.join(missing_programs())} missing and not installable here (needs root and apt-get)"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -71,9 +71,9 @@ def install(timeout_s: float = 600.0) -> None:
         subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=timeout_s)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
-        raise TestbedError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+        raise SlurmSetupError(f"{' '.join(cmd)}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
     if missing_programs():
-        raise TestbedError(f"installed, but still missing: {', '.join(missing_programs())}")
+        raise SlurmSetupError(f"installed, but still missing: {', '.join(missing_programs())}")
 
 
 def _free_port() -> int:
@@ -83,7 +83,7 @@ def _free_port() -> int:
 
 
 @dataclass
-class Testbed:
+class PrivateSlurm:
     """A started cluster: its folder; ``env`` points client commands at it."""
 
     root: Path
@@ -163,28 +163,28 @@ def _wait(what: str, ready, timeout_s: float, log: Path) -> None:  # noqa: ANN00
     while not ready():
         if time.monotonic() > deadline:
             tail = log.read_text(errors="replace")[-1500:] if log.is_file() else "(no log)"
-            raise TestbedError(f"{what} not ready in {timeout_s:.0f} s; {log}:\n{tail}")
+            raise SlurmSetupError(f"{what} not ready in {timeout_s:.0f} s; {log}:\n{tail}")
         time.sleep(0.3)
 
 
 def _daemon(cmd: list[str], env: dict[str, str], log: Path) -> None:
-    """Start a daemon that forks into the background; TestbedError when it exits non-zero."""
+    """Start a daemon that forks into the background; SlurmSetupError when it exits non-zero."""
     with open(log, "ab") as out:
         done = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S)
     if done.returncode != 0:
-        raise TestbedError(f"{' '.join(cmd)}: exit {done.returncode}; see {log}")
+        raise SlurmSetupError(f"{' '.join(cmd)}: exit {done.returncode}; see {log}")
 
 
-def start(root: Path) -> Testbed:
+def start(root: Path) -> PrivateSlurm:
     """Configure and start the cluster in the empty or new folder ``root``; returns when the node is
     idle. On a failure, what was started is stopped again."""
     install()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(root, 0o700)
     if any(root.iterdir()):
-        raise TestbedError(f"{root}: not empty. Fix: a new folder")
+        raise SlurmSetupError(f"{root}: not empty. Fix: a new folder")
     write_config(root)
-    bed = Testbed(root)
+    bed = PrivateSlurm(root)
     sbin = "/usr/sbin"
     try:
         _daemon(
@@ -217,7 +217,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def stop(bed: Testbed) -> list[int]:
+def stop(bed: PrivateSlurm) -> list[int]:
     """Cancel every job of the cluster and wait for them to end (``STOP_TIMEOUT_S``), then SIGTERM
     each daemon by its PID file (SIGKILL after ``STOP_TIMEOUT_S``); the PIDs stopped."""
     if (bed.root / "slurmctld.pid").is_file():
@@ -262,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             bed = start(args.root.absolute())
             print(f"export SLURM_CONF={bed.conf}")
             return 0
-        print(f"stopped: {' '.join(map(str, stop(Testbed(args.root.absolute()))))}")
+        print(f"stopped: {' '.join(map(str, stop(PrivateSlurm(args.root.absolute()))))}")
         return 0
-    except TestbedError as err:
+    except SlurmSetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launch.slurm.testbed import Testbed, TestbedError, start, stop
+from launch.slurm.testbed import PrivateSlurm, SlurmSetupError, start, stop
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-def cluster_processes(bed: Testbed) -> list[psutil.Process]:
+def cluster_processes(bed: PrivateSlurm) -> list[psutil.Process]:
     """Live processes started by the cluster or its jobs (``SLURM_CONF`` names its config)."""
     marker = f"SLURM_CONF={bed.conf}"
     found = []
@@ -43,11 +43,11 @@ def cluster_processes(bed: Testbed) -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSlurm]:
     root = tmp_path_factory.mktemp("slurm") / "cluster"
     try:
         bed = start(root)
-    except TestbedError as err:
+    except SlurmSetupError as err:
         pytest.skip(f"no Slurm here: {err}")
     try:
         yield bed

@@ -19,7 +19,7 @@ import pytest
 from conftest import ensure_ci_assets
 from heavy_slot import acquire_all, slot_count
 
-from launch.slurm.testbed import Testbed
+from launch.slurm.testbed import PrivateSlurm
 from search_env.checkpoint_layout import TRACKER
 from search_env.paths import REPO_ROOT
 from study.slurm import Job, script_text
@@ -65,11 +65,13 @@ def _study(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def _wait(what: str, ready, deadline: float, logs: Path) -> None:  # noqa: ANN001 - () -> bool
+def _wait(what: str, ready, deadline: float, slurm: PrivateSlurm, logs: Path) -> None:  # noqa: ANN001
+    """Poll ``ready()`` until ``deadline``; fail at once, with the batch logs, when no job is left."""
     while not ready():
-        if time.monotonic() > deadline:
+        gone = not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
+        if gone or time.monotonic() > deadline:
             tails = {p.name: p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.out"))}
-            pytest.fail(f"not {what} in time; batch logs: {tails}")
+            pytest.fail(f"not {what} {'and no job left' if gone else 'in time'}; batch logs: {tails}")
         time.sleep(1)
 
 
@@ -86,7 +88,9 @@ def _same_tree(a: Path, b: Path) -> list[str]:
     return diff
 
 
-def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(slurm: Testbed, tmp_path: Path):
+def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
+    slurm: PrivateSlurm, tmp_path: Path
+):
     ensure_ci_assets()
     study = tmp_path / "slurm2.yaml"
     study.write_text(STUDY)
@@ -129,10 +133,15 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(slu
             again.stdout
         )
 
-        def ended() -> bool:
-            return not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
-
-        _wait("every job ended", ended, deadline, runs / "slurm")
+        report = res / "report" / "study.md"
+        _wait("the report", report.is_file, deadline, slurm, runs / "slurm")
+        _wait(
+            "every job ended",
+            lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(),
+            deadline,
+            slurm,
+            runs / "slurm",
+        )
         elapsed = time.monotonic() - t0
     finally:
         for fd in slots:
