@@ -119,12 +119,8 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
         assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --signal=B:USR1@300" in script
 
         tracker = runs / REQUEUED / "checkpoints" / TRACKER
-        _wait(
-            "checkpointed step 1",
-            lambda: tracker.is_file() and tracker.read_text().strip() == "1",
-            deadline,
-            runs / "slurm",
-        )
+        step1 = lambda: tracker.is_file() and tracker.read_text().strip() == "1"  # noqa: E731
+        _wait("checkpointed step 1", step1, deadline, slurm, runs / "slurm")
         job = ids[f"slurm2.{REQUEUED}.train"]
         assert slurm.run("scontrol", "requeue", job).returncode == 0
         again = _study(env, "run", str(study), "--on", "slurm", "--gpus-per-cell", "1", *where)
