@@ -37,7 +37,6 @@ LANE = "rlvr_lane"
 POLL_S = 2.0
 """Seconds between two looks at the cluster's jobs."""
 RUNNING = ("PENDING", "RUNNING")
-ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 """Environment variables Ray's job client reads before its ``address`` argument."""
 PROBE_TIMEOUT_S = 10.0
@@ -46,11 +45,19 @@ START_TIMEOUT = "failed to start within"
 """Ray's message for a job that waited longer than the head's ``RAY_JOB_START_TIMEOUT_SECONDS``."""
 
 
-def check_auth(address: str, env: dict[str, str]) -> str:
-    """The dashboard or GCS ``address`` when this client may submit to it: token auth on here (a
-    token only its owner reads: :func:`launch.ray_guard.driver_problem`) and on the cluster, which
-    must refuse a client without a token (the GCS, as :func:`launch.ray_guard.check_join` checks it,
-    or the dashboard's HTTP API answering 401). StudyError naming the fix otherwise."""
+def no_opt_out(message: str) -> str:
+    """``message`` with a note where it offers the launcher's opt-out, which study jobs do not have."""
+    if ray_guard.RAY_INSECURE_KEY in message:
+        return f"{message} (that opt-out is the launcher's: study jobs require token auth)"
+    return message
+
+
+def check_auth(address: str, env: dict[str, str]) -> None:
+    """StudyError naming the fix unless this client may submit to the dashboard or GCS ``address``:
+    token auth on here (a token only its owner reads: :func:`launch.ray_guard.driver_problem`) and
+    on the cluster, which must refuse a client without a token (the GCS, as
+    :func:`launch.ray_guard.check_join` checks it, or the dashboard's HTTP API answering 401).
+    There is no opt-out (:func:`no_opt_out`)."""
     join = ray_guard.Join("--address", address)
     for name in ADDRESS_ENVS:
         if env.get(name) and env[name].rstrip("/") != address.rstrip("/"):
@@ -62,15 +69,15 @@ def check_auth(address: str, env: dict[str, str]) -> str:
         try:
             ray_guard.check_join(join, env, insecure_ok=False)
         except ray_guard.JoinRefused as err:
-            raise StudyError(str(err)) from None
-        return address
+            raise StudyError(no_opt_out(str(err))) from None
+        return
     if not address.startswith(("http://", "https://")):
         raise StudyError(
             f"--address {address}: not the Ray dashboard (http://HEAD:8265) or the head's GCS "
             "(HEAD:6379). Fix: pass one of them"
         )
     if problem := ray_guard.driver_problem(join, env, insecure_ok=False):
-        raise StudyError(problem)
+        raise StudyError(no_opt_out(problem))
     try:
         status = httpx.get(f"{address.rstrip('/')}/api/version", timeout=PROBE_TIMEOUT_S).status_code
     except httpx.HTTPError as err:
@@ -83,7 +90,6 @@ def check_auth(address: str, env: dict[str, str]) -> str:
             f"--address {address}: the Ray dashboard answers a client that sends no token (HTTP {status}): "
             f"its cluster was started without token auth. {ray_guard.AUTH_FIX}"
         )
-    return address
 
 
 def connect(address: str) -> Any:
@@ -161,30 +167,25 @@ def plan(study: Study, where: Layout, cells: list[Cell], args: argparse.Namespac
             continue
         trained, evaluated = cell_done(study, where, cell)
         port = ["--port", str(args.port + 10 * i)] if getattr(args, "port", None) else []
-
         head = ["cell", path, "--cell", cell.name, *folders(where), *port, *common]
         gpus = gpus_of(study, cell, getattr(args, "gpus_per_cell", None))
-        train = Stage(
-            f"{study.name}.{cell.name}.train",
-            "train",
-            cell,
-            python_command(*head, "--stage", "train"),
-            True,
-            gpus,
-        )
-        train.done = trained
+        base = f"{study.name}.{cell.name}"
+        entry = python_command(*head, "--stage", "train")
+        train = Stage(f"{base}.train", "train", cell, entry, lane=True, gpus=gpus, done=trained)
         stages.append(train)
         if not train_only:
             entry = python_command(*head, "--stage", "eval")
             evals.append(
-                Stage(f"{study.name}.{cell.name}.eval", "eval", cell, entry, True, [train], evaluated)
+                Stage(
+                    f"{base}.eval", "eval", cell, entry, lane=True, gpus=gpus, needs=[train], done=evaluated
+                )
             )
     stages += evals
     if not (train_only or getattr(args, "no_report", False)):
-        cmd = ["cell", path, "--stage", "report", *folders(where), *common]
-        report_done = report_file(where).is_file() and all(s.done for s in stages)
+        entry = python_command("cell", path, "--stage", "report", *folders(where), *common)
+        done = report_file(where).is_file() and all(s.done for s in stages)
         stages.append(
-            Stage(f"{study.name}.report", "report", None, python_command(*cmd), False, 0, evals, report_done)
+            Stage(f"{study.name}.report", "report", None, entry, lane=False, needs=evals, done=done)
         )
     return stages
 
@@ -291,12 +292,19 @@ class Submitter:
         return all(self.alive(n) for n in stage.needs)
 
     def run(self) -> int:
-        """Poll until nothing more can happen; 0 when every stage is done, else 1 (failed ones named)."""
+        """Poll until nothing more can happen; 0 when every stage is done, 1 when one failed for good
+        (named), 130 on Ctrl-C (the jobs keep running)."""
         for stage in self.stages:
             if stage.done:
                 self.echo(f"{stage.base}: done (on disk)")
-        while self.step():
-            time.sleep(POLL_S)
+        try:
+            while self.step():
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            self.echo(
+                f"study {self.study.name}: interrupted; its jobs keep running. Fix: run again to follow them"
+            )
+            return 130
         failed = [s.last[0] if s.last else s.base for s in self.stages if not s.done]
         if failed:
             self.echo(

@@ -51,6 +51,7 @@ NODE_PORTS = (
 HEAD_PORTS = ("--port", "--ray-client-server-port", "--dashboard-port")
 WORKER_PORTS = 8
 """Ports of a node's worker processes (job supervisors): a few jobs at once per node."""
+pytestmark = pytest.mark.timeout(STUDY_TIMEOUT_S + 600)
 STAGE_SETS = ("data.train_batch_size=4", "trainer.save_freq=1")
 
 
@@ -194,7 +195,7 @@ def _study(tmp_path: Path, token: Path) -> Path:
     path.write_text(
         "name: ray3\nbase: recipes/micro_sparse.yaml\naxes: {shape: [em_only, f1_only, f1_format], seed: [42]}\n"
         f"steps: 1\noverrides: {{retriever.corpus: {SAMPLE_CORPUS}, retriever.auth_token_file: {token}}}\n"
-        "eval: {test_limit: 2, val_limit: 1, backend: hf}\n"
+        "eval: {test_limit: 1, val_limit: 1, backend: hf}\n"
     )
     return path
 
@@ -207,6 +208,16 @@ def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers
     where = ["--runs", str(runs), "--results", str(results), "--address", dashboard]
     port = free_port()
     t0 = time.monotonic()
+    without = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run(
+        [sys.executable, "-m", "study", "run", str(study), "--on", "ray", *where],
+        cwd=REPO_ROOT,
+        env=without,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "without token authentication" in refused.stderr, refused.stderr
     started = subprocess.run(
         [sys.executable, "-m", "study", "retrievers", str(study), "--on", "ray", "--port", str(port), *where],
         cwd=REPO_ROOT,
