@@ -176,11 +176,17 @@ def _pick_rows(rows: Sequence[dict[str, Any]], cfg: WarmStartConfig) -> list[dic
 
 
 def demonstrations(
-    model_dir: Path, world_dir: Path, cfg: WarmStartConfig, retrieval_url: str
+    model_dir: Path,
+    world_dir: Path,
+    cfg: WarmStartConfig,
+    retrieval_url: str,
+    picked: Sequence[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Teacher rollouts of the training questions through verl's agent loop: SFT samples + counts.
 
     Each sample is ``{"ids": prompt + response token ids, "mask": 1 on the model's own tokens}``.
+    ``picked``: the rows to demonstrate, in order (default: :func:`_pick_rows` of the world's
+    ``train.jsonl``); counts are per row ``type``.
     """
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # heavy: verl, teacher rollouts only
 
@@ -191,8 +197,9 @@ def demonstrations(
         write_tool_config,
     )
 
-    rows = [json.loads(line) for line in (world_dir / "train.jsonl").read_text().splitlines()]
-    picked = _pick_rows(rows, cfg)
+    if picked is None:
+        rows = [json.loads(line) for line in (world_dir / "train.jsonl").read_text().splitlines()]
+        picked = _pick_rows(rows, cfg)
     facts = {}
     for line in (world_dir / "corpus.jsonl").read_text().splitlines():
         contents = json.loads(line)["contents"]
@@ -239,7 +246,7 @@ def demonstrations(
         if picked[i]["id"] in teacher.failed or not answered:
             counts["dropped"] += 1
             continue
-        counts[picked[i]["type"]] += 1
+        counts[picked[i]["type"]] = counts.get(picked[i]["type"], 0) + 1
         samples.append({"ids": prompt + response, "mask": [0] * len(prompt) + mask})
     return samples, counts
 

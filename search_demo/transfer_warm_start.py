@@ -1,0 +1,241 @@
+"""The transfer world's warm start: atomic skills and the search loop, not the held-out compositions.
+
+The shipped base model SFT-trained on scripted-teacher rollouts (the machinery of
+``search_demo.warm_start``: verl's agent loop against a real BM25 server, the same SFT loop) over
+the train regions of transfer worlds of ``warm_start.SFT_WORLD_SEEDS``. Demonstrated: one hop on
+each of the four relations, person -> city -> country (the generic two-search loop), and selection
+on located_in ("Which of A, B or C is in K?"). Never demonstrated: company -> country or region,
+city -> region, person -> region, selection on any other relation. Why: docs/micro_transfer.md.
+
+    python -m search_demo.transfer_warm_start --out DIR [--base DIR] [--steps N] [--force]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+from search_demo import base_model, transfer_world, world
+from search_demo.trajectories import render_trajectory
+from search_demo.warm_start import (
+    SFT_WORLD_SEEDS,
+    STAMP,
+    WarmStartConfig,
+    base_stamp,
+    bm25_server,
+    demonstrations,
+    name_token_ids,
+    sft,
+    stamp_key,
+    stopped_early,
+)
+from search_env import protocol
+from search_env.jsonl import write_jsonl
+from search_env.paths import REPO_ROOT, repo_relative
+from search_env.safe_fs import UnsafeDeleteError, replace_durably
+
+TRANSFER_WARM_START_VERSION = 1
+"""Bumped when this module's output changes for the same inputs."""
+SHIPPED = REPO_ROOT / "assets" / "warm_start_transfer"
+"""The built transfer warm start (default config, the shipped base model), committed."""
+ANSWER_PHRASE = "in {a}"
+"""A phrased answer's form (every asked kind is a place: "in Velmora"); selection answers stay bare."""
+
+
+@dataclass(frozen=True)
+class TransferWarmStart:
+    """What the transfer warm start demonstrates (counts per SFT world) and how long it trains."""
+
+    seed: int = 0
+    single_hop: int = 20
+    """One-hop questions per relation (four relations; region_of has one per country: 19)."""
+    two_hop: int = 40
+    """Person -> city -> country questions (the demonstrated search loop)."""
+    selection: int = 24
+    """Selection questions on located_in (the teacher searches the options in order up to the right one)."""
+    two_hop_stop_early: float = 0.2
+    """Share of the two-hop demonstrations that answer the bridge city after one search (the flawed
+    teacher of ``warm_start.stopped_early``: a behaviour for RL to correct)."""
+    phrased_answer: float = 0.8
+    """Share of the chain demonstrations answered "in X" instead of "X" (EM 0, F1 partial)."""
+    steps: int = 300
+    """SFT steps (batch 8)."""
+    max_turns: int = 5
+    """Assistant turns of a demonstration rollout (a selection may need 4)."""
+
+    def sft_config(self) -> WarmStartConfig:
+        """The ``warm_start.WarmStartConfig`` the shared SFT loop and teacher read."""
+        return WarmStartConfig(
+            seed=self.seed,
+            two_hop_stop_early=self.two_hop_stop_early,
+            phrased_answer=self.phrased_answer,
+            steps=self.steps,
+            max_turns=self.max_turns,
+        )
+
+
+def phrased(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` answered in :data:`ANSWER_PHRASE` ("in Velmora" for "Velmora")."""
+    return {**row, "golden_answers": [ANSWER_PHRASE.format(a=row["golden_answers"][0])]}
+
+
+def pick_rows(
+    pools: dict[str, list[dict[str, Any]]], cfg: TransferWarmStart, world_seed: int
+) -> list[dict[str, Any]]:
+    """The demonstrated rows of one SFT world (``transfer_world.sft_rows``), in SFT order: per
+    relation ``cfg.single_hop`` one-hop rows, ``cfg.two_hop`` two-hop and ``cfg.selection``
+    selection rows (seeded draws); then early stops and phrased answers (each its own draw)."""
+    rng = random.Random(f"transfer_warm_start:{cfg.seed}:{world_seed}")
+    tagged = {kind: [{**r, "type": kind} for r in rows] for kind, rows in pools.items()}
+    by_relation: dict[str, list[dict[str, Any]]] = {}
+    for r in tagged["single_hop"]:
+        by_relation.setdefault(r["relation"], []).append(r)
+    picked = [
+        r
+        for rel in sorted(by_relation)
+        for r in rng.sample(by_relation[rel], min(cfg.single_hop, len(by_relation[rel])))
+    ]
+    picked += rng.sample(tagged["two_hop"], cfg.two_hop) + rng.sample(tagged["selection"], cfg.selection)
+    rng.shuffle(picked)
+    early = random.Random(f"transfer_stop_early:{cfg.seed}:{world_seed}")
+    picked = [
+        stopped_early(r) if r["type"] == "two_hop" and early.random() < cfg.two_hop_stop_early else r
+        for r in picked
+    ]
+    phrase = random.Random(f"transfer_phrased:{cfg.seed}:{world_seed}")
+    return [
+        phrased(r) if r["type"] != "selection" and phrase.random() < cfg.phrased_answer else r for r in picked
+    ]
+
+
+def cache_key(cfg: TransferWarmStart, base: Path) -> str:
+    """Hash of everything the transfer warm start depends on."""
+    pools = transfer_world.sft_rows(SFT_WORLD_SEEDS[0])
+    sample = pools["two_hop"][0]
+    chunks = [["a passage", "another passage"]] * 2
+    parts = {
+        "version": TRANSFER_WARM_START_VERSION,
+        "format": render_trajectory(sample, chunks),
+        "stops": list(protocol.STOP_STRINGS),
+        "tool_format": protocol.TOOL_FORMAT,
+        "base": base_stamp(base)["key"],
+        "world": {
+            "version": world.WORLD_VERSION,
+            "transfer": transfer_world.TRANSFER_WORLD_VERSION,
+            "sft_seeds": list(SFT_WORLD_SEEDS),
+            "knobs": asdict(transfer_world.SFT_KNOBS),
+        },
+        "config": asdict(cfg),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def build_transfer_warm_start(
+    out: str | Path, cfg: TransferWarmStart = TransferWarmStart(), base: Path | None = None, log: Any = print
+) -> Path:
+    """Build the transfer warm start into ``out`` (HF folder + ``warm_start.json``); returns ``out``."""
+    base = Path(base or base_model.SHIPPED)
+    out = Path(out)
+    base_model.own_folder(out, STAMP, check_only=True)
+    started = time.monotonic()
+    key = cache_key(cfg, base)
+    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
+    shutil.copytree(base, stage, dirs_exist_ok=True)
+    (stage / base_model.STAMP).unlink()
+    tokenizer = AutoTokenizer.from_pretrained(stage)
+    sft_cfg = cfg.sft_config()
+    log(f"transfer warm start {key}: from the base model {base} (key {base_stamp(base)['key']})")
+    samples: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in SFT_WORLD_SEEDS:
+            world_dir = Path(tmp) / f"world_{seed}"
+            write_jsonl(transfer_world.sft_passages(seed), world_dir / "corpus.jsonl")
+            picked = pick_rows(transfer_world.sft_rows(seed), cfg, seed)
+            with bm25_server(world_dir / "corpus.jsonl") as url:
+                got, c = demonstrations(stage, world_dir, sft_cfg, url, picked=picked)
+            samples += got
+            counts = {k: counts.get(k, 0) + v for k, v in c.items()}
+            log(f"transfer warm start: world {seed}: {c} ({time.monotonic() - started:.0f} s)")
+    torch.set_num_threads(1)  # as warm_start: faster than 2 threads on 2 busy cores for this model
+    model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
+    losses = sft(model, samples, sft_cfg, tokenizer.pad_token_id, log=log, name_ids=name_token_ids(tokenizer))
+    model.save_pretrained(stage)
+    stamp = {
+        "key": key,
+        "kind": "transfer",
+        "config": asdict(cfg),
+        "base": repo_relative(base),
+        "base_key": base_stamp(base)["key"],
+        "sft_worlds": list(SFT_WORLD_SEEDS),
+        "demonstrations": counts,
+        "tokens_per_demo": sum(len(s["ids"]) for s in samples) / len(samples),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
+    base_model.own_folder(out, STAMP)
+    replace_durably(stage, out)
+    log(
+        f"transfer warm start written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})"
+    )
+    return out
+
+
+def ensure_transfer_warm_start(
+    out: str | Path, cfg: TransferWarmStart = TransferWarmStart(), base: Path | None = None, log: Any = print
+) -> Path:
+    """``out`` if its stamp matches :func:`cache_key`; else a copy of :data:`SHIPPED` if that one
+    matches; else a fresh :func:`build_transfer_warm_start`."""
+    out = Path(out)
+    key = cache_key(cfg, Path(base or base_model.SHIPPED))
+    if stamp_key(out) == key:
+        return out
+    if stamp_key(SHIPPED) != key or SHIPPED.resolve() == out.resolve():
+        return build_transfer_warm_start(out, cfg, base=base, log=log)
+    base_model.own_folder(out, STAMP, check_only=True)
+    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
+    shutil.copytree(SHIPPED, stage, dirs_exist_ok=True)
+    base_model.own_folder(out, STAMP)
+    replace_durably(stage, out)
+    log(
+        f"transfer warm start {key}: copied the shipped {repo_relative(SHIPPED)} to {out} (no SFT: same inputs)"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m search_demo.transfer_warm_start", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", required=True, type=Path, help="model folder to write")
+    parser.add_argument(
+        "--base", type=Path, default=None, help="base model folder (default: assets/demo_base)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=TransferWarmStart.steps, help="SFT steps")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the cache matches")
+    args = parser.parse_args(argv)
+    cfg = replace(TransferWarmStart(), seed=args.seed, steps=args.steps)
+    try:
+        (build_transfer_warm_start if args.force else ensure_transfer_warm_start)(
+            args.out, cfg, base=args.base
+        )
+    except UnsafeDeleteError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
