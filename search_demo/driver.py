@@ -33,6 +33,9 @@ TABLE_METRICS = ("em", "f1", "searches", "abort")
 REGIME_NAMES = ("dense", "sparse")
 """The keys of ``search_demo.warm_start.REGIMES`` (listed here so the command line parses without
 importing torch; a test keeps the two equal)."""
+TRANSFER_REGIME = "transfer"
+"""The transfer world's regime (``search_demo.transfer_world``, ``search_demo.transfer_warm_start``):
+its own world and warm start, so not a ``warm_start.REGIMES`` entry."""
 """Columns of the before/after table: mean EM, F1, searches per rollout, abort rate (no answer)."""
 
 
@@ -43,8 +46,13 @@ def ensure_world(seed: int, out: Path) -> Path:
     return world_mod.write_world(world_mod.build_world(seed), out)
 
 
-def _world_current(seed: int, unseen_seed: int | None, out: Path) -> bool:
-    """Whether ``out`` holds the world of ``seed`` (the study world with ``unseen_seed``)."""
+def _world_current(seed: int, unseen_seed: int | None, out: Path, regime: str | None = None) -> bool:
+    """Whether ``out`` holds the world of ``seed`` (the study world with ``unseen_seed``; the
+    transfer world for the transfer regime)."""
+    if regime == TRANSFER_REGIME:
+        from search_demo.transfer_world import transfer_world_stamp
+
+        return world_mod.stamp_matches(out, transfer_world_stamp(seed, unseen_seed))
     if unseen_seed is None:
         return world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION})
     return world_mod.stamp_matches(out, study_world_stamp(seed, unseen_seed))
@@ -62,6 +70,14 @@ def _warm_start_config(args: argparse.Namespace) -> Any:
     return cfg if args.sft_steps is None else replace(cfg, steps=args.sft_steps)
 
 
+def _transfer_config(args: argparse.Namespace) -> Any:
+    """The ``search_demo.transfer_warm_start.TransferWarmStart`` of ``--sft-steps``."""
+    from search_demo.transfer_warm_start import TransferWarmStart  # heavy: torch/transformers
+
+    cfg = TransferWarmStart()
+    return cfg if args.sft_steps is None else replace(cfg, steps=args.sft_steps)
+
+
 def assets_ready(args: argparse.Namespace) -> str | None:
     """The ``assets`` ready line when the world and the warm start of ``args`` (the ``assets``
     subcommand's arguments) are both current, so that there is nothing to build; else None. Reads
@@ -69,10 +85,16 @@ def assets_ready(args: argparse.Namespace) -> str | None:
     from search_demo.warm_start import base_model, cache_key, stamp_key  # heavy: torch/transformers
 
     if args.unseen_world_seed == args.world_seed or not _world_current(
-        args.world_seed, args.unseen_world_seed, args.world
+        args.world_seed, args.unseen_world_seed, args.world, args.regime
     ):
         return None
-    key = cache_key(_warm_start_config(args), Path(args.base or base_model.SHIPPED))
+    if args.regime == TRANSFER_REGIME:
+        from search_demo import transfer_warm_start
+
+        cfg = _transfer_config(args)
+        key = transfer_warm_start.cache_key(cfg, Path(args.base or base_model.SHIPPED))
+    else:
+        key = cache_key(_warm_start_config(args), Path(args.base or base_model.SHIPPED))
     return _ready_line(args, args.warm_start, key) if stamp_key(args.warm_start) == key else None
 
 
@@ -89,6 +111,23 @@ def cmd_assets(args: argparse.Namespace) -> int:
         stamp_key,
     )
 
+    if args.regime == TRANSFER_REGIME:
+        if args.unseen_world_seed is None:
+            print(
+                "error: --regime transfer needs --unseen-world-seed (launch.assets.unseen_world_seed): "
+                "its test suite holds an unseen world's questions",
+                file=sys.stderr,
+            )
+            return 2
+        from search_demo.transfer_warm_start import ensure_transfer_warm_start
+        from search_demo.transfer_world import ensure_transfer_world
+
+        ensure_transfer_world(args.world_seed, args.unseen_world_seed, args.world)
+        model = ensure_transfer_warm_start(
+            args.warm_start, _transfer_config(args), base=args.base, log=lambda m: print(m, flush=True)
+        )
+        print(_ready_line(args, model, stamp_key(model)))
+        return 0
     if args.unseen_world_seed is None:
         ensure_world(args.world_seed, args.world)
     else:  # the micro study's paper-shaped suite (search_demo.study_world)
@@ -291,9 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     assets.add_argument(
         "--regime",
-        choices=REGIME_NAMES,
+        choices=(*REGIME_NAMES, TRANSFER_REGIME),
         default="dense",
-        help="warm start of the micro study's reward regime (search_demo.warm_start.REGIMES)",
+        help="warm start of the micro study's reward regime (search_demo.warm_start.REGIMES), or "
+        "transfer: the transfer world and its warm start (search_demo.transfer_world)",
     )
     assets.add_argument(
         "--unseen-world-seed",
