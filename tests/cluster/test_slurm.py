@@ -76,7 +76,10 @@ def _wait(what: str, ready, deadline: float, slurm: PrivateSlurm, logs: Path) ->
 
 
 def _steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The steps of ``run_dir/metrics.jsonl``, one per complete line, in file order."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if line.endswith("\n")]
 
 
 def _same_tree(a: Path, b: Path) -> list[str]:
@@ -119,8 +122,11 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
         assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --signal=B:USR1@300" in script
 
         tracker = runs / REQUEUED / "checkpoints" / TRACKER
-        step1 = lambda: tracker.is_file() and tracker.read_text().strip() == "1"  # noqa: E731
-        _wait("checkpointed step 1", step1, deadline, slurm, runs / "slurm")
+        # mid-run: step 1 checkpointed and logged (verl logs a step after saving it), step 2 not yet
+        step1 = lambda: (
+            tracker.is_file() and tracker.read_text().strip() == "1" and _steps(runs / REQUEUED) == [1]
+        )  # noqa: E731
+        _wait("step 1 checkpointed and logged", step1, deadline, slurm, runs / "slurm")
         job = ids[f"slurm2.{REQUEUED}.train"]
         assert slurm.run("scontrol", "requeue", job).returncode == 0
         again = _study(env, "run", str(study), "--on", "slurm", "--gpus-per-cell", "1", *where)
