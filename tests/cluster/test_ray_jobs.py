@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,13 +180,21 @@ class Api:
                 return
             time.sleep(1)
 
-    def ran(self, sid: str, job: dict) -> tuple[float, float]:
-        """(start, end) of job ``sid`` in Unix seconds: when its supervisor started (the first line
-        of its log: when it got its lane) and when it ended."""
-        first = self.get(f"/api/jobs/{sid}/logs")["logs"].splitlines()[0]
-        stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})", first)
-        assert stamp, first
-        return datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), job["end_time"] / 1000
+
+def _transitions(log: str, ids: set[str]) -> list[tuple[str, str, float]]:
+    """(job id, state, seconds) of each state change of ``ids`` the submitter printed, in order
+    (its ``[HH:MM:SS]`` stamps; every poll lists all jobs at once, so a job seen RUNNING in a poll
+    sees the job whose lane it took already ended in that poll or an earlier one)."""
+    out, day, last = [], 0.0, 0.0
+    for found in re.finditer(r"^\[(\d\d):(\d\d):(\d\d)\] (\S+): ([A-Z]+)", log, re.MULTILINE):
+        hours, minutes, seconds, sid, state = found.groups()
+        at = int(hours) * 3600 + int(minutes) * 60 + int(seconds) + day
+        if at < last:  # past midnight
+            day, at = day + 86400, at + 86400
+        last = at
+        if sid in ids:
+            out.append((sid, state, at))
+    return out
 
 
 def _study(tmp_path: Path, token: Path) -> Path:
@@ -282,21 +289,20 @@ def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers
     assert (results / "report" / "study.md").is_file()
     assert jobs["ray3.report"]["status"] == "SUCCEEDED"
 
-    # at most two lane jobs at once (one lane per node), and one waited for a lane
-    spans = {
-        sid: api.ran(sid, job)
-        for sid, job in jobs.items()
-        if job["metadata"].get("stage") in ("train", "eval")
-    }
-    for start, _ in spans.values():
-        assert sum(1 for s, e in spans.values() if s <= start < e) <= 2, spans
-    queued = [
-        sid for sid, (start, _) in spans.items() if start - jobs[sid]["start_time"] / 1000 > 5
-    ]  # started over 5 s after its submission: it waited for a lane
-    assert queued, spans
-    for sid in queued:
-        start = spans[sid][0]
-        assert any(e <= start + 2 for s, e in spans.values() if s < start), (sid, spans)
+    # at most two lane jobs ran at once (one lane per node), and one waited for a lane until another ended
+    lanes = {sid for sid, job in jobs.items() if job["metadata"].get("stage") in ("train", "eval")}
+    seen = _transitions(text, lanes)
+    running = {sid: at for sid, state, at in seen if state == "RUNNING"}
+    ended = {sid: at for sid, state, at in seen if state in ("SUCCEEDED", "FAILED", "STOPPED")}
+    assert set(running) == set(ended) == lanes, seen
+    for start in running.values():
+        assert sum(1 for sid, s in running.items() if s <= start < ended[sid]) <= 2, seen
+    waited = [(sid, at) for sid, state, at in seen if state == "PENDING" and running[sid] > at]
+    assert any(
+        sum(1 for other, s in running.items() if s <= at < ended[other]) == 2
+        and any(e <= running[sid] for other, e in ended.items() if other != sid)
+        for sid, at in waited
+    ), seen
 
     # rerun: nothing is missing, nothing is submitted
     again = subprocess.run(
