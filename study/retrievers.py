@@ -5,7 +5,7 @@ runs folder (``<runs>/retrievers/<host>_<port>.json``), where every cell reads `
   retriever on this node, from the cells' ``retriever:`` block as ``python -m launch retriever``
   builds it; published once healthy, unpublished when it stops (SIGTERM, SIGINT or its own exit).
 - :func:`start_on_ray` (``--on ray``): one :func:`serve_here` per alive node of a Ray cluster, each
-  a Ray Job pinned to its node (study/ray_jobs.py).
+  a Ray Job pinned to its node (study/ray_cluster.py).
 - :func:`published_urls`: what the cells use (``--retrievers published``).
 
 Mechanism, ports and tokens: docs/cluster.md.
@@ -256,52 +256,52 @@ def start_on_ray(study: Study, where: Layout, args: argparse.Namespace) -> int:
     ``retriever.port``; two Ray nodes of one machine, which share its IP: the second on ``port + 1``); waits until every one is published. A node
     whose retriever job is pending or running is left alone. 0 once all are published, 1 when one
     ends first or none is within the recipe's ``retriever.startup_timeout_s``."""
-    from study import ray_jobs  # imports Ray's job client
+    from study import ray_cluster  # imports Ray's job client
 
     cells = [study.cell(n) for n in args.cells] if getattr(args, "cells", None) else list(study.cells)
     sets = list(getattr(args, "set", None) or [])
     _, block = retriever_block(study, cells, [*sets, "retriever.urls=null"])
-    client = ray_jobs.connect(args.address)
+    client = ray_cluster.connect(args.address)
     jobs = {j.submission_id: j for j in client.list_jobs() if j.submission_id}
     on_ip: dict[str, int] = {}
     wanted: dict[str, str] = {}
     first = int(args.port if getattr(args, "port", None) is not None else block.port)
-    for node_id, ip in ray_jobs.alive_nodes(client):
+    for node_id, ip in ray_cluster.alive_nodes(client):
         port = first + on_ip.get(ip, 0)
         on_ip[ip] = on_ip.get(ip, 0) + 1
         base = f"{study.name}.retriever.{ip}_{port}"
-        tries = [(n, j) for sid, j in jobs.items() if (n := ray_jobs.attempt_of(sid, base)) is not None]
+        tries = [(n, j) for sid, j in jobs.items() if (n := ray_cluster.attempt_of(sid, base)) is not None]
         newest = max(tries, key=lambda t: t[0]) if tries else None
-        if newest is not None and newest[1].status.value in ray_jobs.RUNNING:
-            wanted[f"http://{ip}:{port}"] = ray_jobs.attempt_id(base, newest[0])
-            ray_jobs.echo_line(f"{wanted[f'http://{ip}:{port}']}: {newest[1].status.value} (left alone)")
+        if newest is not None and newest[1].status.value in ray_cluster.RUNNING:
+            wanted[f"http://{ip}:{port}"] = ray_cluster.attempt_id(base, newest[0])
+            ray_cluster.echo_line(f"{wanted[f'http://{ip}:{port}']}: {newest[1].status.value} (left alone)")
             continue
-        sid = ray_jobs.attempt_id(base, 0 if newest is None else newest[0] + 1)
+        sid = ray_cluster.attempt_id(base, 0 if newest is None else newest[0] + 1)
         cmd = ["retrievers", str(study.path.absolute()), "--serve", "--host", ip, "--port", str(port)]
-        cmd += ray_jobs.folders(where) + (["--set", *sets] if sets else [])
+        cmd += ray_cluster.folders(where) + (["--set", *sets] if sets else [])
         client.submit_job(
-            entrypoint=ray_jobs.python_command(*cmd),
+            entrypoint=ray_cluster.python_command(*cmd),
             submission_id=sid,
             metadata={"study": study.name, "cell": "", "stage": "retriever"},
             entrypoint_label_selector={"ray.io/node-id": node_id},
         )
         wanted[f"http://{ip}:{port}"] = sid
-        ray_jobs.echo_line(f"{sid}: submitted (node {node_id[:12]})")
+        ray_cluster.echo_line(f"{sid}: submitted (node {node_id[:12]})")
     deadline = time.monotonic() + float(block.get("startup_timeout_s") or 900)
     while True:
         missing = sorted(set(wanted) - set(published_urls(where.runs)))
         if not missing:
-            ray_jobs.echo_line(f"retrievers of {study.name} published: {', '.join(sorted(wanted))}")
+            ray_cluster.echo_line(f"retrievers of {study.name} published: {', '.join(sorted(wanted))}")
             return 0
         for url in missing:
             status = client.get_job_status(wanted[url]).value
-            if status not in ray_jobs.RUNNING:
-                ray_jobs.echo_line(
+            if status not in ray_cluster.RUNNING:
+                ray_cluster.echo_line(
                     f"{wanted[url]}: {status} before publishing {url}. Fix: see `ray job logs {wanted[url]}` "
                     f"and {folder(where.runs)}"
                 )
                 return 1
         if time.monotonic() > deadline:
-            ray_jobs.echo_line(f"not published in time: {', '.join(missing)}; their jobs keep running")
+            ray_cluster.echo_line(f"not published in time: {', '.join(missing)}; their jobs keep running")
             return 1
-        time.sleep(ray_jobs.POLL_S)
+        time.sleep(ray_cluster.POLL_S)

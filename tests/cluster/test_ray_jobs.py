@@ -30,7 +30,7 @@ from launch import ray_guard
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.process import free_port
-from study import ray_jobs, retrievers
+from study import ray_cluster, ray_jobs, retrievers
 
 RAY = str(Path(sys.executable).with_name("ray"))
 START_S = 120.0
@@ -171,11 +171,11 @@ class Api:
 
     def stop_all(self) -> None:
         """Stop every running job (SIGTERM to its processes) and wait until each ended."""
-        running = [sid for sid, j in self.jobs().items() if j["status"] in ray_jobs.RUNNING]
+        running = [sid for sid, j in self.jobs().items() if j["status"] in ray_cluster.RUNNING]
         for sid in running:
             httpx.post(f"{self.url}/api/jobs/{sid}/stop", headers=self.headers, timeout=30)
         deadline = time.monotonic() + 90
-        while any(self.jobs()[sid]["status"] in ray_jobs.RUNNING for sid in running):
+        while any(self.jobs()[sid]["status"] in ray_cluster.RUNNING for sid in running):
             if time.monotonic() > deadline:
                 return
             time.sleep(1)
