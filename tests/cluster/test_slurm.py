@@ -122,10 +122,11 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
         assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --signal=B:USR1@300" in script
 
         tracker = runs / REQUEUED / "checkpoints" / TRACKER
+
         # mid-run: step 1 checkpointed and logged (verl logs a step after saving it), step 2 not yet
-        step1 = lambda: (
-            tracker.is_file() and tracker.read_text().strip() == "1" and _steps(runs / REQUEUED) == [1]
-        )  # noqa: E731
+        def step1() -> bool:
+            return tracker.is_file() and tracker.read_text().strip() == "1" and _steps(runs / REQUEUED) == [1]
+
         _wait("step 1 checkpointed and logged", step1, deadline, slurm, runs / "slurm")
         job = ids[f"slurm2.{REQUEUED}.train"]
         assert slurm.run("scontrol", "requeue", job).returncode == 0
