@@ -49,6 +49,8 @@ class Stages:
         self._lock = threading.Lock()
         self._children: set[subprocess.Popen] = set()
         self.stopping = False
+        self.keep_fds: tuple[int, ...] = ()
+        """Descriptors every stage inherits (the study's lock: a killed study's stages still hold it)."""
 
     def run(self, cmd: list[str], env: dict[str, str], log: Path, timeout_s: float | None = None) -> int:
         """Run ``cmd`` in its own session from the repository root, output appended to ``log``; its
@@ -63,6 +65,7 @@ class Stages:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=self.keep_fds,
             )
             with self._lock:
                 self._children.add(proc)
@@ -106,8 +109,9 @@ class Progress:
 
 
 @contextmanager
-def study_lock(runs: Path) -> Iterator[None]:
-    """One study per runs folder; the lock is inherited by the stages (so a killed study's leftovers hold it)."""
+def study_lock(runs: Path) -> Iterator[int]:
+    """One study per runs folder: an exclusive ``flock`` on ``runs/.lock``; yields its descriptor,
+    which the stages inherit (``Stages.keep_fds``), so a killed study's leftover stages still hold it."""
     runs.mkdir(parents=True, exist_ok=True)
     fd = os.open(runs / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -117,9 +121,8 @@ def study_lock(runs: Path) -> Iterator[None]:
         raise StudyError(
             f"{runs}/.lock: another study (or a process left by a killed one) runs here. Fix: wait for it or stop it"
         ) from None
-    os.set_inheritable(fd, True)
     try:
-        yield
+        yield fd
     finally:
         os.close(fd)
 
@@ -303,6 +306,18 @@ class Runner:
             raise failure[0]
 
 
+def python_env() -> dict[str, str]:
+    """This environment with the repository on ``PYTHONPATH`` (as ``study run`` gives its stages),
+    less ``ROCR_VISIBLE_DEVICES`` when ``CUDA_VISIBLE_DEVICES`` is set: Slurm's GPU plugin sets both
+    for a ``--gres=gpu`` job, and verl 0.9.1 refuses to start with both
+    (``single_controller/base/worker.py``, "Please don't set ROCR_VISIBLE_DEVICES")."""
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
+    if "CUDA_VISIBLE_DEVICES" in env:
+        env.pop("ROCR_VISIBLE_DEVICES", None)
+    return env
+
+
 def run_study(
     study: Study,
     where: Layout,
@@ -315,15 +330,14 @@ def run_study(
     train_only: bool = False,
 ) -> None:
     """Run ``cells`` of ``study`` under its lock; SIGINT/SIGTERM stop the running stages (run again to resume)."""
-    with study_lock(where.runs):
+    with study_lock(where.runs) as lock_fd:
         progress = Progress(where.runs / "progress.log", echo)
         if where.export is not None and not (where.runs / "progress.log").exists():
             earlier = where.export / "raw" / "progress.log"
             if earlier.is_file():
                 shutil.copy(earlier, where.runs / "progress.log")
-        path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
-        runner = Runner(study, where, progress, env, extra, train_only)
+        runner = Runner(study, where, progress, python_env(), extra, train_only)
+        runner.stages.keep_fds = (lock_fd,)
         lanes = slots(jobs, port, gpus_per_cell, visible_gpus() if gpus_per_cell else [])
         progress(
             f"study {study.name}: {len(cells)} cells, {len(lanes)} side by side, runs in {repo_relative(where.runs)}, "

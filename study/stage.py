@@ -24,9 +24,9 @@ from pathlib import Path
 from eval.report.results import ResultsError
 from launch.preflight import visible_gpus
 from search_env.cli import hydra_quoted
-from search_env.paths import REPO_ROOT, repo_relative
+from search_env.paths import repo_relative
 from study.report import write_study_report
-from study.runner import STOP_GRACE_S, Progress, Runner, Slot
+from study.runner import STOP_GRACE_S, Progress, Runner, Slot, python_env
 from study.spec import Cell, Study, StudyError
 from study.status import cell_done
 from study.store import SPLITS, Layout, export_cell, latest_checkpoint
@@ -108,18 +108,6 @@ def retriever_overrides(mode: str, runs: Path) -> list[str]:
 def incomplete(study: Study, where: Layout) -> list[str]:
     """The study's cells not trained and evaluated (on disk, a reuse export or the export)."""
     return [c.name for c in study.cells if not all(cell_done(study, where, c))]
-
-
-def python_env() -> dict[str, str]:
-    """This environment with the repository on ``PYTHONPATH`` (as ``study run`` gives its stages),
-    less ``ROCR_VISIBLE_DEVICES`` when ``CUDA_VISIBLE_DEVICES`` is set: Slurm's GPU plugin sets both
-    for a ``--gres=gpu`` job, and verl 0.9.1 refuses to start with both
-    (``single_controller/base/worker.py``, "Please don't set ROCR_VISIBLE_DEVICES")."""
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
-    if "CUDA_VISIBLE_DEVICES" in env:
-        env.pop("ROCR_VISIBLE_DEVICES", None)
-    return env
 
 
 def run_stage(

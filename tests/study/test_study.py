@@ -411,6 +411,32 @@ def test_one_study_per_runs_folder(tmp_path):
                 pass
 
 
+def test_a_killed_studys_leftover_stages_still_hold_its_lock(tmp_path):
+    """A stage's process left running when its study died (here: a background child of the stage)
+    still holds the runs folder's lock, so a second study cannot start a second trainer beside it."""
+    pid_file = tmp_path / "leftover.pid"
+    with study_lock(tmp_path / "runs") as fd:
+        stages = Stages()
+        stages.keep_fds = (fd,)
+        cmd = ["bash", "-c", f"sleep 60 & echo $! > {pid_file}"]
+        assert stages.run(cmd, dict(os.environ), tmp_path / "stage.log", timeout_s=30) == 0
+    leftover = int(pid_file.read_text())
+    try:
+        with pytest.raises(StudyError, match="a process left by a killed one"):
+            with study_lock(tmp_path / "runs"):
+                pass
+    finally:
+        os.kill(leftover, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with study_lock(tmp_path / "runs"):
+                break
+        except StudyError:
+            assert time.monotonic() < deadline, "the lock outlived the leftover stage"
+            time.sleep(0.1)
+
+
 def test_gpu_lanes_split_the_visible_gpus(tmp_path):
     lanes = slots(8, 18500, 2, ["0", "1", "2", "3", "4"])
     assert [(s.port, s.gpus) for s in lanes] == [(18500, "0,1"), (18510, "2,3")]
