@@ -14,10 +14,14 @@ from launch.preflight import visible_gpus
 from search_env.cli import positive_int
 from study.cost import cost_table
 from study.hypotheses import parse_tests
+from study.ray_jobs import run_on_ray
 from study.report import write_study_report
+from study.retrievers import serve_here, start_on_ray
 from study.runner import run_study
+from study.slurm import finished, queue_or_none, submit_retrievers, submit_study
 from study.spec import Study, StudyError, load_study, recipe_tree
 from study.stage import RETRIEVERS, STAGES, cell_main
+from study.status import print_status
 from study.store import Layout, layout
 
 
@@ -154,31 +158,21 @@ def print_list(study: Study, cells: list, gpu_hours: bool, args: argparse.Namesp
 def cluster_run(study: Study, where: Layout, cells: list, args: argparse.Namespace) -> int:
     """``run --on slurm|ray``: submit the stages and exit."""
     if args.on == "slurm":
-        from study.slurm import submit_study
-
         return submit_study(study, where, cells, args)
     if not args.address:
         raise StudyError("--on ray: needs --address. Fix: e.g. --address http://HEAD_IP:8265")
-    from study.ray_jobs import run_on_ray
-
     return run_on_ray(study, where, cells, args)
 
 
 def retrievers_main(study: Study, where: Layout, args: argparse.Namespace) -> int:
     """``retrievers``: ``--serve`` one here, or start one per node ``--on slurm|ray``."""
     if args.serve:
-        from study.retrievers import serve_here
-
         return serve_here(study, where, args)
     if args.on == "slurm":
-        from study.slurm import submit_retrievers
-
         return submit_retrievers(study, where, args)
     if args.on == "ray":
         if not args.address:
             raise StudyError("--on ray: needs --address. Fix: e.g. --address http://HEAD_IP:8265")
-        from study.retrievers import start_on_ray
-
         return start_on_ray(study, where, args)
     raise StudyError("retrievers: needs --on slurm|ray or --serve. Fix: e.g. --on slurm --nodes n1 n2")
 
@@ -198,9 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "retrievers":
             return retrievers_main(study, where, args)
         if args.command == "status":
-            from study.status import print_status
-
-            return print_status(study, where, cells)
+            prefix = f"{study.name}."
+            return print_status(study, where, cells, queue_or_none(prefix, True), finished(prefix))
         if args.command == "run" and args.on != "local":
             return cluster_run(study, where, cells, args)
         if args.command == "list":

@@ -26,6 +26,7 @@ from launch.preflight import visible_gpus
 from search_env.cli import hydra_quoted
 from search_env.paths import repo_relative
 from study.report import write_study_report
+from study.retrievers import published_urls
 from study.runner import STOP_GRACE_S, Progress, Runner, Slot, python_env
 from study.spec import Cell, Study, StudyError
 from study.status import cell_done
@@ -94,8 +95,6 @@ def retriever_overrides(mode: str, runs: Path) -> list[str]:
     published in ``runs/retrievers/`` (StudyError when none is)."""
     if mode == "private":
         return []
-    from study.retrievers import published_urls
-
     urls = published_urls(runs)
     if not urls:
         raise StudyError(

@@ -89,12 +89,12 @@ def stage_states(
     return states
 
 
-def print_status(study: Study, where: Layout, cells: list[Cell]) -> int:
-    """Print every stage's state and the published retrievers; 0."""
-    from study.slurm import finished, queue_or_none
-
-    prefix = f"{study.name}."
-    states = stage_states(study, where, cells, queue_or_none(prefix, True), finished(prefix))
+def print_status(
+    study: Study, where: Layout, cells: list[Cell], queued: dict[str, Queued], ended: dict[str, str]
+) -> int:
+    """Print every stage's state (``queued``, ``ended``: Slurm's, by job name; {} elsewhere) and the
+    published retrievers; 0."""
+    states = stage_states(study, where, cells, queued, ended)
     for name, state in states.items():
         print(f"{name}: {state.describe()}")
     published = sorted((where.runs / "retrievers").glob("*.json"))

@@ -1,6 +1,6 @@
 """``python -m study cell`` (one stage of one cell) and ``run --on slurm``'s plan, without a trainer
 or a Slurm: input checks, the report's refusal, the stage locks, the jobs a dry run prints and what a
-second submission leaves out. The stages on a real Slurm: tests/cluster/test_slurm.py."""
+second submission leaves out. The stages on a real Slurm: tests/e2e/test_slurm_e2e.py."""
 
 from __future__ import annotations
 

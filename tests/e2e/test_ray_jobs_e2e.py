@@ -25,6 +25,7 @@ import httpx
 import psutil
 import pytest
 from conftest import token_file
+from heavy_slot import acquire_all, slot_count
 
 from launch import ray_guard
 from search_env.paths import REPO_ROOT
@@ -207,7 +208,20 @@ def _study(tmp_path: Path, token: Path) -> Path:
     return path
 
 
-def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers(cluster, tmp_path):
+@pytest.fixture
+def every_heavy_slot() -> Iterator[None]:
+    """Every heavy-run slot (tests/heavy_slot.py) for the test's duration: its two lanes train at once."""
+    fds = acquire_all(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers(
+    cluster, every_heavy_slot, tmp_path
+):
     env, api = cluster["env"], cluster["api"]
     dashboard = api.url
     token = token_file(tmp_path / "retriever_token", secrets.token_hex(16))

@@ -1,6 +1,7 @@
-"""``python -m study run STUDY --on slurm`` against a real Slurm (the ``slurm`` fixture: one node, two
-fake GPUs): a 2-cell CPU study of the demo recipe, one train job requeued mid-run with ``scontrol
-requeue``. Both cells finish, the requeued one resumes from its checkpoint, every step is logged once,
+"""``python -m study run STUDY --on slurm`` against a real Slurm (the ``slurm`` fixture: a private
+single-node Slurm from ``launch.slurm.testbed``, installed where missing, two fake GPUs; skipped, with
+the reason, only where it cannot be installed or started; at teardown no process of it may be
+left): a 2-cell CPU study of the demo recipe, one train job requeued mid-run with ``scontrol requeue``. Both cells finish, the requeued one resumes from its checkpoint, every step is logged once,
 and the report job's report is the one ``study report`` writes here from the same rows."""
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ensure_ci_assets
 from heavy_slot import acquire_all, slot_count
 
-from launch.slurm.testbed import PrivateSlurm
+from launch.slurm.testbed import PrivateSlurm, SlurmSetupError, start, stop
 from search_env.checkpoint_layout import TRACKER
 from search_env.paths import REPO_ROOT
 from study.slurm import Job, script_text
@@ -56,6 +59,38 @@ time.sleep(600)
 STUDY_TIMEOUT_S = 1500
 
 pytestmark = pytest.mark.timeout(STUDY_TIMEOUT_S + 300)
+
+
+def cluster_processes(bed: PrivateSlurm) -> list[psutil.Process]:
+    """Live processes started by the cluster or its jobs (``SLURM_CONF`` names its config)."""
+    marker = f"SLURM_CONF={bed.conf}"
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if marker.encode() in f.read().split(b"\0"):
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSlurm]:
+    root = tmp_path_factory.mktemp("slurm") / "cluster"
+    try:
+        bed = start(root)
+    except SlurmSetupError as err:
+        pytest.skip(f"no Slurm here: {err}")
+    try:
+        yield bed
+    finally:
+        stopped = stop(bed)
+        assert stopped, "no daemon PID file"
+        left = cluster_processes(bed)
+        assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
 
 
 def _study(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
