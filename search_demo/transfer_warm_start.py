@@ -58,13 +58,18 @@ class TransferWarmStart:
     """What the transfer warm start demonstrates (counts per SFT world) and how long it trains."""
 
     seed: int = 0
-    single_hop: int = 20
+    single_hop: int = 30
     """One-hop questions per relation (four relations; region_of has one per country: 19)."""
     two_hop: int = 40
     """Person -> city -> country questions (the demonstrated search loop)."""
     selection: int = 24
     """Selection questions on located_in (the teacher searches the options in order up to the right one)."""
-    two_hop_stop_early: float = 0.2
+    three_hop: int = 36
+    """Company -> city -> country -> region questions (the search loop three deep; an RL training
+    type, never a held-out one). Without them the warm start answers the first search's city on
+    every region question about a person or company: pass@5 0 on both three-hop types (measured),
+    so RL would have no three-search rollout to reinforce."""
+    two_hop_stop_early: float = 0.1
     """Share of the two-hop demonstrations that answer the bridge city after one search (the flawed
     teacher of ``warm_start.stopped_early``: a behaviour for RL to correct)."""
     phrased_answer: float = 0.8
@@ -94,8 +99,9 @@ def pick_rows(
     pools: dict[str, list[dict[str, Any]]], cfg: TransferWarmStart, world_seed: int
 ) -> list[dict[str, Any]]:
     """The demonstrated rows of one SFT world (``transfer_world.sft_rows``), in SFT order: per
-    relation ``cfg.single_hop`` one-hop rows, ``cfg.two_hop`` two-hop and ``cfg.selection``
-    selection rows (seeded draws); then early stops and phrased answers (each its own draw)."""
+    relation ``cfg.single_hop`` one-hop rows, ``cfg.two_hop`` two-hop, ``cfg.selection`` selection
+    and ``cfg.three_hop`` three-hop rows (seeded draws); then early stops (two-hop only) and phrased
+    answers (each its own draw)."""
     rng = random.Random(f"transfer_warm_start:{cfg.seed}:{world_seed}")
     tagged = {kind: [{**r, "type": kind} for r in rows] for kind, rows in pools.items()}
     by_relation: dict[str, list[dict[str, Any]]] = {}
@@ -107,6 +113,7 @@ def pick_rows(
         for r in rng.sample(by_relation[rel], min(cfg.single_hop, len(by_relation[rel])))
     ]
     picked += rng.sample(tagged["two_hop"], cfg.two_hop) + rng.sample(tagged["selection"], cfg.selection)
+    picked += rng.sample(tagged["three_hop"], cfg.three_hop)
     rng.shuffle(picked)
     early = random.Random(f"transfer_stop_early:{cfg.seed}:{world_seed}")
     picked = [

@@ -360,11 +360,13 @@ def _sft_world(seed: int) -> tuple[list[dict[str, str]], dict[str, Facts]]:
 
 def sft_rows(seed: int) -> dict[str, list[dict[str, Any]]]:
     """The warm start's pools from every region of the world of ``seed`` (the demo world's default
-    sizes, the default knobs; never an evaluated world): ``single_hop`` (every relation),
-    ``two_hop`` (person -> country) and ``selection`` (on located_in: "Which of A, B or C is in K?")."""
+    sizes, :data:`SFT_KNOBS`; never an evaluated world): ``single_hop`` (every relation),
+    ``two_hop`` (person -> country), ``selection`` (on located_in: "Which of A, B or C is in K?")
+    and ``three_hop`` (company -> region, an RL training type)."""
     rng = random.Random(f"transfer_sft:{seed}")
-    out: dict[str, list[dict[str, Any]]] = {"single_hop": [], "two_hop": [], "selection": []}
+    out: dict[str, list[dict[str, Any]]] = {"single_hop": [], "two_hop": [], "selection": [], "three_hop": []}
     for split, f in _sft_world(seed)[1].items():
+        out["three_hop"] += chain_questions(f, split, "xfer_three_hop")
         out["single_hop"] += chain_questions(f, split, "xfer_single_hop")
         out["two_hop"] += [
             r for r in chain_questions(f, split, "xfer_two_hop") if r["hops"][0]["relation"] == "born_in"
