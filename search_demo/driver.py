@@ -24,6 +24,7 @@ from typing import Any
 
 from search_demo import world as world_mod
 from search_demo.study_world import ensure_study_world, study_world_stamp
+from search_demo.transfer_world import ensure_transfer_world, transfer_world_stamp
 from search_env.checkpoint_layout import TRACKER, by_step, step_dir_name
 from search_env.markdown import markdown_table
 from search_env.paths import REPO_ROOT
@@ -50,8 +51,6 @@ def _world_current(seed: int, unseen_seed: int | None, out: Path, regime: str | 
     """Whether ``out`` holds the world of ``seed`` (the study world with ``unseen_seed``; the
     transfer world for the transfer regime)."""
     if regime == TRANSFER_REGIME:
-        from search_demo.transfer_world import transfer_world_stamp
-
         return world_mod.stamp_matches(out, transfer_world_stamp(seed, unseen_seed))
     if unseen_seed is None:
         return world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION})
@@ -89,7 +88,7 @@ def assets_ready(args: argparse.Namespace) -> str | None:
     ):
         return None
     if args.regime == TRANSFER_REGIME:
-        from search_demo import transfer_warm_start
+        from search_demo import transfer_warm_start  # heavy: torch/transformers
 
         cfg = _transfer_config(args)
         key = transfer_warm_start.cache_key(cfg, Path(args.base or base_model.SHIPPED))
@@ -119,8 +118,7 @@ def cmd_assets(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        from search_demo.transfer_warm_start import ensure_transfer_warm_start
-        from search_demo.transfer_world import ensure_transfer_world
+        from search_demo.transfer_warm_start import ensure_transfer_warm_start  # heavy: torch
 
         ensure_transfer_world(args.world_seed, args.unseen_world_seed, args.world)
         model = ensure_transfer_warm_start(

@@ -24,10 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reward_fns import exact_match
+from reward_fns.answer import extract_answer
 from search_demo import transfer_warm_start, transfer_world
 from search_demo.trajectories import render_trajectory
-from search_demo.warm_start import SFT_WORLD_SEEDS
+from search_demo.warm_start import SFT_WORLD_SEEDS, bm25_server
 from search_env import protocol
+from search_env.jsonl import write_jsonl
+from search_env.retrieval.corpus import Corpus
 
 MIN_SEQUENCES = 20
 """A1: training sequences each held-out prompt token must occur in."""
@@ -47,8 +51,6 @@ class Limits:
 
 def form_normalised_em(prediction: str | None, golds: Sequence[str]) -> float:
     """EM after dropping one leading :data:`PHRASE_WORDS` word ("in X" -> "X"); 0 for no answer."""
-    from reward_fns import exact_match  # heavy: reward_fns imports its registry
-
     if prediction is None:
         return 0.0
     words = prediction.strip().split(" ", 1)
@@ -103,9 +105,7 @@ def _tokens(tokenizer: Any, texts: Sequence[str]) -> list[set[int]]:
 
 def _hits(passages: list[dict[str, str]], queries: list[str], topk: int) -> tuple[list[str], Any]:
     """(every passage's contents, the BM25 top-``topk`` row of each query) over ``passages``."""
-    from search_env.jsonl import write_jsonl
     from search_env.retrieval.bm25 import BM25Retriever  # heavy: bm25s
-    from search_env.retrieval.corpus import Corpus
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Corpus(write_jsonl(passages, Path(tmp) / "corpus.jsonl"))
@@ -179,7 +179,6 @@ def oracle_feasibility(
     within ``limits`` (every search surfaces its hop's passage, which states the hop's answer; the
     searches and the answer fit the turns; each turn and the whole response fit the tokens)."""
     from search_env.retrieval.bm25 import BM25Retriever  # heavy: bm25s
-    from search_env.retrieval.corpus import Corpus
 
     corpus = Corpus(world_dir / "corpus.jsonl")
     contents = [corpus.contents(i) for i in range(len(corpus))]
@@ -226,11 +225,9 @@ def warm_start_rollouts(
     model in ``model_dir`` (greedy, or sampled at T = 1; ``seed`` fixes the samples) through verl's
     agent loop against a BM25 server over ``corpus``, within ``limits`` (None: no answer)."""
     from cpu_engine.hf_generate import HFGenerator  # heavy: torch, verl
-    from cpu_engine.local_rollout import LocalRollout
-    from reward_fns.answer import extract_answer
-    from search_demo.rollout import demo_rollout_config
-    from search_demo.warm_start import bm25_server
-    from search_env.verl_glue import rollout_records, write_tool_config
+    from cpu_engine.local_rollout import LocalRollout  # heavy: verl
+    from search_demo.rollout import demo_rollout_config  # heavy: verl's config
+    from search_env.verl_glue import rollout_records, write_tool_config  # heavy: verl
 
     with tempfile.TemporaryDirectory() as tmp, bm25_server(corpus) as url:
         tools = write_tool_config(Path(tmp) / "tools.yaml", [url])

@@ -144,7 +144,7 @@ def test_a4_the_warm_start_samples_every_rl_type(world_dir: Path, answers) -> No
 
 @pytest.mark.xfail(
     strict=True,
-    reason="A4 fails on H3 with the shipped base model: pass@5 0/100 on person -> region (the warm "
+    reason="A4 fails on H3 with the shipped base model: pass@5 0.00 on person -> region (20 x 5 samples; the warm "
     "start stops after one or two searches); docs/micro_transfer.md, 'Where the checks stand'",
 )
 def test_a4_the_warm_start_samples_the_deepest_held_out_type(world_dir: Path, answers) -> None:
