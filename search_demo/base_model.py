@@ -18,7 +18,7 @@ import json
 import random
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,33 @@ def answer_accuracy(
     return {t: round(sum(v) / len(v), 3) for t, v in sorted(hits.items())}
 
 
+def optimise(
+    model: Any,
+    batches: Iterable[Any],
+    lr: float,
+    lr_scale: Callable[[int], float],
+    loss_of: Callable[[Any], Any],
+    on_step: Callable[[int, float], None],
+) -> list[float]:
+    """One AdamW step (weight decay 0.01, gradients clipped to norm 1) per batch of ``batches`` at
+    learning rate ``lr x lr_scale(step)`` (step from 0), on ``loss_of(batch)``; ``on_step(step, loss)``
+    after each; the losses. The loop of the base model's curriculum and of the warm start's SFT."""
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    losses = []
+    for step, batch in enumerate(batches):
+        for group in optim.param_groups:
+            group["lr"] = lr * lr_scale(step)
+        loss = loss_of(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        on_step(step, losses[-1])
+    return losses
+
+
 def train_steps(
     model: Any,
     draw: Callable[[random.Random], list[Sample]],
@@ -181,30 +208,24 @@ def train_steps(
     every: int = 100,
     decay: bool = True,
 ) -> list[float]:
-    """``steps`` AdamW steps on ``draw(rng)`` batches; losses per step.
+    """``steps`` AdamW steps (:func:`optimise`) on ``draw(rng)`` batches; losses per step.
 
     Learning rate: linear warm-up, constant, then (``decay``) linear decay to 10 % over the last
     20 % of the steps. The read stage keeps it constant: its accuracy jumps from "a frequent name"
     to "the name in the passage" late and abruptly, and a decaying rate can stall it on the plateau
     before the jump (a cosine over the stage did: 0.2 instead of 0.97).
     """
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    model.train()
-    losses = []
-    for step in range(steps):
+
+    def scale(step: int) -> float:
         tail = max(0.0, (step - 0.8 * steps) / (0.2 * steps)) if decay else 0.0
-        scale = min(1.0, (step + 1) / cfg.warmup_steps) * (1.0 - 0.9 * tail)
-        for group in optim.param_groups:
-            group["lr"] = cfg.lr * scale
-        loss = weighted_loss(model, draw(rng), pad_id)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        return min(1.0, (step + 1) / cfg.warmup_steps) * (1.0 - 0.9 * tail)
+
+    def on_step(step: int, loss: float) -> None:
         if (step + 1) % every == 0 or step == steps - 1:
-            report(step + 1, losses[-1])
-    return losses
+            report(step + 1, loss)
+
+    batches = (draw(rng) for _ in range(steps))
+    return optimise(model, batches, cfg.lr, scale, lambda batch: weighted_loss(model, batch, pad_id), on_step)
 
 
 def cache_key(cfg: BaseConfig) -> str:

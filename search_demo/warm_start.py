@@ -299,8 +299,6 @@ def sft(
     if not samples:
         raise ValueError("no demonstrations to train on (every teacher rollout was dropped)")
     torch.manual_seed(cfg.seed)
-    model.train()
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
 
     def lr_at(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -308,9 +306,7 @@ def sft(
         progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
-    losses = []
-    for step, batch in enumerate(_batches(samples, cfg)):
+    def loss_of(batch: list[dict[str, Any]]) -> Any:
         weighted = [
             (
                 s["ids"],
@@ -322,15 +318,13 @@ def sft(
             )
             for s in batch
         ]
-        loss = base_model.weighted_loss(model, weighted, pad_id)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        optim.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        return base_model.weighted_loss(model, weighted, pad_id)
+
+    def on_step(step: int, loss: float) -> None:
         if step % 10 == 0 or step == cfg.steps - 1:
-            log(f"sft step {step + 1}/{cfg.steps}: loss {losses[-1]:.3f}")
+            log(f"sft step {step + 1}/{cfg.steps}: loss {loss:.3f}")
+
+    losses = base_model.optimise(model, _batches(samples, cfg), cfg.lr, lr_at, loss_of, on_step)
     model.eval()
     return losses
 
