@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -445,6 +446,22 @@ def token_file(path: Path, token: str, mode: int = 0o600) -> Path:
         out.write(f"# bearer token of the test retriever\n{token}\n")
     os.chmod(path, mode)
     return path
+
+
+def processes_with_env(marker: str) -> list[psutil.Process]:
+    """Live processes with ``marker`` (``KEY=VALUE``) in their environment: what a test's private
+    cluster (Slurm, Ray) and its jobs started, wherever they were reparented."""
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if marker.encode() in f.read().split(b"\0"):
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 HEAVY_SLOT = (sys.executable, str(Path(__file__).with_name("heavy_slot.py")))

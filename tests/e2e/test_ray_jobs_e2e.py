@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import token_file
+from conftest import processes_with_env, token_file
 from heavy_slot import acquire_all, slot_count
 
 from launch import ray_guard
@@ -62,22 +62,6 @@ def _node_args(name: str, ip: str) -> tuple[list[str], dict[str, int]]:
     args += [f"{flag}={port}" for flag, port in ports.items()]
     args.append("--worker-port-list=" + ",".join(str(free_port()) for _ in range(WORKER_PORTS)))
     return args, ports
-
-
-def _family(marker: str) -> list[psutil.Process]:
-    """Live processes with ``marker`` (``KEY=VALUE``) in their environment: the nodes', their jobs'
-    and the stages' (job entrypoints run in sessions of their own)."""
-    found = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            with open(f"/proc/{proc.pid}/environ", "rb") as f:
-                if marker.encode() in f.read().split(b"\0"):
-                    found.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +102,14 @@ def cluster() -> Iterator[dict]:
             with contextlib.suppress(httpx.HTTPError, KeyError):
                 api.stop_all()
         marker = f"RAY_AUTH_TOKEN_PATH={token}"
-        family = _family(marker)
+        family = processes_with_env(marker)
         for proc in family:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         for proc in procs.values():
             proc.wait(timeout=30)
         psutil.wait_procs(family, timeout=30)
-        left = _family(marker)
+        left = processes_with_env(marker)
         shutil.rmtree(temp, ignore_errors=True)
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
 

@@ -17,9 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import ensure_ci_assets
+from conftest import ensure_ci_assets, processes_with_env
 from heavy_slot import acquire_all, slot_count
 
 from launch.slurm.testbed import PrivateSlurm, SlurmSetupError, start, stop
@@ -61,22 +60,6 @@ STUDY_TIMEOUT_S = 1500
 pytestmark = pytest.mark.timeout(STUDY_TIMEOUT_S + 300)
 
 
-def cluster_processes(bed: PrivateSlurm) -> list[psutil.Process]:
-    """Live processes started by the cluster or its jobs (``SLURM_CONF`` names its config)."""
-    marker = f"SLURM_CONF={bed.conf}"
-    found = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            with open(f"/proc/{proc.pid}/environ", "rb") as f:
-                if marker.encode() in f.read().split(b"\0"):
-                    found.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSlurm]:
     root = tmp_path_factory.mktemp("slurm") / "cluster"
@@ -89,7 +72,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSlurm]:
     finally:
         stopped = stop(bed)
         assert stopped, "no daemon PID file"
-        left = cluster_processes(bed)
+        left = processes_with_env(f"SLURM_CONF={bed.conf}")
         assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
 
 
