@@ -11,7 +11,6 @@ demo" (item 1). CLI: ``python -m search_demo.study_world --seed 0 --unseen-seed 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Sequence
@@ -219,19 +218,7 @@ def ensure_study_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m search_demo.study_world", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--seed", type=int, required=True, help="seed of the world trained on")
-    parser.add_argument("--unseen-seed", type=int, required=True, help="seed of the world only tested on")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (created or rewritten)")
-    args = parser.parse_args(argv)
-    out = write_study_world(args.seed, args.unseen_seed, args.out)
-    meta = json.loads((out / "world.json").read_text())
-    print(
-        f"study world {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, train "
-        f"{meta['train']}, val {meta['val']}, test {meta['test']} -> {out}"
-    )
+    world.two_world_main(argv, "study_world", __doc__, "study world", write_study_world)
 
 
 if __name__ == "__main__":

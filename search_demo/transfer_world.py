@@ -16,7 +16,6 @@ why: docs/micro_transfer.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import random
@@ -435,19 +434,7 @@ def ensure_transfer_world(seed: int, unseen_seed: int, out: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m search_demo.transfer_world", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--seed", type=int, required=True, help="seed of the world trained on")
-    parser.add_argument("--unseen-seed", type=int, required=True, help="seed of the world only tested on")
-    parser.add_argument("--out", required=True, type=Path, help="output folder (created or rewritten)")
-    args = parser.parse_args(argv)
-    out = write_transfer_world(args.seed, args.unseen_seed, args.out)
-    meta = json.loads((out / "world.json").read_text())
-    print(
-        f"transfer world {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, "
-        f"train {meta['train']}, test {meta['test']} -> {out}"
-    )
+    world.two_world_main(argv, "transfer_world", __doc__, "transfer world", write_transfer_world)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -429,6 +429,24 @@ def main(argv: list[str] | None = None) -> None:
     out = write_world(world, args.out)
     counts = ", ".join(f"{s} {len(rows)}" for s, rows in world.questions.items())
     print(f"world seed {args.seed}: {len(world.passages)} passages, questions {counts} -> {out}")
+
+
+def two_world_main(
+    argv: list[str] | None, module: str, doc: str, label: str, write: Callable[[int, int, Path], Path]
+) -> None:
+    """``python -m search_demo.<module> --seed S --unseen-seed U --out DIR``: ``write(S, U, DIR)``
+    (a world trained on and one only tested on), then one line naming ``label`` and the counts."""
+    parser = argparse.ArgumentParser(prog=f"python -m search_demo.{module}", description=doc.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, required=True, help="seed of the world trained on")
+    parser.add_argument("--unseen-seed", type=int, required=True, help="seed of the world only tested on")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (created or rewritten)")
+    args = parser.parse_args(argv)
+    out = write(args.seed, args.unseen_seed, args.out)
+    meta = json.loads((out / "world.json").read_text())
+    splits = ", ".join(f"{k} {meta[k]}" for k in ("train", "val", "test") if k in meta)
+    print(
+        f"{label} {args.seed} (+ unseen {args.unseen_seed}): {meta['passages']} passages, {splits} -> {out}"
+    )
 
 
 if __name__ == "__main__":
