@@ -16,34 +16,26 @@ import argparse
 import hashlib
 import json
 import random
-import shutil
-import tempfile
-import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from search_demo import base_model, transfer_world, world
 from search_demo.trajectories import render_trajectory
 from search_demo.warm_start import (
     SFT_WORLD_SEEDS,
-    STAMP,
     WarmStartConfig,
     base_stamp,
-    bm25_server,
-    demonstrations,
-    name_token_ids,
-    sft,
+    copy_shipped,
+    sft_into,
     stamp_key,
     stopped_early,
 )
 from search_env import protocol
 from search_env.jsonl import write_jsonl
-from search_env.paths import REPO_ROOT, repo_relative
-from search_env.safe_fs import UnsafeDeleteError, replace_durably
+from search_env.paths import REPO_ROOT
+from search_env.safe_fs import UnsafeDeleteError
 
 TRANSFER_WARM_START_VERSION = 1
 """Bumped when this module's output changes for the same inputs."""
@@ -153,52 +145,16 @@ def build_transfer_warm_start(
 ) -> Path:
     """Build the transfer warm start into ``out`` (HF folder + ``warm_start.json``); returns ``out``."""
     base = Path(base or base_model.SHIPPED)
-    out = Path(out)
-    base_model.own_folder(out, STAMP, check_only=True)
-    started = time.monotonic()
-    key = cache_key(cfg, base)
-    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
-    shutil.copytree(base, stage, dirs_exist_ok=True)
-    (stage / base_model.STAMP).unlink()
-    tokenizer = AutoTokenizer.from_pretrained(stage)
-    sft_cfg = cfg.sft_config()
-    log(f"transfer warm start {key}: from the base model {base} (key {base_stamp(base)['key']})")
-    samples: list[dict[str, Any]] = []
-    counts: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+
+    def worlds(tmp: Path) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
         for seed in SFT_WORLD_SEEDS:
-            world_dir = Path(tmp) / f"world_{seed}"
+            world_dir = tmp / f"world_{seed}"
             write_jsonl(transfer_world.sft_passages(seed), world_dir / "corpus.jsonl")
-            picked = pick_rows(transfer_world.sft_rows(seed), cfg, seed)
-            with bm25_server(world_dir / "corpus.jsonl") as url:
-                got, c = demonstrations(stage, world_dir, sft_cfg, url, picked=picked)
-            samples += got
-            counts = {k: counts.get(k, 0) + v for k, v in c.items()}
-            log(f"transfer warm start: world {seed}: {c} ({time.monotonic() - started:.0f} s)")
-    torch.set_num_threads(1)  # as warm_start: faster than 2 threads on 2 busy cores for this model
-    model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
-    losses = sft(model, samples, sft_cfg, tokenizer.pad_token_id, log=log, name_ids=name_token_ids(tokenizer))
-    model.save_pretrained(stage)
-    stamp = {
-        "key": key,
-        "kind": "transfer",
-        "config": asdict(cfg),
-        "base": repo_relative(base),
-        "base_key": base_stamp(base)["key"],
-        "sft_worlds": list(SFT_WORLD_SEEDS),
-        "demonstrations": counts,
-        "tokens_per_demo": sum(len(s["ids"]) for s in samples) / len(samples),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "seconds": round(time.monotonic() - started, 1),
-    }
-    (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
-    base_model.own_folder(out, STAMP)
-    replace_durably(stage, out)
-    log(
-        f"transfer warm start written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})"
-    )
-    return out
+            yield world_dir, pick_rows(transfer_world.sft_rows(seed), cfg, seed)
+
+    stamp = {"kind": "transfer", "config": asdict(cfg)}
+    name = "transfer warm start"
+    return sft_into(Path(out), base, cache_key(cfg, base), cfg.sft_config(), worlds, stamp, name, log)
 
 
 def ensure_transfer_warm_start(
@@ -212,15 +168,7 @@ def ensure_transfer_warm_start(
         return out
     if stamp_key(SHIPPED) != key or SHIPPED.resolve() == out.resolve():
         return build_transfer_warm_start(out, cfg, base=base, log=log)
-    base_model.own_folder(out, STAMP, check_only=True)
-    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
-    shutil.copytree(SHIPPED, stage, dirs_exist_ok=True)
-    base_model.own_folder(out, STAMP)
-    replace_durably(stage, out)
-    log(
-        f"transfer warm start {key}: copied the shipped {repo_relative(SHIPPED)} to {out} (no SFT: same inputs)"
-    )
-    return out
+    return copy_shipped(SHIPPED, out, "transfer warm start", log)
 
 
 def main(argv: list[str] | None = None) -> None:

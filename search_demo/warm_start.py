@@ -21,7 +21,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -402,33 +402,54 @@ def build_warm_start(
     curriculum from others), so one warm start serves every demo world.
     """
     base = Path(base or base_model.SHIPPED)
-    out = Path(out)
+    _warn_if_base_stale(base, log)
+
+    def worlds(tmp: Path) -> Iterator[tuple[Path, None]]:
+        for seed in SFT_WORLD_SEEDS:
+            yield world.write_world(world.build_world(seed), tmp / f"world_{seed}"), None
+
+    key = cache_key(cfg, base)
+    return sft_into(Path(out), base, key, cfg, worlds, {"config": asdict(cfg)}, "warm start", log)
+
+
+def sft_into(
+    out: Path,
+    base: Path,
+    key: str,
+    cfg: WarmStartConfig,
+    worlds: Callable[[Path], Iterator[tuple[Path, Sequence[dict[str, Any]] | None]]],
+    stamp: dict[str, Any],
+    name: str,
+    log: Any = print,
+) -> Path:
+    """Build a warm start into ``out`` (HF folder + ``warm_start.json``), stamped ``key``: a staged
+    copy of ``base``, the teacher's :func:`demonstrations` in each world ``worlds(tmp)`` yields (a
+    folder with ``corpus.jsonl``, and the rows to demonstrate or None for :func:`_pick_rows` of its
+    ``train.jsonl``), ``cfg.steps`` of :func:`sft`; the stamp holds ``stamp`` and what every warm
+    start records. ``name`` labels the log lines. ``out`` is replaced only once the build is whole."""
     base_model.own_folder(out, STAMP, check_only=True)
     started = time.monotonic()
-    key = cache_key(cfg, base)
-    _warn_if_base_stale(base, log)
     stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
     shutil.copytree(base, stage, dirs_exist_ok=True)
     (stage / base_model.STAMP).unlink()
     tokenizer = AutoTokenizer.from_pretrained(stage)
-    log(f"warm start {key}: from the base model {base} (key {base_stamp(base)['key']})")
+    log(f"{name} {key}: from the base model {base} (key {base_stamp(base)['key']})")
     samples: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in SFT_WORLD_SEEDS:
-            world_dir = world.write_world(world.build_world(seed), Path(tmp) / f"world_{seed}")
+        for world_dir, picked in worlds(Path(tmp)):
             with bm25_server(world_dir / "corpus.jsonl") as url:
-                got, c = demonstrations(stage, world_dir, cfg, url)
+                got, c = demonstrations(stage, world_dir, cfg, url, picked=picked)
             samples += got
             counts = {k: counts.get(k, 0) + v for k, v in c.items()}
-    log(f"warm start: {len(samples)} demonstrations {counts} ({time.monotonic() - started:.0f} s)")
+            log(f"{name}: {world_dir.name}: {c} ({time.monotonic() - started:.0f} s)")
     torch.set_num_threads(1)  # 3-8x faster than 2 threads on 2 busy cores; this model is too small to split
     model = AutoModelForImageTextToText.from_pretrained(stage, dtype=torch.float32)
     losses = sft(model, samples, cfg, tokenizer.pad_token_id, log=log, name_ids=name_token_ids(tokenizer))
     model.save_pretrained(stage)
     stamp = {
         "key": key,
-        "config": asdict(cfg),
+        **stamp,
         "base": repo_relative(base),
         "base_key": base_stamp(base)["key"],
         "sft_worlds": list(SFT_WORLD_SEEDS),
@@ -441,7 +462,20 @@ def build_warm_start(
     (stage / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
     base_model.own_folder(out, STAMP)
     replace_durably(stage, out)
-    log(f"warm start written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})")
+    log(f"{name} written to {out} in {stamp['seconds']} s (loss {losses[0]:.2f} -> {losses[-1]:.2f})")
+    return out
+
+
+def copy_shipped(shipped: Path, out: Path, name: str, log: Any = print) -> Path:
+    """A durable copy of the built warm start ``shipped`` at ``out`` (no SFT: same inputs)."""
+    base_model.own_folder(out, STAMP, check_only=True)
+    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
+    shutil.copytree(shipped, stage, dirs_exist_ok=True)
+    base_model.own_folder(out, STAMP)
+    replace_durably(stage, out)
+    log(
+        f"{name} {stamp_key(out)}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)"
+    )
     return out
 
 
@@ -468,13 +502,7 @@ def ensure_warm_start(
     shipped = next((f for f in SHIPPED.values() if stamp_key(f) == key), None)
     if shipped is None or shipped.resolve() == out.resolve():
         return build_warm_start(out, cfg, base=base, log=log)
-    base_model.own_folder(out, STAMP, check_only=True)
-    stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
-    shutil.copytree(shipped, stage, dirs_exist_ok=True)
-    base_model.own_folder(out, STAMP)
-    replace_durably(stage, out)
-    log(f"warm start {key}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)")
-    return out
+    return copy_shipped(shipped, out, "warm start", log)
 
 
 def main(argv: list[str] | None = None) -> None:

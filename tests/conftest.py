@@ -373,7 +373,6 @@ LONG_FILES_FIRST = (
     "e2e/test_demo_e2e.py",
     "e2e/test_judge_e2e.py",
     "e2e/test_semantic_training_e2e.py",
-    "e2e/test_study_e2e.py",
     "e2e/test_retriever_scale_e2e.py",
     "e2e/test_eval_sampling_e2e.py",
     "study/test_study.py",
@@ -511,10 +510,12 @@ def port_free(port: int, wait_s: float = 15.0) -> bool:
 
 
 def demo_eval(
-    ckpt: Path, out: Path, *args: str, limit: int, backend: str = "hf"
+    ckpt: Path, out: Path, *args: str, limit: int, backend: str = "hf", exclusive: bool = False
 ) -> subprocess.CompletedProcess:
     """``launch/eval.sh`` on the checkpoints in ``ckpt`` over the demo world's test split (``limit``
-    questions per type, a retriever on a free port, ``backend``); its completed process."""
+    questions per type, a retriever on a free port, ``backend``); its completed process. With
+    ``exclusive``, it holds every heavy-run slot (tests/heavy_slot.py ``--all``): a vLLM engine binds
+    its OpenMP threads to every core, and beside a heavy run both slow down several-fold."""
     world = REPO_ROOT / ".demo" / "world_s0"
     env = {
         **os.environ,
@@ -527,12 +528,14 @@ def demo_eval(
         "TIMEOUT_S": "600",
     }
     return subprocess.run(
-        ["bash", "launch/eval.sh", str(ckpt), *args],
+        [*HEAVY_SLOT, "--all", "bash", "launch/eval.sh", str(ckpt), *args]
+        if exclusive
+        else ["bash", "launch/eval.sh", str(ckpt), *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=900 + (SLOT_WAIT_S if exclusive else 0),
     )
 
 

@@ -111,7 +111,7 @@ class Limits:
     )
     max_header_bytes: int = _setting(
         16384,
-        "largest request head (h11's max_incomplete_event_size); a larger one gets 400 and the "
+        "largest request head (h11's max_incomplete_event_size); a larger one gets 431 and the "
         "connection is closed",
     )
     body_timeout_s: float = _setting(

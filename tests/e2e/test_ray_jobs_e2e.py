@@ -1,8 +1,9 @@
 """``python -m study run STUDY --on ray`` against a real Ray cluster: a head and a second node on
 loopback (127.0.0.2 and 127.0.0.3, two logical nodes), token auth, every port fixed, one lane each
 (docs/cluster.md "A Ray cluster"). A 3-cell CPU study: the third lane job queues until a lane frees,
-a train stopped with ``ray job stop`` is resubmitted and finishes, and every cell searches the
-retrievers ``study retrievers --on ray`` published, one per node."""
+a stage stopped with ``ray job stop`` (an evaluation: the retry logic is the same for every stage,
+and a stopped evaluation wastes less CI time than a stopped training) is resubmitted and finishes,
+and every cell searches the retrievers ``study retrievers --on ray`` published, one per node."""
 
 from __future__ import annotations
 
@@ -246,10 +247,10 @@ def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    stopped = "ray3.em_only_s42.train"
+    stopped = "ray3.em_only_s42.eval"
     try:
         deadline = time.monotonic() + STUDY_TIMEOUT_S
-        while not (runs / "em_only_s42" / "train.log").is_file():  # its trainer started
+        while not (runs / "em_only_s42" / "study_eval_test.log").is_file():  # its evaluation started
             assert submitter.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(1)
         assert api.jobs()[stopped]["status"] == "RUNNING"

@@ -1,8 +1,11 @@
 """``python -m study run STUDY --on slurm`` against a real Slurm (the ``slurm`` fixture: a private
 single-node Slurm from ``launch.slurm.testbed``, installed where missing, two fake GPUs; skipped, with
 the reason, only where it cannot be installed or started; at teardown no process of it may be
-left): a 2-cell CPU study of the demo recipe, one train job requeued mid-run with ``scontrol requeue``. Both cells finish, the requeued one resumes from its checkpoint, every step is logged once,
-and the report job's report is the one ``study report`` writes here from the same rows."""
+left): a user's own reward study (recipes/studies/my_rewards.py on PYTHONPATH, as
+recipes/studies/example.yaml runs it locally), 2 cells of the CPU demo recipe, one train job
+requeued mid-run with ``scontrol requeue``. Both cells finish, the requeued one resumes from its
+checkpoint, every step is logged once, the reward is labelled by its function's name, and the report
+job's report is the one ``study report`` writes here from the same rows."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from study.slurm import Job, script_text
 STUDY = """\
 name: slurm2
 base: recipes/demo_cpu.yaml
-axes: {shape: [f1_format], seed: [42, 43]}
+axes: {shape: ['my_rewards:half_credit'], seed: [42, 43]}
 steps: {42: 2, 43: 1}
 overrides:
   launch.assets.warm_start: .demo/warm_start_ci
@@ -39,9 +42,12 @@ overrides:
   trainer.save_freq: 1
 eval: {test_limit: 2, val_limit: 1, backend: hf}
 """
-"""Two cells of the CI demo (its warm start, 4 prompts a step), a checkpoint every step: the one
-requeued after its first step has 2, the other 1."""
-REQUEUED, OTHER = "f1_format_s42", "f1_format_s43"
+"""Two cells of the CI demo (its warm start, 4 prompts a step) with the example user reward, a
+checkpoint every step: the one requeued after its first step has 2, the other 1."""
+REQUEUED, OTHER = "half_credit_s42", "half_credit_s43"
+USER_REWARDS = "recipes/studies"
+"""PYTHONPATH of the user's reward module, relative to the folder the study is submitted from, as
+recipes/studies/example.yaml says to run it locally."""
 TRAPPED = """\
 import os, signal, sys, time
 log = open(sys.argv[1], "a")
@@ -118,6 +124,7 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
     runs, res = tmp_path / "runs", tmp_path / "res"
     where = ["--runs", str(runs), "--results", str(res)]
     env = {**slurm.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [USER_REWARDS, env.get("PYTHONPATH")]))
     slots = acquire_all(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))  # two cells at once
     try:
         t0 = time.monotonic()
@@ -174,6 +181,8 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
     assert re.search(r"Resuming from \S+/global_step_1\b", train_log), train_log[-3000:]
     assert _steps(runs / REQUEUED) == [1, 2], "each step logged once"
     assert _steps(runs / OTHER) == [1]
+    assert "half_credit" in (res / "report" / "table1.md").read_text()  # labelled by the function's name
+    assert json.loads((res / "test" / REQUEUED / "run.json").read_text())["shape"] == "half_credit"
     shutil.move(res / "report", tmp_path / "report_slurm")
     _study(env, "report", str(study), *where)
     assert _same_tree(tmp_path / "report_slurm", res / "report") == []

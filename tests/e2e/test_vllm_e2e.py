@@ -21,9 +21,10 @@ ranks on two Ray nodes, and vLLM evaluation.
   derived is backend-independent and unit-tested (tests/eval/).
 
 Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each, ~160 s a run alone),
-each run holding every heavy-run slot (tests/heavy_slot.py ``--all``): its two vLLM engines bind
-their OpenMP threads to every core, and beside another heavy run a one-step run took over 900 s (CI,
-02 Dec 2026)."""
+each run, and each of the two later tests' vLLM engines, holding every heavy-run slot
+(tests/heavy_slot.py ``--all``): a vLLM engine binds its OpenMP threads to every core, and beside
+another heavy run a one-step run took over 900 s (CI, 02 Dec 2026), the two later tests 297 s and
+326 s instead of ~50 s each (06 Dec 2026)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,16 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
+from conftest import (
+    DEMO_RUN_TIMEOUT_S,
+    HEAVY_SLOT,
+    SLOT_WAIT_S,
+    demo_cmd,
+    demo_env,
+    demo_eval,
+    free_port,
+    logged_steps,
+)
 
 from patches import vllm_cpu_version
 from search_env.paths import REPO_ROOT
@@ -253,13 +263,14 @@ def check_masked_and_scored(tmp: str) -> None:
 def test_hf_and_vllm_rollouts_are_masked_and_scored_alike(vllm_run: Path, tmp_path: Path):
     """:func:`check_masked_and_scored` in a fresh interpreter: importing vLLM replaces transformers'
     Qwen3.5 config classes for the rest of the process, which would break later tests' HF loads."""
+    check = f"import test_vllm_e2e as t; t.check_masked_and_scored({str(tmp_path)!r})"
     done = subprocess.run(
-        [sys.executable, "-c", f"import test_vllm_e2e as t; t.check_masked_and_scored({str(tmp_path)!r})"],
+        [*HEAVY_SLOT, "--all", sys.executable, "-c", check],  # a vLLM engine: every core (module docstring)
         cwd=Path(__file__).parent,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])},
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=900 + SLOT_WAIT_S,
     )
     assert done.returncode == 0, done.stderr[-4000:]
 
@@ -275,6 +286,7 @@ def test_vllm_evaluates_the_checkpoint_with_the_study_eval_preset(vllm_run: Path
         preset,
         limit=1,
         backend="vllm",
+        exclusive=True,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (summary_path,) = (tmp_path / "eval").glob("*/global_step_2/summary.json")
