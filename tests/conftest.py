@@ -372,7 +372,6 @@ LONG_FILES_FIRST = (
     "e2e/test_retriever_faults_e2e.py",
     "e2e/test_demo_e2e.py",
     "e2e/test_judge_e2e.py",
-    "e2e/test_semantic_training_e2e.py",
     "e2e/test_retriever_scale_e2e.py",
     "e2e/test_eval_sampling_e2e.py",
     "study/test_study.py",

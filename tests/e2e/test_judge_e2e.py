@@ -9,7 +9,8 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
   not move; the demo model's are unparsed, and those are asked again);
 - a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting;
 - 2 GRPO steps through verl with ``shape=judge`` against the same server (issue #42, item 5) log the
-  reward each step, and the judge's verdicts land in the run's verdict cache.
+  reward each step, and the judge's verdicts land in the run's verdict cache (the semantic reward's
+  run is tests/e2e/test_retriever_faults_e2e.py's restarted one).
 
 One server for the file (its start is 30-60 s of vLLM on 2 cores). Measured 77 s for the evaluation
 on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s beside three
@@ -26,11 +27,11 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import DEMO_RUN_TIMEOUT_S, demo_eval, free_port
-from test_semantic_training_e2e import PREFIX, check_two_steps_logged, train_two_steps
+from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
 
 from launch.serve_judge import wait_ready
 from reward_fns.judge_prompt import PROMPT_VERSION
@@ -51,6 +52,37 @@ other worker's heavy runs, and an engine bound to every core (the default) spins
 of them whenever it answers, which slowed both sides several-fold (tests/e2e/test_vllm_e2e.py)."""
 FLAGS = ("--judge-max-tokens", "32", "--shape", "em_only", "--seed", "0")
 WARM_START = REPO_ROOT / ".demo" / "warm_start_ci"
+PREFIX = "reward.custom_reward_function.reward_kwargs"
+TWO_PROMPTS = (
+    "data.train_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=10",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=10",
+)
+"""Steps of 2 prompts x 5 rollouts (the CI demo's 4 halved, micro-batches dividing 10): the test
+checks that the judge's reward reaches verl and is logged, not what it teaches."""
+
+
+def train_two_steps(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """Two GRPO steps of the CI demo at :data:`TWO_PROMPTS`, no checkpoint, with ``overrides``."""
+    steps = ("trainer.total_training_steps=2", "trainer.save_freq=-1")
+    return subprocess.run(
+        demo_cmd(free_port(), *steps, *TWO_PROMPTS, *overrides),
+        cwd=REPO_ROOT,
+        env=demo_env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=DEMO_RUN_TIMEOUT_S,
+    )
+
+
+def check_two_steps_logged(run_dir: Path, run: subprocess.CompletedProcess) -> dict[int, dict]:
+    assert run.returncode == 0, run.stderr[-4000:]
+    steps = logged_steps(run_dir)
+    assert sorted(steps) == [1, 2]
+    for step in steps.values():
+        assert 0.0 <= step["reward/mean"] <= 1.0 and "reward/em" in step
+    return steps
 
 
 def _judge_requests(url: str) -> float:

@@ -8,6 +8,11 @@ small as tests/conftest.py's demo_cmd runs it): once step 1 is logged its retrie
   warned about, and the trainer stops non-zero after ``retriever.max_failed_steps`` (2) of them
   with a message naming the retriever URL and the steps.
 
+The restarted run also trains with the semantic reward (``shape=semantic``: E5 cosine on a tiny local
+encoder, loaded in verl's reward worker): it logs the shape's reward every step, and it is a cosine,
+not a string match. One run checks both because a trainer start-up is most of a CPU run's cost (the
+same reward plumbing with ``shape=judge`` runs in test_judge_e2e.py, beside its judge server).
+
 Heavy: one trainer start-up (~1.5 min on 2 cores) each, in one of the heavy-run slots (tests/heavy_slot.py)."""
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_RUN_TIMEOUT_S, free_port, logged_steps, port_free, start_demo
+
+from search_env.retrieval.encoder import build_tiny_encoder
 
 FROZEN_S = 4.0
 """Step 2's rollouts start as step 1 is logged; their first searches come within about a second."""
@@ -52,7 +59,9 @@ def _run_killing_the_retriever(run_dir: Path, port: int, *overrides: str) -> tup
 @pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 120)
 def test_retriever_killed_mid_run_is_restarted_and_training_goes_on(tmp_path):
     run_dir, port = tmp_path / "restart", free_port()
-    rc, err, killed = _run_killing_the_retriever(run_dir, port, "trainer.total_training_steps=3")
+    encoder = build_tiny_encoder(tmp_path / "tiny-e5")
+    semantic = ("shape=semantic", f"+reward.custom_reward_function.reward_kwargs.encoder={encoder}")
+    rc, err, killed = _run_killing_the_retriever(run_dir, port, "trainer.total_training_steps=3", *semantic)
     assert rc == 0, err[-4000:]
     note = f"retriever (PID {killed}) exited with status 137; restarted as PID"
     train_log = (run_dir / "train.log").read_text()
@@ -66,6 +75,11 @@ def test_retriever_killed_mid_run_is_restarted_and_training_goes_on(tmp_path):
         assert logged["rollout/searches_mean"] > 0
     assert port_free(port), "the restarted retriever outlived the run"
     assert not (run_dir / "retriever.pid").exists()
+    # the semantic reward reached verl and was logged: a cosine, neither 0 nor 1 on the warm start's answers
+    assert all(0.0 <= s["reward/mean"] <= 1.0 and "reward/em" in s for s in steps.values())
+    assert any(0.0 < s["reward/mean"] < 1.0 for s in steps.values())
+    recipe = (run_dir / "recipe.yaml").read_text()
+    assert "name: ${shape}" in recipe and "shape: semantic" in recipe
 
 
 @pytest.mark.timeout(DEMO_RUN_TIMEOUT_S + 120)

@@ -76,6 +76,13 @@ one machine lost that race once in a fresh-clone CI run (03 Dec 2026), so the fi
 retried once on exactly that error; nothing else is retried."""
 
 
+GCS_PORT_RACE = "Failed to start GCS"
+"""What ``ray start --head`` prints when its GCS could not bind: a port it was given or drew was taken
+between the draw and the bind by another test's daemons (seen once with the Slurm test's daemons
+starting beside it, 06 Dec 2026). The head is started once more on another port; nothing else is
+retried."""
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     """SIGTERM each ``ray start --block`` group (it stops its node), then SIGKILL what is left."""
     family = []
@@ -115,20 +122,30 @@ def two_node_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
 
     try:
         start("head", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}")
-        address = f"127.0.0.1:{port}"
         probe = "import ray, sys; ray.init(); sys.exit(0 if len(ray.nodes()) >= int(sys.argv[1]) else 1)"
-        for wanted, starter in ((1, lambda: start("worker", f"--address={address}")), (2, None)):
+        retried = False
+        for wanted in (1, 2):
             deadline = time.monotonic() + 120
             while subprocess.run(
                 [sys.executable, "-c", probe, str(wanted)],
-                env={**env, "RAY_ADDRESS": address},
+                env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
                 capture_output=True,
                 timeout=60,
             ).returncode:
-                assert time.monotonic() < deadline, (tmp_path / "ray_head.log").read_text()[-3000:]
+                log = (tmp_path / "ray_head.log").read_text()
+                if wanted == 1 and not retried and procs[0].poll() is not None and GCS_PORT_RACE in log:
+                    retried = True  # GCS_PORT_RACE: once more, on another port
+                    procs.clear()
+                    port = free_port()
+                    start(
+                        "head", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}"
+                    )
+                    (tmp_path / "ray_head.first.log").write_text(log)
+                assert time.monotonic() < deadline, log[-3000:]
                 time.sleep(2)
-            if starter:
-                starter()
+            if wanted == 1:
+                start("worker", f"--address=127.0.0.1:{port}")
+        address = f"127.0.0.1:{port}"
         yield {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": env["RAY_AUTH_TOKEN"]}
     finally:
         _stop(procs[::-1])

@@ -11,8 +11,11 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from search_env.retrieval import SAMPLE_CORPUS
+from search_env.retrieval.connections import HEAD_DEADLINE_SPREAD, head_deadline_s
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.limits import Limits, add_flags, from_args
 from search_env.retrieval.process import spawn_server
@@ -189,3 +192,11 @@ def test_every_limit_is_one_flag_with_its_default_and_bad_values_name_the_flag()
         Limits(max_connections=8, max_connections_per_client=8)
     with pytest.raises(ValueError, match="--write-timeout-s must be > 0"):
         Limits(write_timeout_s=0)
+
+
+@given(timeout_s=st.floats(0.01, 3600), draw=st.floats(0.0, 1.0, exclude_max=True))
+def test_a_head_deadline_is_spread_below_the_flag_never_past_it(timeout_s: float, draw: float) -> None:
+    """Connections opened together close over [(1 - spread) x T, T], never after --header-timeout-s."""
+    deadline = head_deadline_s(timeout_s, draw)
+    assert (1 - HEAD_DEADLINE_SPREAD) * timeout_s - 1e-9 <= deadline <= timeout_s
+    assert head_deadline_s(timeout_s, 0.0) == timeout_s
