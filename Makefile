@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 # Two pytest-xdist workers, a test file per worker at a time, handed out in the order tests/conftest.py
 # gives them (the longest e2e files first, so that no long file starts last); a heavy e2e run
 # (tests/heavy_slot.py allows two at once) leaves most of a core idle between its stages, which the
-# other worker uses. `make test` runs everything; `make test-fast` all but the e2e tests (< 3 min).
+# other worker uses. `make test` runs everything; `make test-fast` all but the e2e tests (~6.5 min on 2 cores).
 TEST_WORKERS ?= 2
 PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 check: venv
