@@ -168,7 +168,7 @@ def ensure_transfer_warm_start(
         return out
     if stamp_key(SHIPPED) != key or SHIPPED.resolve() == out.resolve():
         return build_transfer_warm_start(out, cfg, base=base, log=log)
-    return copy_shipped(SHIPPED, out, "transfer warm start", log)
+    return copy_shipped(SHIPPED, out, key, "transfer warm start", log)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -466,16 +466,15 @@ def sft_into(
     return out
 
 
-def copy_shipped(shipped: Path, out: Path, name: str, log: Any = print) -> Path:
-    """A durable copy of the built warm start ``shipped`` at ``out`` (no SFT: same inputs)."""
+def copy_shipped(shipped: Path, out: Path, key: str, name: str, log: Any = print) -> Path:
+    """A durable copy of the built warm start ``shipped`` (stamped ``key``) at ``out`` (no SFT: same
+    inputs)."""
     base_model.own_folder(out, STAMP, check_only=True)
     stage = base_model.new_stage(out.with_name(out.name + ".partial"), STAMP)
     shutil.copytree(shipped, stage, dirs_exist_ok=True)
     base_model.own_folder(out, STAMP)
     replace_durably(stage, out)
-    log(
-        f"{name} {stamp_key(out)}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)"
-    )
+    log(f"{name} {key}: copied the shipped {repo_relative(shipped)} to {out} (no SFT: same inputs)")
     return out
 
 
@@ -502,7 +501,7 @@ def ensure_warm_start(
     shipped = next((f for f in SHIPPED.values() if stamp_key(f) == key), None)
     if shipped is None or shipped.resolve() == out.resolve():
         return build_warm_start(out, cfg, base=base, log=log)
-    return copy_shipped(shipped, out, "warm start", log)
+    return copy_shipped(shipped, out, key, "warm start", log)
 
 
 def main(argv: list[str] | None = None) -> None:

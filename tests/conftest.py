@@ -526,10 +526,9 @@ def demo_eval(
         "RETRIEVER_PORT": str(free_port()),
         "TIMEOUT_S": "600",
     }
+    slot = [*HEAVY_SLOT, "--all"] if exclusive else []
     return subprocess.run(
-        [*HEAVY_SLOT, "--all", "bash", "launch/eval.sh", str(ckpt), *args]
-        if exclusive
-        else ["bash", "launch/eval.sh", str(ckpt), *args],
+        [*slot, "bash", "launch/eval.sh", str(ckpt), *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

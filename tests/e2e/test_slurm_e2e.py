@@ -182,6 +182,7 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
     assert _steps(runs / REQUEUED) == [1, 2], "each step logged once"
     assert _steps(runs / OTHER) == [1]
     assert "half_credit" in (res / "report" / "table1.md").read_text()  # labelled by the function's name
+    assert "half_credit" in (res / "report" / "study.md").read_text()
     assert json.loads((res / "test" / REQUEUED / "run.json").read_text())["shape"] == "half_credit"
     shutil.move(res / "report", tmp_path / "report_slurm")
     _study(env, "report", str(study), *where)

@@ -120,8 +120,11 @@ def two_node_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
             )
         )
 
-    try:
+    def start_head() -> None:
         start("head", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}")
+
+    try:
+        start_head()
         probe = "import ray, sys; ray.init(); sys.exit(0 if len(ray.nodes()) >= int(sys.argv[1]) else 1)"
         retried = False
         for wanted in (1, 2):
@@ -137,9 +140,7 @@ def two_node_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
                     retried = True  # GCS_PORT_RACE: once more, on another port
                     procs.clear()
                     port = free_port()
-                    start(
-                        "head", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}"
-                    )
+                    start_head()
                     (tmp_path / "ray_head.first.log").write_text(log)
                 assert time.monotonic() < deadline, log[-3000:]
                 time.sleep(2)
