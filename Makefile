@@ -7,6 +7,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export WANDB_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
+# Bytecode caches on even where the shell turns them off: a test run starts hundreds of interpreters,
+# each of which would otherwise compile the project's modules (and pytest rewrite every test file) again.
+unexport PYTHONDONTWRITEBYTECODE
 
 # `make lint` fixes what ruff can; `make test` only checks.
 .PHONY: venv check test test-fast demo lint
@@ -27,7 +30,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 # Two pytest-xdist workers, a test file per worker at a time, handed out in the order tests/conftest.py
 # gives them (the longest e2e files first, so that no long file starts last); a heavy e2e run
 # (tests/heavy_slot.py allows two at once) leaves most of a core idle between its stages, which the
-# other worker uses. `make test` runs everything; `make test-fast` all but the e2e tests (~6.5 min on 2 cores).
+# other worker uses. `make test` runs everything; `make test-fast` all but the e2e and the slow tests
+# (pytest markers in pyproject.toml; ~2 min on 2 cores).
 TEST_WORKERS ?= 2
 PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 check: venv
@@ -38,7 +42,7 @@ test: check
 	$(PYTEST)
 
 test-fast: check
-	$(PYTEST) -m "not e2e"
+	$(PYTEST) -m "not e2e and not slow"
 
 # World + warm start (built on first use, cached in .demo/), GRPO through launch/run.sh, then
 # launch/eval.sh of step 0 and the last step on 200 held-out questions and the before/after table.

@@ -35,6 +35,7 @@ def _spans(tmp_path: Path, names: list[str]) -> dict[str, tuple[float, float]]:
     return {name: tuple(map(float, (tmp_path / name).read_text().split())) for name in names}
 
 
+@pytest.mark.slow
 def test_a_third_command_waits_for_one_of_two_slots(tmp_path):
     procs = [_start(tmp_path, f"started{i}", slots=2) for i in range(3)]
     for proc in procs:
@@ -44,6 +45,7 @@ def test_a_third_command_waits_for_one_of_two_slots(tmp_path):
     assert starts[2] - starts[0] >= HOLD_S - 0.1  # the third waited until one had exited (its child too)
 
 
+@pytest.mark.slow
 def test_an_exclusive_command_runs_alone(tmp_path):
     first = _start(tmp_path, "first", 2)
     time.sleep(HOLD_S / 3)  # the first holds one slot; the exclusive one must wait for it

@@ -87,6 +87,7 @@ def _assert_same(out, ref, generator: HFGenerator, prompt: list[int]) -> None:
     assert torch.allclose(torch.tensor(out.log_probs), torch.tensor(uncached), atol=ATOL)
 
 
+@pytest.mark.slow
 def test_concurrent_requests_match_one_at_a_time_and_the_uncached_model(pair):
     batched, single = pair
     prompts = _prompts(0, 12)  # 3..300 tokens: the full-attention rows are padded up to ~300 columns
@@ -112,10 +113,14 @@ def test_requests_join_and_leave_a_running_batch(pair):
     batched, single = pair
     early, late = _prompts(1, 2, 50, 120), _prompts(2, 3, 3, 200)
     long = {"temperature": 1.0, "max_tokens": 12}
+    start = batched.stats()["decode_steps"]  # before the submits: the early rows may finish at once
     first = [batched.submit(p, long) for p in early]
-    start = batched.stats()["decode_steps"]
     deadline = time.monotonic() + 120
-    while batched.stats()["decode_steps"] < start + 3 and time.monotonic() < deadline:
+    while (
+        batched.stats()["decode_steps"] < start + 3
+        and not all(f.done() for f in first)  # all stopped (EOS) before a third step: join now
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.001)
     second = [batched.submit(p, {"temperature": 0.9, "max_tokens": 4}) for p in late]
     outs = [f.result(timeout=300) for f in first + second]
@@ -361,6 +366,7 @@ def test_sample_rows_filters_per_row():
     assert torch.equal(generators[0].get_state(), greedy_state)  # greedy rows draw nothing
 
 
+@pytest.mark.slow
 def test_sample_rows_draws_from_the_tempered_filtered_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
     generator = torch.Generator().manual_seed(0)
@@ -466,6 +472,7 @@ def test_prefix_cache_longest_prefix_and_byte_bound():
     assert len(off) == 0
 
 
+@pytest.mark.slow
 def test_local_rollout_agent_loops_share_decoding_steps(make_local_rollout):
     """verl's AgentLoopWorker runs a batch's trajectories as concurrent coroutines; through
     ``HFLLMClient`` their turns reach the generator together and are decoded together (the path

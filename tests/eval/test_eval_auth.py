@@ -51,6 +51,7 @@ def _plan(out: Path, *extra: str):
     return prepare(build_run_parser().parse_args(args))
 
 
+@pytest.mark.slow
 def test_the_token_file_reaches_the_search_tool_but_not_the_settings(tmp_path: Path) -> None:
     token = _token_file(tmp_path / "token")
     plain = _plan(tmp_path / "out")
@@ -74,6 +75,7 @@ def test_the_token_file_reaches_the_search_tool_but_not_the_settings(tmp_path: P
     assert config["auth_token_file"] == str(token) and TOKEN not in tools.read_text()
 
 
+@pytest.mark.slow
 def test_an_unusable_token_file_is_refused_naming_the_flag(tmp_path: Path) -> None:
     shared = _token_file(tmp_path / "shared", mode=0o640)
     with pytest.raises(ValueError, match=f"--retriever-auth-token-file: auth token file {shared}.*chmod 600"):

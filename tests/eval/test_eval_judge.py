@@ -203,6 +203,7 @@ def _judge_results(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_the_report_gains_a_judge_column_and_an_agreement_section(tmp_path):
     import pandas as pd
 

@@ -137,6 +137,7 @@ def _rows(plan: runner.EvalSetup, step: int) -> int:
     return len(RowStore(plan.run_root / f"global_step_{step}" / "rows.jsonl").rows())
 
 
+@pytest.mark.slow
 def test_sequential_run_screens_confirms_shares_step0_and_refuses_a_changed_checkpoint(
     tmp_path: Path, retrieval_server_url: str
 ):

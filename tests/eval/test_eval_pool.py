@@ -182,6 +182,7 @@ def _plan(tmp_path: Path, steps: list[int], max_in_flight: int = 3, urls=("http:
     )
 
 
+@pytest.mark.slow
 def test_failed_rollout_keeps_the_prefix_and_resume_redoes_only_the_rest(tmp_path: Path):
     plan = _plan(tmp_path, [1])
     ckpt = plan.checkpoints[0]
@@ -226,6 +227,7 @@ class DownRetrieverBackend(FakeBackend):
         return record
 
 
+@pytest.mark.slow
 def test_rows_with_a_failed_retrieval_are_rolled_out_again(tmp_path: Path, retrieval_server_url):
     """A retriever that was down for some rollouts: their rows are not stored but redone at the end
     of the checkpoint's pass, once the retriever answers again; the scores never see the failure."""
@@ -247,6 +249,7 @@ def test_rows_with_a_failed_retrieval_are_rolled_out_again(tmp_path: Path, retri
 
 
 @pytest.mark.parametrize("retriever_up", [True, False])
+@pytest.mark.slow
 def test_rows_failing_again_stop_the_run_and_resume_redoes_only_them(
     tmp_path: Path, retrieval_server_url, retriever_up: bool
 ):
@@ -290,6 +293,7 @@ def _worker(tmp: str, url: str, tag: str, hold_step: int | None, inside, release
     Path(out).write_text(json.dumps(sorted(summaries)))
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_results_folder_checkpoint_by_checkpoint(
     tmp_path: Path, retrieval_server_url
 ):

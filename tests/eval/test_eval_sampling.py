@@ -207,6 +207,7 @@ def test_sampled_summary_needs_every_sample():
         summarize(rows, ["nq"], 1, samples=2)
 
 
+@pytest.mark.slow
 def test_eval_sh_passes_samples_temperature_and_sample_seed(tmp_path: Path):
     from eval.run.cli import load_config
     from launch.evaluate import DEFAULT_RECIPE, HELP, eval_command, load_settings

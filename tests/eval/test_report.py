@@ -137,6 +137,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_table1_numbers(report):
     rows = {(r["rule"], r["row"], int(r["seed"])): r for r in read_csv(report / "table1.csv")}
     expected = {  # (rule, shape, seed): (step, c, m, rank)

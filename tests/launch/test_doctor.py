@@ -59,6 +59,7 @@ def _run_gpu_smoke(smoke_dir: Path, timeout_s: int) -> subprocess.CompletedProce
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit; this machine has a GPU")
+@pytest.mark.slow
 def test_gpu_smoke_exits_2_at_once_without_cuda(tmp_path: Path):
     done = _run_gpu_smoke(tmp_path / "smoke", 120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
@@ -108,6 +109,7 @@ def test_the_stages_keep_their_order_timeouts_and_models(tmp_path: Path):
         assert done.value.code == 0, stage
 
 
+@pytest.mark.slow
 def test_the_run_reports_each_stage_status_time_result_and_rows(tmp_path: Path, capsys):
     """A stage that passes, one that fails, one past its timeout (a read that never returns; its
     process group is stopped) and one after it; the report has every row, the total, the details."""
@@ -161,6 +163,7 @@ def test_a_stage_log_gives_its_result_line_and_rows(tmp_path: Path):
     assert gpu_smoke.read_log("", tmp_path / "s.log")[0] == ""
 
 
+@pytest.mark.slow
 def test_smoke_builds_a_tiny_model_with_the_real_vocabulary_and_a_recipe_that_validates(
     tmp_path: Path, capsys
 ):

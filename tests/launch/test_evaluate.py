@@ -85,6 +85,7 @@ def _leaves(node: Any, prefix: str) -> dict[str, Any]:
     return {prefix: node}
 
 
+@pytest.mark.slow
 def test_a_runs_saved_top_k_and_turns_are_its_evaluations_and_its_results_record_them(tmp_path: Path):
     """The run trained at top-k 3 and 4 assistant turns is evaluated at 3 and 4 (not the protocol's
     5 and 10), its tool and rollout config say so, and run.json records both."""
@@ -103,6 +104,7 @@ def test_a_runs_saved_top_k_and_turns_are_its_evaluations_and_its_results_record
     assert tool["tools"][0]["config"]["topk"] == 3
 
 
+@pytest.mark.slow
 def test_evaluation_sees_every_rollout_and_retriever_key_training_reads(tmp_path: Path):
     """Walk every key of the recipe's rollout, data and retriever blocks (what training's rollout,
     tool and retriever read): the evaluation's rollout config holds the same value, except the keys
@@ -151,6 +153,7 @@ def test_evaluation_sees_every_rollout_and_retriever_key_training_reads(tmp_path
         assert (tool["tools"][0]["config"]["topk"], tool["tools"][0]["config"]["retry_budget_s"]) == (3, 7)
 
 
+@pytest.mark.slow
 def test_rlvr_data_dir_is_an_alias_of_the_recipe_key_eval_data_dir(tmp_path: Path):
     """The built-in suites ``test`` and ``val`` live under ``eval.data_dir``; RLVR_DATA_DIR names it."""
     data = tmp_path / "data"

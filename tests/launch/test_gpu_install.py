@@ -208,6 +208,7 @@ def test_cpu_constraints_keep_their_transformers_pin_inside_the_package_range():
     assert base.specifier.contains("5.9.0"), "verl[vllm] pins transformers==5.9.0: the range must admit it"
 
 
+@pytest.mark.slow
 def test_check_script_reports_an_unreachable_index_as_no_verdict(tmp_path):
     env = {
         **os.environ,

@@ -38,6 +38,7 @@ def _bm25(port: int) -> list[str]:
     return ["retriever.backend=bm25", f"retriever.corpus={SAMPLE_CORPUS}", f"retriever.port={port}"]
 
 
+@pytest.mark.slow
 def test_eval_sh_hands_the_token_file_to_its_retriever_and_the_evaluation(tmp_path: Path) -> None:
     token = _token_file(tmp_path / "token")
     port = free_port()
@@ -65,6 +66,7 @@ def test_eval_sh_refuses_an_open_token_file_naming_the_setting(tmp_path: Path) -
         load_settings(DEFAULT_RECIPE, _bm25(free_port()), {"RETRIEVER_AUTH_TOKEN_FILE": str(shared)})
 
 
+@pytest.mark.slow
 def test_the_training_retriever_requires_the_token_and_is_probed_with_it(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(RETRIEVER_LOG_ENV, "")  # start_retriever sets it; restored afterwards
     token = _token_file(tmp_path / "token")

@@ -105,6 +105,7 @@ def test_preflight_prints_torch_cuda_and_driver_when_no_device(tmp_path: Path, c
 @pytest.mark.parametrize(
     ("value", "flag"), [("auto", "auto"), ("off", "off"), ("true", "on"), ("false", "off")]
 )
+@pytest.mark.slow
 def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, flag: str):
     plan = preflight.run_setup(
         RECIPES / "demo_cpu.yaml", [f"retriever.gpu={value}", f"retriever.port={free_port()}"], tmp_path
@@ -117,6 +118,7 @@ def test_retriever_gpu_reaches_the_server_command(tmp_path: Path, value: str, fl
     assert any("retriever.gpu must be auto, on or off" in p for p in bad.problems)
 
 
+@pytest.mark.slow
 def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
     """retriever.gpu=auto in training: the E5 encoder on CUDA, the index on CPU (the study's split:
     the GPUs' memory belongs to vLLM and FSDP); only `on` (evaluation) moves the index."""
@@ -137,6 +139,7 @@ def test_every_training_recipe_keeps_the_faiss_index_on_cpu():
     assert use_gpu("auto") is None, "auto still puts the encoder on CUDA when one is visible"
 
 
+@pytest.mark.slow
 def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
     tmp_path: Path, broken_retriever: str, tiny_model_dir: Path
 ):
@@ -177,6 +180,7 @@ def test_run_sh_stops_before_training_when_the_retriever_cannot_search(
 # ---- kernels the GPU settings need -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_preflight_names_missing_kernels(tmp_path: Path):
     cfg = compose_recipe(RECIPES / "f1_only_s44.yaml", [])
     for present, expected in (

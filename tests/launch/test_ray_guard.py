@@ -147,6 +147,7 @@ def test_the_address_key_is_read_from_the_composed_recipe_and_its_overrides(tmp_
 
 
 @pytest.mark.parametrize("door", ["RAY_ADDRESS", ray_guard.ADDRESS_KEY])
+@pytest.mark.slow
 def test_a_head_without_auth_is_refused_though_the_driver_has_a_token(heads, tmp_path, door):
     address = heads["open"][1]
     with pytest.raises(ray_guard.JoinRefused) as refused:
@@ -196,6 +197,7 @@ def test_auto_and_ray_client_addresses_are_refused_naming_the_door(tmp_path, doo
 
 
 @pytest.mark.parametrize("door", ["RAY_ADDRESS", ray_guard.ADDRESS_KEY])
+@pytest.mark.slow
 def test_launch_run_refuses_before_starting_anything(heads, tmp_path, monkeypatch, capsys, door):
     """``python -m launch run``'s main in this process, stopped (status 2) after its preflight with
     nothing started (no retriever, no trainer: ``ray.init`` never ran), the door and the fix named.

@@ -58,6 +58,7 @@ def test_cell_files_set_only_shape_seed_and_step_cap():
         assert rest == {"shape": shape, "seed": seed, "trainer": {"total_training_steps": STEP_CAPS[seed]}}
 
 
+@pytest.mark.slow
 def test_cells_carry_the_protocol(cells):
     tools = yaml.safe_load((RECIPES / "tools.yaml").read_text())["tools"]
     loops = {loop["name"]: loop for loop in yaml.safe_load((RECIPES / "agent_loops.yaml").read_text())}
@@ -106,6 +107,7 @@ def test_cells_carry_the_protocol(cells):
         assert OmegaConf.to_yaml(other) == text
 
 
+@pytest.mark.slow
 def test_reward_entry_points_exist(cells):
     from verl.utils.import_utils import load_extern_object
 
@@ -165,6 +167,7 @@ def verl_steps_run(cfg, n_rows: int, monkeypatch) -> tuple[int, int, int]:
     return trainer.steps_per_epoch, trainer.total_training_steps, steps - 1
 
 
+@pytest.mark.slow
 def test_composed_cells_reach_their_step_caps(cells, monkeypatch):
     from search_env.data import TRAIN
 
@@ -178,12 +181,14 @@ def test_composed_cells_reach_their_step_caps(cells, monkeypatch):
     assert verl_steps_run(one_epoch, rows, monkeypatch)[2] == 311  # the old setting stopped one short
 
 
+@pytest.mark.slow
 def test_rollout_section_builds_verl_dataclass(cells):
     rollout = omega_conf_to_dataclass(cells[("f1_only", 44)].actor_rollout_ref.rollout)
     assert (rollout.n, rollout.max_model_len, rollout.multi_turn.format) == (5, 8192, "qwen3_coder")
     assert rollout.custom == {"max_turn_tokens": 1024} and protocol.token_limits(rollout) == (1024, 8192)
 
 
+@pytest.mark.slow
 def test_demo_cpu_recipe():
     cfg = _validated("demo_cpu")
     a, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
@@ -270,6 +275,7 @@ def test_preflight_lists_every_missing_prerequisite_of_a_gpu_cell(tmp_path, caps
     assert not (tmp_path / "setup.json").exists()
 
 
+@pytest.mark.slow
 def test_preflight_sets_up_the_demo_and_points_the_tool_at_the_retriever(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -342,6 +348,7 @@ def _tool_config(run_dir) -> dict:
     return yaml.safe_load((run_dir / "tools.yaml").read_text())["tools"][0]["config"]
 
 
+@pytest.mark.slow
 def test_preflight_hands_the_token_file_path_to_the_retriever_and_the_tool(tmp_path):
     token = _token_file(tmp_path / "token")
     run = tmp_path / "run"
@@ -395,6 +402,7 @@ def test_agent_loops_state_the_protocol_once():
     assert not {"max_turn_tokens", "max_total_tokens"} & masked.keys(), "the limits are rollout keys"
 
 
+@pytest.mark.slow
 def test_the_launchers_compose_is_the_trainers_and_imports_no_verl():
     """launch.recipe.compose_recipe reads verl's config folder as files (no ``import verl``: ~3.5
     CPU-s a process) and gives the tree hydra's ``pkg://verl.trainer.config`` gives the trainer."""

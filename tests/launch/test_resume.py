@@ -135,6 +135,7 @@ def test_special_files_are_never_opened(tmp_path: Path):
 # ---- the launcher and a stray process of a killed run-----------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_launcher_names_a_stray_of_an_earlier_run_and_kills_nothing(tmp_path: Path, monkeypatch, capsys):
     """``python -m launch run`` (run.sh's entry point), in this process with a 1 s grace instead of
     :data:`launch.train.STRAY_GRACE_S`: a live process marked with the run directory stops the run

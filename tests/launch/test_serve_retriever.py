@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launch.retriever import main
 from search_env.paths import EVAL_RECIPE, REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
@@ -16,6 +18,7 @@ from search_env.retrieval.probe import search_once, wait_healthy
 from search_env.retrieval.process import free_port
 
 
+@pytest.mark.slow
 def test_the_recipes_retriever_serves_in_the_foreground_with_its_top_k(tmp_path: Path):
     port = free_port()
     log = tmp_path / "retriever.log"
@@ -43,6 +46,7 @@ def test_the_recipes_retriever_serves_in_the_foreground_with_its_top_k(tmp_path:
     assert f"--port {port} --topk 3" in started and started.endswith("--max-batch 8")
 
 
+@pytest.mark.slow
 def test_a_setting_to_fix_stops_before_anything_starts(capsys):
     assert main([str(EVAL_RECIPE), "retriever.backend=dense", f"retriever.port={free_port()}"]) == 2
     assert "retriever.index: None is missing" in capsys.readouterr().err

@@ -167,6 +167,7 @@ def _orphan() -> psutil.Process:
     return psutil.Process(int(shell.stdout))
 
 
+@pytest.mark.slow
 def test_a_process_of_the_run_that_outlives_the_trainers_group_is_stopped_and_named(tmp_path, monkeypatch):
     """A process carrying the run's marker in a session of its own, its parent gone (as a Ray actor
     whose raylet exited first): stopped when the run ends, and named in train.log."""

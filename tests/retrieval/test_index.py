@@ -345,6 +345,7 @@ def test_dense_retriever_rejects_mismatched_index() -> None:
         DenseRetriever(corpus, _RandomEncoder(DIM), LoadedIndex(index, None, None, False, {}))
 
 
+@pytest.mark.slow
 def test_cli_convert_and_recall(flat_path, tmp_path) -> None:
     out = tmp_path / "cli_ivf.index"
     run = [sys.executable, "-m", "search_env.retrieval", "--log-level", "WARNING"]
@@ -430,6 +431,7 @@ def test_load_index_memory_maps_the_file_and_searches_the_same(tmp_path, factory
     assert _shared_mappings_of(path) == []  # unmapped with the index
 
 
+@pytest.mark.slow
 def test_dense_server_maps_its_index_and_answers_like_a_read_index(tmp_path) -> None:
     """`serve --backend dense` end to end (tiny local BERT, IVF index over the demo corpus): the
     server memory-maps the index by default (/health says so) and returns the passages of an
@@ -538,6 +540,7 @@ def test_ondisk_auto_follows_the_available_ram(monkeypatch) -> None:
     assert choose_ondisk(None, new_index("Flat", DIM), 10**9, 65536) is False
 
 
+@pytest.mark.slow
 def test_server_accepts_the_studys_kind_of_index(tmp_path) -> None:
     """The study's published wiki-18 index was made with plain faiss, from the Flat index: vectors
     reconstructed, k-means on the lists, an IVF-SQ8 inner-product index added in chunks, no

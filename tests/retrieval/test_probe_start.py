@@ -23,6 +23,7 @@ def _probe(url: str, *flags: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_probe_sends_one_real_search(retrieval_server_url: str, broken_retriever: str):
     assert _probe(retrieval_server_url, "--require-hits").returncode == 0
     failed = _probe(broken_retriever)

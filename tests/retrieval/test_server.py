@@ -313,6 +313,7 @@ def _ask_concurrently(url: str, requests: list[tuple[str, dict]]) -> list:
     return asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_cache_gives_identical_answers_under_64_concurrent_clients(server, uncached_server, direct) -> None:
     requests = _grpo_like_requests()
     assert len(requests) == 64
@@ -443,6 +444,7 @@ def test_draining_an_oversized_body_stops_at_its_time_bound() -> None:
 # ---------------------------------------------------------------- search child process
 
 
+@pytest.mark.slow
 def test_search_child_process_death_makes_health_503_and_searches_500(tmp_path) -> None:
     import os
     import signal
@@ -462,6 +464,7 @@ def test_search_child_process_death_makes_health_503_and_searches_500(tmp_path) 
         assert after.status_code == 503 and after.json()["status"] == "unhealthy"
 
 
+@pytest.mark.slow
 def test_search_child_build_error_reaches_the_command_line(tmp_path) -> None:
     import subprocess
     import sys

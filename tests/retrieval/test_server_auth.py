@@ -64,6 +64,7 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("path", "body"), POSTS, ids=[p for p, _ in POSTS])
+@pytest.mark.slow
 def test_every_post_needs_a_valid_bearer_token(token_server, path: str, body: dict) -> None:
     url = f"{token_server.url}{path}"
     for headers, word in (({}, "missing"), (_bearer("x" * 40), "wrong"), ({"Authorization": TOKEN}, "wrong")):

@@ -63,6 +63,7 @@ def _healthy(url: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_idle_sockets_from_one_address_leave_another_served(server) -> None:
     """N1: idle sockets past --max-connections-per-client get a 503 naming it and are closed; another
     address is still served; the admitted idle ones are closed at --header-timeout-s."""
@@ -130,6 +131,7 @@ def test_a_huge_header_line_is_cut_off_early(server) -> None:
     _healthy(server.url)
 
 
+@pytest.mark.slow
 def test_a_client_that_never_reads_is_cut_off_at_the_write_deadline(server) -> None:
     """N4: pipelined requests for large answers from a socket that never reads: the server aborts
     the connection at --write-timeout-s instead of holding the answers."""

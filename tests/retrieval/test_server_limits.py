@@ -340,6 +340,7 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_a_half_sent_body_gets_408_and_the_connection_is_closed(bm25_server) -> None:
     with socket.create_connection(_address(bm25_server.url), timeout=WAIT_S) as sock:
         head = "POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -365,6 +366,7 @@ def test_a_foreign_host_header_is_refused_on_a_real_socket(bm25_server) -> None:
     assert httpx.post(f"{bm25_server.url}/retrieve", json=GOOD).status_code == 200
 
 
+@pytest.mark.slow
 def test_on_the_dense_server_a_bad_query_fails_alone_beside_good_ones(tmp_path, tiny_bert) -> None:
     """The review's M1 reproduction: tiny local BERT + a real faiss index (the dense retriever in this
     process); a lone-surrogate request sent with concurrent good requests (batched together: 200 ms

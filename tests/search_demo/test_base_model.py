@@ -24,6 +24,7 @@ def test_curriculum_worlds_are_never_demo_worlds():
     assert not set(base_model.BASE_WORLD_SEEDS) & set(warm_start.SFT_WORLD_SEEDS)
 
 
+@pytest.mark.slow
 def test_read_and_search_samples_weight_the_written_tokens(tokenizer):
     cfg = base_model.BaseConfig()
     got = base_model.curriculum_samples(base_model.BASE_WORLD_SEEDS[0], tokenizer, cfg)
@@ -98,6 +99,7 @@ def test_the_shipped_base_model_loads_and_covers_the_inventory():
     )
 
 
+@pytest.mark.slow
 def test_the_shipped_base_model_reads_five_passages(tokenizer):
     """Teacher-forced on held-out questions with the protocol's 5 passages per search (a model trained
     on 3 only scored 0.035 here): the flaw that capped the demo near EM 0.7 is gone."""

@@ -185,6 +185,7 @@ def test_partial_credit_fraction_is_a_fraction_of_the_wrong(scores):
         assert got * len(wrong) == pytest.approx(sum(0 < f < 1 for f in wrong))
 
 
+@pytest.mark.slow
 def test_sparse_cells_extend_the_caps_rule_to_five_seeds_and_add_group_size():
     out = subprocess.run(
         ["bash", "launch/micro_study.sh", "--regime", "sparse", "--list"],

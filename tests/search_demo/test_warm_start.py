@@ -63,6 +63,7 @@ def test_rendered_trajectory_scores_as_a_correct_answer():
     assert scored["em"] == 1.0 and scored["well_formed"]
 
 
+@pytest.mark.slow
 def test_demonstrations_come_from_the_agent_loop_and_mask_only_the_model_turns(demo_world, random_demo_model):
     from transformers import AutoTokenizer
 

@@ -139,6 +139,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_real_verl_checkpoints_with_hf_weights_prune_to_loadable_weights(
     tmp_path: Path, tiny_model_dir: Path
 ):

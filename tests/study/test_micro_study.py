@@ -82,6 +82,7 @@ def _dotted(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_micro_cells_are_the_demo_recipe_plus_their_own_keys():
     """Each dense cell of recipes/studies/micro_dense.yaml composes to exactly the demo recipe with
     micro.yaml's keys and the cell's shape, seed and step cap on top: same model, data, world, rollout
@@ -123,6 +124,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_auto_matched_horizon_selects_within_the_smallest_cap(small_report):
     _, out = small_report
     matched = {

@@ -103,6 +103,7 @@ def _sparse_from_dense(tmp: Path) -> Path:
 
 
 @needs_dense
+@pytest.mark.slow
 def test_regimes_report_from_real_results(tmp_path):
     sparse = _sparse_from_dense(tmp_path)
     out = tmp_path / "report"

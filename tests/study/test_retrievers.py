@@ -94,6 +94,7 @@ def test_beyond_loopback_without_a_token_is_refused_before_anything_starts(tmp_p
     assert not (tmp_path / "runs" / "retrievers").exists()
 
 
+@pytest.mark.slow
 def test_serve_here_publishes_while_healthy_and_unpublishes_on_sigterm(tmp_path):
     study = _study(tmp_path)
     token = token_file(tmp_path / "token", secrets.token_hex(16))

@@ -76,6 +76,7 @@ def test_stages_of_different_cells_run_at_once_and_a_local_run_excludes_them(tmp
                 pass
 
 
+@pytest.mark.slow
 def test_the_paper_dry_run_prints_nine_trains_their_evals_and_the_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))  # no Slurm: the queue is empty
     paper = str(REPO_ROOT / "recipes" / "studies" / "paper.yaml")

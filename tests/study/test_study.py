@@ -37,6 +37,7 @@ def _user_module_on_path(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
 
 
+@pytest.mark.slow
 def test_paper_study_lists_the_nine_gpu_cells_with_their_recipes_caps(capsys):
     study = load_study(STUDIES / "paper.yaml")
     assert [c.name for c in study.cells] == [
@@ -49,6 +50,7 @@ def test_paper_study_lists_the_nine_gpu_cells_with_their_recipes_caps(capsys):
     assert "9 cells" in out and "f1_only_s44  cap=312" in out and "em_only_s43  cap=230" in out
 
 
+@pytest.mark.slow
 def test_sparse_study_lists_21_cells_with_the_caps_rule_and_a_g10_tree():
     study = load_study(STUDIES / "micro_sparse.yaml")
     main = [c for c in study.cells if c.tree == ""]
@@ -136,6 +138,7 @@ def test_any_dotted_recipe_key_is_an_axis_and_cells_of_different_values_never_co
     assert all("retriever.top_k=3" in c.overrides for c in study.cells)
 
 
+@pytest.mark.slow
 def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
     assert (
         study_main(
@@ -170,6 +173,7 @@ def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
         ("mechanism", "micro_study_mechanism"),
     ],
 )
+@pytest.mark.slow
 def test_committed_reports_regenerate_byte_for_byte_from_their_study_files(tmp_path, name, export):
     """Every table of the committed report (each tree's, the regimes', the study's) from the raw results."""
     out = tmp_path / "report"
@@ -445,6 +449,7 @@ def test_gpu_lanes_split_the_visible_gpus(tmp_path):
         slots(1, 18500, 4, ["0"])
 
 
+@pytest.mark.slow
 def test_a_stage_past_its_timeout_is_stopped_with_its_process_group(tmp_path):
     stages = Stages()
     pidfile = tmp_path / "child.pid"
@@ -464,6 +469,7 @@ def test_a_stage_past_its_timeout_is_stopped_with_its_process_group(tmp_path):
         pytest.fail("the stage's grandchild outlived it")
 
 
+@pytest.mark.slow
 def test_evaluation_uses_the_cells_own_world_retriever_and_limits(tmp_path):
     """The evaluation composes the cell's recipe with the cell's overrides and the study's eval
     keys: the retriever is the cell's own (its world's corpus, its dense index), as in training."""

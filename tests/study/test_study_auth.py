@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from study.runner import eval_overrides
 from study.spec import load_study
 
@@ -20,6 +22,7 @@ def _overrides(tmp_path: Path, token_file: str | None) -> list[str]:
     return eval_overrides(study, study.cells[0], "test", tmp_path / "out", 18500)
 
 
+@pytest.mark.slow
 def test_the_recipes_token_file_reaches_the_evaluation(tmp_path: Path) -> None:
     assert "retriever.auth_token_file=/srv/secrets/retriever.token" in _overrides(
         tmp_path, "/srv/secrets/retriever.token"
