@@ -54,6 +54,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("syn_three_hop", "Three-hop", True, ("synthreehop",)),
     Benchmark("syn_comparison", "Comparison", True, ("syncomparison",)),
     Benchmark("syn_unseen_world", "Unseen world", True, ("synunseenworld",)),
+    # the micro study's transfer world (search_demo.transfer_world): RL trains on the first two types
+    Benchmark("xfer_two_hop", "T two-hop", True, in_training=True),
+    Benchmark("xfer_three_hop", "T three-hop", True, in_training=True),
+    Benchmark("xfer_single_hop", "T one-hop", False),
+    Benchmark("xfer_new_pair", "T new pair", True),
+    Benchmark("xfer_new_triple", "T new triple", True),
+    Benchmark("xfer_selection", "T selection", False),
+    Benchmark("xfer_unseen_world", "T unseen world", True),
+    Benchmark("xfer_stretch_selection", "T stretch", False),
 )
 """Paper order. The study's suite (``rows`` set: 51,713 rows) is docs/design.md §7; the floors are the
 study's untrained Qwen3.5-0.8B (:data:`FLOOR_SOURCE`; mean 0.092)."""
@@ -73,7 +82,8 @@ STUDY_FLOOR: dict[str, float] = {b.key: b.floor for b in STUDY_SUITE if b.floor 
 BY_KEY = {b.key: b for b in BENCHMARKS}
 """Canonical key -> its :class:`Benchmark`."""
 IN_DISTRIBUTION = frozenset(b.key for b in BENCHMARKS if b.in_training)
-"""The training benchmarks (MuSiQue; the synthetic suite's two-hop); every other one is held out."""
+"""The training benchmarks (MuSiQue; the synthetic suite's two-hop; the transfer world's two- and
+three-hop); every other one is held out."""
 _ALIASES = {alias: b.key for b in BENCHMARKS for alias in (b.key, *b.aliases)}
 
 

@@ -371,6 +371,7 @@ LONG_FILES_FIRST = (
     "e2e/test_run_killed.py",
     "e2e/test_retriever_faults_e2e.py",
     "e2e/test_demo_e2e.py",
+    "e2e/test_transfer_study_e2e.py",
     "e2e/test_judge_e2e.py",
     "e2e/test_retriever_scale_e2e.py",
     "e2e/test_eval_sampling_e2e.py",

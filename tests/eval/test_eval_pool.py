@@ -416,7 +416,10 @@ def _fake_vllm(monkeypatch: pytest.MonkeyPatch, tokenizer, seen: dict) -> None:
             seen["params"].append(sampling_params)
             seen["running"] += 1
             seen["most"] = max(seen["most"], seen["running"])
-            await asyncio.sleep(0)
+            for _ in range(200):  # until a second rollout reaches the engine (<= 2 s; a loaded machine
+                await asyncio.sleep(0.01)  # may bring it later than one yield), then never again
+                if seen["most"] > 1:
+                    break
             seen["running"] -= 1
             ids = tokenizer.encode("<answer>Paris</answer>", add_special_tokens=False)
             ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))

@@ -13,6 +13,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from search_demo import base_model, transfer_checks, transfer_warm_start, transfer_world
+from search_env.benchmarks import BY_KEY, IN_DISTRIBUTION, order_benchmarks
 from search_env.paths import REPO_ROOT
 
 RECIPE = yaml.safe_load((REPO_ROOT / "recipes" / "micro_transfer.yaml").read_text())
@@ -47,6 +48,14 @@ def _rows(world_dir: Path, name: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(transfer_warm_start.SHIPPED)
+
+
+def test_the_reports_know_each_type_and_average_only_the_held_out_ones():
+    """Every test type is a registered benchmark (its label and column order in the tables); only the
+    types RL trains on count as in-distribution, so the held-out average is over H1-H5 and the stretch."""
+    assert set(transfer_world.BENCHMARKS) <= set(BY_KEY)
+    assert {b for b in transfer_world.BENCHMARKS if b in IN_DISTRIBUTION} == set(transfer_world.RL_TYPES)
+    assert order_benchmarks(transfer_world.BENCHMARKS)[:2] == list(transfer_world.RL_TYPES)
 
 
 def test_one_grammar_and_the_training_mix(world_dir: Path) -> None:
