@@ -361,9 +361,9 @@ def _runs_the_demo(item: pytest.Item) -> bool:
 
 
 LONG_FILES_FIRST = (
-    "e2e/test_slurm_e2e.py",  # with the Ray test beside it: one heavy-run slot each (tests/heavy_slot.py)
-    "e2e/test_ray_jobs_e2e.py",
     "e2e/test_vllm_e2e.py",
+    "e2e/test_slurm_e2e.py",
+    "e2e/test_ray_jobs_e2e.py",
     "e2e/test_eval_sh_e2e.py",
     "e2e/test_micro_study_e2e.py",
     "e2e/test_eval_run_e2e.py",

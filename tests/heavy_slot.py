@@ -13,11 +13,6 @@ however they end; nothing is left to clean up. Waits for a free slot, polling ev
 two engines' OpenMP threads are bound to every core (a CI run beside another heavy run took over
 900 s for a one-step run that takes 160 s alone). It blocks on the slots in index order; a blocked
 ``flock`` is granted as soon as its slot frees, before the pollers' next try, so it is not starved.
-
-The cluster tests (tests/e2e/test_slurm_e2e.py, test_ray_jobs_e2e.py) each train two cells at once yet
-hold one slot each: side by side they keep both cores busy (677 s for the two, 99 % busy, against
-339 s + 382 s one after the other, each ~90 % busy; 06 Dec 2026), and no other heavy run starts
-beside them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 from conftest import processes_with_env, token_file
-from heavy_slot import acquire, slot_count
+from heavy_slot import acquire_all, slot_count
 
 from launch import ray_guard
 from search_env.paths import REPO_ROOT
@@ -194,18 +194,18 @@ def _study(tmp_path: Path, token: Path) -> Path:
 
 
 @pytest.fixture
-def a_heavy_slot() -> Iterator[None]:
-    """One heavy-run slot for the test's duration, though its two lanes train at once: the Slurm test
-    takes the other (tests/heavy_slot.py, "cluster tests")."""
-    fd = acquire(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))
+def every_heavy_slot() -> Iterator[None]:
+    """Every heavy-run slot (tests/heavy_slot.py) for the test's duration: its two lanes train at once."""
+    fds = acquire_all(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))
     try:
         yield
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 def test_a_study_runs_as_ray_jobs_in_lanes_with_a_retry_and_published_retrievers(
-    cluster, a_heavy_slot, tmp_path
+    cluster, every_heavy_slot, tmp_path
 ):
     env, api = cluster["env"], cluster["api"]
     dashboard = api.url

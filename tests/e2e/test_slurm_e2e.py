@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ensure_ci_assets, processes_with_env
-from heavy_slot import acquire, slot_count
+from heavy_slot import acquire_all, slot_count
 
 from launch.slurm.testbed import PrivateSlurm, SlurmSetupError, start, stop
 from search_env.checkpoint_layout import TRACKER
@@ -125,8 +125,7 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
     where = ["--runs", str(runs), "--results", str(res)]
     env = {**slurm.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [USER_REWARDS, env.get("PYTHONPATH")]))
-    # one slot for two cells at once: the Ray test takes the other (tests/heavy_slot.py, "cluster tests")
-    slots = [acquire(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))]
+    slots = acquire_all(slot_count(), os.environ.get("RLVR_HEAVY_LOCK_DIR", "/tmp"))  # two cells at once
     try:
         t0 = time.monotonic()
         deadline = t0 + STUDY_TIMEOUT_S
