@@ -399,7 +399,7 @@ LONG_FILES_FIRST = (
 then every other file in collection order. The longest first, so that no long file starts last:
 the vLLM file (~17 min; its two training runs hold every heavy-run slot) beside files of minutes
 that take no slot, then the files of CPU demo runs (one slot each), side by side, then the
-longest of ``make test-fast`` (7-35 s each), so that the two workers end together."""
+longest files outside tests/e2e/ (7-35 s each), so that the two workers end together."""
 
 
 TIMELINE_ENV = "RLVR_TEST_TIMELINE"
