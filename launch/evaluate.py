@@ -127,6 +127,12 @@ class Settings:
     extra: list[str] = field(default_factory=list)
     """``python -m eval run`` flags given after the overrides."""
 
+    def worker_env(self) -> dict[str, str]:
+        """The evaluation process's environment: ours, with ``OMP_NUM_THREADS`` from the recipe's
+        ``launch.cpu_threads`` when set (as training's processes get it)."""
+        threads = OmegaConf.select(self.config, "launch.cpu_threads")
+        return {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
+
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Settings:
         """EvalError when a setting is invalid or a prerequisite missing (each problem on a line,
@@ -213,14 +219,14 @@ def evaluate(run_dir: Path, s: Settings, workers: list[subprocess.Popen], folder
     cmd = eval_command(run_dir, s, folder)
     if not s.gpus:
         print("+ " + " ".join(cmd), flush=True)
-        workers.append(subprocess.Popen(cmd, cwd=REPO_ROOT))
+        workers.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=s.worker_env()))
         return _wait(workers[0], s.timeout_s)
     s.out.mkdir(parents=True, exist_ok=True)
     logs = [s.out / f"{run_dir.name}.gpu{gpu}.log" for gpu in s.gpus]
     for gpu, log in zip(s.gpus, logs, strict=True):
         print(f"+ CUDA_VISIBLE_DEVICES={gpu} {' '.join(cmd)}   > {log}", flush=True)
         with open(log, "w") as sink:
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
+            env = {**s.worker_env(), "CUDA_VISIBLE_DEVICES": gpu}
             workers.append(
                 subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
             )

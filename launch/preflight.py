@@ -46,6 +46,8 @@ class RunSetup:
     agent_loop_config: Path | None = None
     device: str = "gpu"
     timeout_s: int = 0
+    cpu_threads: int | None = None
+    """``OMP_NUM_THREADS`` of the trainer and its Ray workers (``launch.cpu_threads``); None: unset."""
     experiment: str = ""
     total_steps: int | None = None
     extra_overrides: list[str] = field(default_factory=list)
@@ -178,6 +180,19 @@ def check_reward(cfg: DictConfig, setup: RunSetup, run_dir: Path) -> list[str]:
     return overrides
 
 
+def check_cpu_threads(value: Any, problems: list[str]) -> int | None:
+    """``launch.cpu_threads`` as a whole number >= 1, or None (null); a problem naming the key otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(
+            f"launch.cpu_threads must be a whole number >= 1 (OpenMP threads a trainer process) or null "
+            f"(OpenMP's default), got {value!r}"
+        )
+        return None
+    return value
+
+
 def check_resume(cfg: DictConfig, setup: RunSetup) -> None:
     """An explicit ``resume_from_path`` must be a complete checkpoint: the checkpoint policy
     (search_env.checkpoint_policy) keeps optimizer and extra state only in the latest one."""
@@ -268,6 +283,7 @@ def run_setup(recipe: Path, overrides: list[str], run_dir: Path) -> RunSetup:
         setup.agent_loop_config = agent_loops
     setup.device = str(cfg.launch.device)
     setup.timeout_s = int(cfg.launch.timeout_s or 0)
+    setup.cpu_threads = check_cpu_threads(cfg.launch.get("cpu_threads"), setup.problems)
     setup.experiment = str(cfg.trainer.experiment_name)
     setup.total_steps = cfg.trainer.total_training_steps
     setup.extra_overrides = extra + reward_overrides

@@ -63,6 +63,7 @@ RAY_ENV = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "WANDB_MODE",
+    "OMP_NUM_THREADS",
     "TOKENIZERS_PARALLELISM",
 )
 """Variables a joined Ray cluster's workers get through the job's runtime env (they do not inherit ours)."""
@@ -358,11 +359,14 @@ def _pump(source: IO[bytes], started: Started) -> None:
 
 def export_run_env(setup: preflight.RunSetup, run: RunDir) -> None:
     """What the trainer and every Ray worker inherit from this process (a joined cluster's workers
-    through :data:`RAY_ENV`): the metrics log's path, that the run uses rlvr-search, CPU mode."""
+    through :data:`RAY_ENV`): the metrics log's path, that the run uses rlvr-search, CPU mode, and
+    ``OMP_NUM_THREADS`` from ``launch.cpu_threads`` when set."""
     os.environ["VERL_FILE_LOGGER_PATH"] = str(run.metrics)
     os.environ[PATCHES_ENV] = "1"
     if setup.device == "cpu":
         os.environ["VERL_PLATFORM"] = "cpu"
+    if setup.cpu_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(setup.cpu_threads)
 
 
 def train(recipe: Path, overrides: list[str], setup: preflight.RunSetup, started: Started) -> int:

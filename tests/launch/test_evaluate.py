@@ -179,3 +179,14 @@ def test_the_recipes_eval_block_states_eval_runs_own_defaults():
     stated = _leaves(OmegaConf.to_container(compose_recipe(DEFAULT_RECIPE).eval), "eval")
     defaults = _leaves(OmegaConf.to_container(OmegaConf.structured(EvalKeys)), "eval")
     assert stated == {key: defaults[key] for key in stated}
+
+
+def test_the_evaluation_process_runs_the_recipes_cpu_threads(monkeypatch):
+    """``launch.cpu_threads`` is the evaluation process's OMP_NUM_THREADS, as it is training's."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    demo = load_settings(REPO_ROOT / "recipes" / "demo_cpu.yaml", [], {})
+    assert demo.worker_env()["OMP_NUM_THREADS"] == "1"
+    gpu = load_settings(
+        REPO_ROOT / "recipes" / "f1_only_s44.yaml", ["retriever.urls=[http://127.0.0.1:1]"], {}
+    )
+    assert "OMP_NUM_THREADS" not in gpu.worker_env()

@@ -29,7 +29,7 @@ DEMO = REPO_ROOT / "recipes" / "demo_cpu.yaml"
 def _restore_process_state(monkeypatch):
     """run() and train() set environment variables and a SIGTERM handler for the processes they
     start; put both back after each test."""
-    for var in (resume.MARKER, "VERL_FILE_LOGGER_PATH", "VERL_PLATFORM", "RAY_ADDRESS"):
+    for var in (resume.MARKER, "VERL_FILE_LOGGER_PATH", "VERL_PLATFORM", "RAY_ADDRESS", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     yield
@@ -82,6 +82,36 @@ def test_the_trainers_exit_status(tmp_path: Path, monkeypatch, script: str, time
     assert os.environ["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "metrics.jsonl")
     assert os.environ["VERL_PLATFORM"] == "cpu"
     assert "step 1" in (tmp_path / "train.log").read_text(), "the trainer's output goes to train.log"
+
+
+def test_launch_cpu_threads_reaches_the_trainer_and_a_joined_clusters_workers(tmp_path: Path, monkeypatch):
+    """``launch.cpu_threads`` is the trainer's OMP_NUM_THREADS (its Ray workers inherit it; a joined
+    cluster's get it through the job's runtime env); null leaves the variable alone."""
+    monkeypatch.setattr(train, "trainer_command", lambda *args: ["sh", "-c", 'echo "omp=$OMP_NUM_THREADS"'])
+    for threads, seen in ((None, "omp="), (1, "omp=1")):
+        run = tmp_path / str(threads)
+        run.mkdir()
+        started = train.Started(train.RunDir(run))
+        try:
+            assert train.train(tmp_path / "r.yaml", [], _setup(cpu_threads=threads), started) == 0
+        finally:
+            started.stop()
+        assert seen in (run / "train.log").read_text().splitlines()
+    assert "OMP_NUM_THREADS" in train.RAY_ENV
+
+
+@pytest.mark.parametrize("value", [0, -2, "two", 1.5, True])
+def test_launch_cpu_threads_must_be_a_whole_number(value):
+    problems: list[str] = []
+    assert preflight.check_cpu_threads(value, problems) is None
+    assert len(problems) == 1 and problems[0].startswith("launch.cpu_threads must be a whole number >= 1")
+
+
+def test_the_cpu_recipes_run_one_openmp_thread_a_process():
+    from launch.recipe import compose_recipe
+
+    assert compose_recipe(DEMO, []).launch.cpu_threads == 1
+    assert compose_recipe(REPO_ROOT / "recipes" / "f1_only_s44.yaml", []).launch.cpu_threads is None
 
 
 def test_a_preflight_problem_stops_the_run_before_anything_starts(tmp_path: Path, capsys):
