@@ -152,7 +152,7 @@ def test_the_launcher_declares_its_runs_to_the_trainer_and_every_ray_worker(monk
     clean = {k: v for k, v in os.environ.items() if k not in (activation.RUN_ENV, "VERL_PLATFORM")}
     monkeypatch.setattr(os, "environ", clean)  # a copy: nothing leaks into the other tests
     run = train.RunDir(tmp_path)
-    train.export_run_env(SimpleNamespace(device=device), run)
+    train.export_run_env(SimpleNamespace(device=device, cpu_threads=None), run)
     assert activation.run_uses_rlvr_search()
     assert os.environ["VERL_FILE_LOGGER_PATH"] == str(run.metrics)
     assert os.environ.get("VERL_PLATFORM") == ("cpu" if device == "cpu" else None)
