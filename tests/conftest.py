@@ -365,11 +365,11 @@ EXCLUSIVE_FILES = (
     "e2e/test_ray_jobs_e2e.py",
     "e2e/test_vllm_e2e.py",
 )
-"""The files whose runs hold every heavy-run slot (tests/heavy_slot.py): one xdist group
-(``--dist loadgroup``), so that one worker runs them one after the other while the other worker runs
-the files that take no slot. Handed out as files, two of them went to the two workers at once and
-one worker waited for the other's slots for ~16 min (fresh-clone CI, 06 Dec 2026)."""
-EXCLUSIVE_GROUP = "every_heavy_slot"
+"""The files whose runs hold every heavy-run slot (tests/heavy_slot.py): one unit of work
+(:func:`pytest_xdist_make_scheduler`), so that one worker runs them one after the other while the
+other worker runs the files that take no slot. Handed out as files, two of them went to the two
+workers at once and one worker waited for the other's slots for ~16 min (fresh-clone CI, 06 Dec 2026)."""
+EXCLUSIVE_UNIT = "every_heavy_slot"
 
 FILES_FIRST = (
     *EXCLUSIVE_FILES,
@@ -406,8 +406,8 @@ FILES_LAST = (
     "e2e/test_transfer_study_e2e.py",
     "e2e/test_demo_e2e.py",
 )
-"""The order ``make test`` hands files to its two workers (``--dist loadgroup --no-loadscope-reorder``,
-a group per file but :data:`EXCLUSIVE_FILES`): FILES_FIRST, every other file in collection order,
+"""The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``,
+:data:`EXCLUSIVE_FILES` as one unit): FILES_FIRST, every other file in collection order,
 then FILES_LAST. First the group that holds every heavy-run slot (~20 min) and, beside it, the files
 that take no slot, longest first; last the files of CPU demo runs (one slot each), longest first,
 side by side once the group is done."""
@@ -434,8 +434,8 @@ def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ carries ``e2e`` and an ``xdist_group`` (its file, or
-    :data:`EXCLUSIVE_GROUP`); files are handed out in the order :data:`FILES_FIRST` gives."""
+    """Every test under tests/e2e/ carries ``e2e``; files are handed out in the order
+    :data:`FILES_FIRST` and :data:`FILES_LAST` give."""
     rank = {name: i for i, name in enumerate(FILES_FIRST)}
     rank |= {name: len(FILES_FIRST) + 1 + i for i, name in enumerate(FILES_LAST)}
 
@@ -446,9 +446,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.path)).resolve().is_relative_to(TESTS / "e2e"):
             item.add_marker(pytest.mark.e2e)
-        group = EXCLUSIVE_GROUP if name(item) in EXCLUSIVE_FILES else name(item)
-        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: rank.get(name(item), len(FILES_FIRST)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with :data:`EXCLUSIVE_FILES` as one unit of work (xdist's scheduler
+    hook; its ``loadgroup`` mode, made for this, adds nothing under pytest 9, whose node ids it can no
+    longer rewrite). Other modes: xdist's own scheduler."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    exclusive = {f"{TESTS.relative_to(config.rootpath).as_posix()}/{name}" for name in EXCLUSIVE_FILES}
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return EXCLUSIVE_UNIT if scope in exclusive else scope
+
+    return Scheduling(config, log)
 
 
 def token_file(path: Path, token: str, mode: int = 0o600) -> Path:

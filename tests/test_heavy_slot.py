@@ -64,3 +64,19 @@ def test_a_bad_slot_count_names_the_variable():
     with pytest.raises(ValueError, match="RLVR_HEAVY_SLOTS must be a whole number >= 1, got '0'"):
         slot_count({"RLVR_HEAVY_SLOTS": "0"})
     assert slot_count({}) == 2
+
+
+def test_the_files_that_hold_every_slot_are_one_unit_of_work_for_the_workers():
+    """``make test``'s scheduler (tests/conftest.py): loadfile, but the every-slot files together."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    options = {"dist": "loadfile", "tx": ["2*popen"]}
+    config = SimpleNamespace(getvalue=options.get, rootpath=conftest.TESTS.parent)
+    scheduler = conftest.pytest_xdist_make_scheduler(config, None)
+    units = {scheduler._split_scope(f"tests/{name}::test_x") for name in conftest.EXCLUSIVE_FILES}
+    assert units == {conftest.EXCLUSIVE_UNIT}
+    assert scheduler._split_scope("tests/e2e/test_demo_e2e.py::test_x") == "tests/e2e/test_demo_e2e.py"
+    options["dist"] = "load"
+    assert conftest.pytest_xdist_make_scheduler(config, None) is None  # xdist's own
