@@ -31,10 +31,10 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 # The launch scripts take the active environment's python unless PYTHON names one: pin .venv here.
 # Two pytest-xdist workers, a test file per worker at a time (the three files that hold every heavy-run
-# slot are one unit, so they run in turn on one worker: tests/conftest.py), handed out in the
-# order tests/conftest.py gives them: that group beside the files that take no slot, then the CPU demo
-# runs (tests/heavy_slot.py allows two at once) side by side. `make test` runs everything; `make test-fast` all but the e2e and the slow tests
-# (pytest markers in pyproject.toml; ~2 min on 2 cores).
+# slot are one unit, run in turn on one worker), in the order tests/conftest.py gives: that unit beside
+# the files that take no slot, then the CPU demo runs (tests/heavy_slot.py allows two at once) side by
+# side. `make test` runs everything; `make test-fast` all but the e2e and the slow tests (pytest
+# markers in pyproject.toml; ~2 min on 2 cores).
 TEST_WORKERS ?= 2
 PYTEST := PYTHON=$(abspath $(PY)) $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 check: venv

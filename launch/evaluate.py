@@ -25,7 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from launch.procs import stop_on_sigterm, stop_process
-from launch.recipe import compose_recipe
+from launch.recipe import compose_recipe, cpu_threads
 from launch.retriever import LocalRetriever, RetrieverSetup, retriever_gpu, setup_retriever
 from search_env.cli import alias_path, hydra_quoted
 from search_env.paths import EVAL_RECIPE as DEFAULT_RECIPE
@@ -126,12 +126,14 @@ class Settings:
     retriever: RetrieverSetup
     extra: list[str] = field(default_factory=list)
     """``python -m eval run`` flags given after the overrides."""
+    cpu_threads: int | None = None
+    """The recipe's ``launch.cpu_threads``: the evaluation process's ``OMP_NUM_THREADS`` (None: unset)."""
 
     def worker_env(self) -> dict[str, str]:
-        """The evaluation process's environment: ours, with ``OMP_NUM_THREADS`` from the recipe's
-        ``launch.cpu_threads`` when set (as training's processes get it)."""
-        threads = OmegaConf.select(self.config, "launch.cpu_threads")
-        return {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
+        """The evaluation process's environment: ours, with ``OMP_NUM_THREADS`` from
+        :attr:`cpu_threads` when set (as training's processes get it)."""
+        threads = {} if self.cpu_threads is None else {"OMP_NUM_THREADS": str(self.cpu_threads)}
+        return {**os.environ, **threads}
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> Settings:
@@ -155,13 +157,14 @@ class Settings:
             OmegaConf.update(cfg, "retriever.gpu", "auto" if flag == "on" and not _gpu_visible() else gpu)
         problems: list[str] = []
         retriever = setup_retriever(cfg.retriever, problems)
+        threads = cpu_threads(cfg, problems)
         if problems:
             lines = "".join(f"\n  - {problem}" for problem in problems)
-            raise EvalError(f"{len(problems)} retriever setting(s) to fix:{lines}")
+            raise EvalError(f"{len(problems)} setting(s) to fix:{lines}")
         OmegaConf.update(cfg, "eval.out", str(out))
         OmegaConf.update(cfg, "retriever.urls", list(retriever.urls), merge=False)
         OmegaConf.update(cfg, "retriever.auth_token_file", retriever.auth_token_file)
-        return cls(cfg, out, _gpu_ids(e.get("gpus")), timeout_s, retriever)
+        return cls(cfg, out, _gpu_ids(e.get("gpus")), timeout_s, retriever, cpu_threads=threads)
 
 
 def load_settings(recipe: Path, overrides: list[str], env: Mapping[str, str]) -> Settings:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launch.demo_assets import demo_asset, demo_assets_args
 from launch.doctor.cuda import no_cuda_reason
-from launch.recipe import compose_recipe, validate
+from launch.recipe import compose_recipe, cpu_threads, validate
 from launch.retriever import PREPARE, RetrieverSetup, setup_retriever
 from reward_fns.shapes import REWARD_PATH, SHAPES, BatchShape
 from search_env.paths import REPO_ROOT, repo_path
@@ -180,19 +180,6 @@ def check_reward(cfg: DictConfig, setup: RunSetup, run_dir: Path) -> list[str]:
     return overrides
 
 
-def check_cpu_threads(value: Any, problems: list[str]) -> int | None:
-    """``launch.cpu_threads`` as a whole number >= 1, or None (null); a problem naming the key otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(
-            f"launch.cpu_threads must be a whole number >= 1 (OpenMP threads a trainer process) or null "
-            f"(OpenMP's default), got {value!r}"
-        )
-        return None
-    return value
-
-
 def check_resume(cfg: DictConfig, setup: RunSetup) -> None:
     """An explicit ``resume_from_path`` must be a complete checkpoint: the checkpoint policy
     (search_env.checkpoint_policy) keeps optimizer and extra state only in the latest one."""
@@ -283,7 +270,7 @@ def run_setup(recipe: Path, overrides: list[str], run_dir: Path) -> RunSetup:
         setup.agent_loop_config = agent_loops
     setup.device = str(cfg.launch.device)
     setup.timeout_s = int(cfg.launch.timeout_s or 0)
-    setup.cpu_threads = check_cpu_threads(cfg.launch.get("cpu_threads"), setup.problems)
+    setup.cpu_threads = cpu_threads(cfg, setup.problems)
     setup.experiment = str(cfg.trainer.experiment_name)
     setup.total_steps = cfg.trainer.total_training_steps
     setup.extra_overrides = extra + reward_overrides

@@ -1,5 +1,6 @@
 """A recipe composed as the trainer composes it (the one compose of training's preflight, the
-evaluation launcher and the study), and verl's own checks of it."""
+evaluation launcher and the study), verl's own checks of it, and the launcher keys training and
+evaluation both read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from search_env import recipe_values
 
@@ -47,3 +48,19 @@ def validate(cfg: DictConfig) -> None:
     from verl.utils.config import validate_config  # heavy: verl/torch, only to validate
 
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def cpu_threads(cfg: DictConfig, problems: list[str]) -> int | None:
+    """The recipe's ``launch.cpu_threads`` (``OMP_NUM_THREADS`` of training's and evaluation's
+    processes): a whole number >= 1, or None when null or absent; otherwise a problem naming the key
+    is added to ``problems`` and None returned."""
+    value = OmegaConf.select(cfg, "launch.cpu_threads")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(
+            f"launch.cpu_threads must be a whole number >= 1 (OpenMP threads a process) or null "
+            f"(unset), got {value!r}"
+        )
+        return None
+    return value

@@ -18,7 +18,7 @@ from eval.run.cli import EvalKeys, build_run_parser, prepare
 from eval.run.rollout import EVAL_KEYS, rollout_config
 from eval.run.runner import write_run_json
 from eval.run.suite import SAMPLE_SUITE
-from launch.evaluate import DEFAULT_RECIPE, default_recipe, eval_command, load_settings, parse_args
+from launch.evaluate import DEFAULT_RECIPE, EvalError, default_recipe, eval_command, load_settings, parse_args
 from launch.recipe import compose_recipe
 from search_env.paths import REPO_ROOT
 
@@ -190,3 +190,5 @@ def test_the_evaluation_process_runs_the_recipes_cpu_threads(monkeypatch):
         REPO_ROOT / "recipes" / "f1_only_s44.yaml", ["retriever.urls=[http://127.0.0.1:1]"], {}
     )
     assert "OMP_NUM_THREADS" not in gpu.worker_env()
+    with pytest.raises(EvalError, match="launch.cpu_threads must be a whole number >= 1"):
+        load_settings(REPO_ROOT / "recipes" / "demo_cpu.yaml", ["launch.cpu_threads=0"], {})

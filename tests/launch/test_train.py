@@ -102,8 +102,12 @@ def test_launch_cpu_threads_reaches_the_trainer_and_a_joined_clusters_workers(tm
 
 @pytest.mark.parametrize("value", [0, -2, "two", 1.5, True])
 def test_launch_cpu_threads_must_be_a_whole_number(value):
+    from omegaconf import OmegaConf
+
+    from launch.recipe import cpu_threads
+
     problems: list[str] = []
-    assert preflight.check_cpu_threads(value, problems) is None
+    assert cpu_threads(OmegaConf.create({"launch": {"cpu_threads": value}}), problems) is None
     assert len(problems) == 1 and problems[0].startswith("launch.cpu_threads must be a whole number >= 1")
 
 
