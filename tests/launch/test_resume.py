@@ -1,7 +1,7 @@
 """The launcher's resume after a run killed as a whole (``launch.resume``), without a training run:
 what verl 0.9.1 does under a kill (so an upgrade fails here first), the launcher's checkpoint choice
 on hand-made checkpoints, and the launcher stopping on a stray process of a killed run. The kill of a real
-run and its resume: tests/e2e/test_run_killed.py."""
+run and its resume: tests/e2e/test_demo_e2e.py."""
 
 from __future__ import annotations
 
