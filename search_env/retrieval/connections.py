@@ -1,5 +1,6 @@
 """Connection-level limits of the retrieval server, as a subclass of uvicorn's h11 protocol
-(`guarded_protocol`): at most --max-connections-per-client open connections per IP address, a
+(`guarded_protocol`): at most --max-connections-per-client open connections per IP address (a
+connection past it held unread for --refusal-hold-s, then answered 503 and closed), a
 deadline for each complete request head (--header-timeout-s, spread: `head_deadline_s`) and a write deadline
 (--write-timeout-s). uvicorn's and h11's own limits do the rest: --max-connections
 (`limit_concurrency`), --keep-alive-timeout-s (`timeout_keep_alive`), --max-header-bytes
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import resource
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.utils import get_remote_addr
@@ -19,11 +21,20 @@ from search_env.retrieval.limits import RETRY_AFTER_S, Limits
 
 
 class ConnectionTable:
-    """Open connections per client IP address, at most `per_client` each."""
+    """Open connections per client IP address, at most `per_client` each; `held`: refused
+    connections not yet answered (at most `max_held`)."""
 
-    def __init__(self, per_client: int) -> None:
-        self.per_client = per_client
+    def __init__(self, per_client: int, max_held: int = 0) -> None:
+        self.per_client, self.max_held = per_client, max_held
         self.open: dict[str, int] = {}
+        self.held = 0
+
+    def hold(self) -> bool:
+        """Count one more refused connection held before its answer, unless `max_held` are."""
+        if self.held >= self.max_held:
+            return False
+        self.held += 1
+        return True
 
     def admit(self, address: str) -> bool:
         """Count one more connection of `address`, unless it already has `per_client` open."""
@@ -81,10 +92,48 @@ def head_too_large(max_header_bytes: int) -> bytes:
     return head.encode() + body
 
 
+OTHER_FILES = 256
+"""Open files the server needs besides its sockets (index, corpus, model files, logs, pipes)."""
+
+
+def open_files_needed(limits: Limits) -> int:
+    """File descriptors a server under `limits` can hold: --max-connections admitted sockets, as
+    many held refusals (--refusal-hold-s) and :data:`OTHER_FILES`."""
+    held = limits.max_connections if limits.refusal_hold_s > 0 else 0
+    return limits.max_connections + held + OTHER_FILES
+
+
+def open_files_target(soft: int, hard: int, needed: int) -> int:
+    """The soft RLIMIT_NOFILE to run with: `soft` when it covers `needed`, else `needed` up to the
+    `hard` limit (RLIM_INFINITY: no bound)."""
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    return needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+
+
+def raise_open_files(limits: Limits) -> str | None:
+    """Raise this process's soft open-files limit to what `limits` need (up to the hard limit); a
+    warning naming the flags when the hard limit is lower (past it, asyncio stops accepting for 1 s
+    at a time and every client waits), else None."""
+    needed = open_files_needed(limits)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = open_files_target(soft, hard, needed)
+    if target != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target != resource.RLIM_INFINITY and target < needed:
+        return (
+            f"open files limit {target} (hard) is below the {needed} that --max-connections "
+            f"{limits.max_connections} and --refusal-hold-s need; past it the server stops accepting for "
+            "1 s at a time: raise `ulimit -Hn`, or lower --max-connections"
+        )
+    return None
+
+
 def guarded_protocol(limits: Limits) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the per-address cap, the head deadline and the write deadline of
     `limits` (one `ConnectionTable` per call: pass the class to one server)."""
-    table = ConnectionTable(limits.max_connections_per_client)
+    hold_s = limits.refusal_hold_s
+    table = ConnectionTable(limits.max_connections_per_client, limits.max_connections if hold_s > 0 else 0)
     refused = refusal(limits.max_connections_per_client)
     too_large = head_too_large(limits.max_header_bytes)
 
@@ -95,20 +144,37 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
         """The peer's IP address once admitted (None: refused, or not yet connected)."""
         head_timer: asyncio.TimerHandle | None = None
         write_timer: asyncio.TimerHandle | None = None
+        refusal_timer: asyncio.TimerHandle | None = None
+        """Set while a refused connection is held before its answer."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = get_remote_addr(transport)
             address = peer[0] if peer else ""
             if not table.admit(address):
-                transport.write(refused)
-                transport.close()
+                if table.hold():  # answered later: a reopening client waits, the loop does not spin
+                    transport.pause_reading()
+                    self.refusal_timer = self.loop.call_later(hold_s, self._refuse, transport)
+                    return
+                self._refuse(transport)
                 return
             self.address = address
             super().connection_made(transport)
             self._await_head()
 
+        def _refuse(self, transport: asyncio.Transport) -> None:
+            self._release_hold()
+            transport.write(refused)
+            transport.close()
+
+        def _release_hold(self) -> None:
+            if self.refusal_timer is not None:
+                self.refusal_timer.cancel()
+                self.refusal_timer = None
+                table.held -= 1
+
         def connection_lost(self, exc: Exception | None) -> None:
             if self.address is None:
+                self._release_hold()  # a held refused connection that its client closed
                 return
             table.release(self.address)
             self.address = None

@@ -101,6 +101,14 @@ class Limits:
         "most open connections from one IP address, below --max-connections so one address never takes "
         "them all; a further connection from it is closed at once",
     )
+    refusal_hold_s: float = _setting(
+        2.0,
+        "seconds a connection past --max-connections-per-client is held, unread, before its 503 and "
+        "close (at most --max-connections held at once, then answered at once), so a client reopening "
+        "refused sockets makes the server accept and refuse one per socket per this long, not in a "
+        "busy loop (0 = answer at once)",
+        zero=True,
+    )
     header_timeout_s: float = _setting(
         10.0,
         "seconds a connection may take to send a complete request head, from its opening or the end of "

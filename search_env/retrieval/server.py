@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import re
 import sys
 import time
@@ -41,7 +42,7 @@ from search_env.retrieval.auth import token_matches
 from search_env.retrieval.backend import Retriever
 from search_env.retrieval.batcher import BackendFailure, MicroBatcher, log_stats_every
 from search_env.retrieval.cache import QueryCache
-from search_env.retrieval.connections import guarded_protocol
+from search_env.retrieval.connections import guarded_protocol, raise_open_files
 from search_env.retrieval.heap import freeze_heap
 from search_env.retrieval.hits_json import EncodedHits, Hit, batch_search_body, retrieve_body, search_body
 from search_env.retrieval.limits import MAX_QUERIES, MAX_TOPK, Limits
@@ -368,7 +369,10 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     """Run `app` with uvicorn's h11 protocol under the connection limits of `app.state.limits`
     (`connections.guarded_protocol`) until interrupted (SIGINT/SIGTERM). The heap built so far is
     frozen (`heap.freeze_heap`), young collections made rarer (`GC_THRESHOLDS`) and the GIL switch
-    interval shortened (`SWITCH_INTERVAL_S`)."""
+    interval shortened (`SWITCH_INTERVAL_S`); the open-files limit raised to what the limits need
+    (`connections.raise_open_files`, a warning where the hard limit is lower)."""
+    if warning := raise_open_files(app.state.limits):
+        logging.getLogger(__name__).warning(warning)
     freeze_heap()
     gc.set_threshold(*GC_THRESHOLDS)
     sys.setswitchinterval(SWITCH_INTERVAL_S)

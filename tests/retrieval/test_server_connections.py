@@ -6,6 +6,8 @@ per-address cap is exercised. Every wait is bounded by `WAIT_S` (never a timing 
 from __future__ import annotations
 
 import json
+import resource
+import select
 import socket
 import time
 
@@ -15,7 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.connections import HEAD_DEADLINE_SPREAD, head_deadline_s
+from search_env.retrieval.connections import (
+    HEAD_DEADLINE_SPREAD,
+    OTHER_FILES,
+    head_deadline_s,
+    open_files_needed,
+    open_files_target,
+)
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.limits import Limits, add_flags, from_args
 from search_env.retrieval.process import spawn_server
@@ -23,6 +31,9 @@ from search_env.retrieval.process import spawn_server
 WAIT_S = 30.0
 PER_CLIENT = 4
 TOTAL = 16
+HOLD_S = 5.0
+"""--refusal-hold-s of the module's server: far longer than the moments the test checks a held
+socket has been sent nothing (a slow machine only makes the answer later, never sooner)."""
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +41,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("connections") / "server.log"
     serve = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS), "--max-connections", str(TOTAL)]
     serve += ["--max-connections-per-client", str(PER_CLIENT), "--header-timeout-s", "1"]
+    serve += ["--refusal-hold-s", str(HOLD_S)]
     serve += ["--write-timeout-s", "1", "--body-timeout-s", "60", "--max-refusal-rate", "0"]
     with spawn_server(serve, startup_timeout_s=60, log_path=log) as running:
         yield running
@@ -63,18 +75,31 @@ def _healthy(url: str) -> None:
         time.sleep(0.05)
 
 
+def _answered_yet(socks: list[socket.socket]) -> list[socket.socket]:
+    """Those of ``socks`` the server has sent something on, or closed (one 0.2 s look at all)."""
+    readable, _, _ = select.select(socks, [], [], 0.2)
+    return readable
+
+
 @pytest.mark.slow
 def test_idle_sockets_from_one_address_leave_another_served(server) -> None:
-    """N1: idle sockets past --max-connections-per-client get a 503 naming it and are closed; another
-    address is still served; the admitted idle ones are closed at --header-timeout-s."""
-    held = [_connect(server.url, "127.0.0.2") for _ in range(3 * PER_CLIENT)]
+    """N1: idle sockets past --max-connections-per-client are held unread for --refusal-hold-s
+    (at most --max-connections of them; those past that are answered at once), then get a 503
+    naming the flag and are closed; another address is still served; the admitted idle ones are
+    closed at --header-timeout-s."""
+    admitted = [_connect(server.url, "127.0.0.2") for _ in range(PER_CLIENT)]
+    held = [_connect(server.url, "127.0.0.2") for _ in range(TOTAL)]
+    past = [_connect(server.url, "127.0.0.2") for _ in range(2)]
     try:
-        answers = [_closed_by_server(sock) for sock in held[PER_CLIENT:]]  # refused at once
+        answers = [_closed_by_server(sock) for sock in past]  # past the held bound: at once
         assert all(b"503" in a.split(b"\r\n")[0] and b"--max-connections-per-client" in a for a in answers)
+        assert not _answered_yet(held), "a refused socket was answered before its hold ended"
         assert httpx.get(f"{server.url}/health", timeout=WAIT_S).status_code == 200
-        assert [_closed_by_server(sock) for sock in held[:PER_CLIENT]] == [b""] * PER_CLIENT  # head deadline
+        assert [_closed_by_server(sock) for sock in admitted] == [b""] * PER_CLIENT  # head deadline
+        answers = [_closed_by_server(sock) for sock in held]  # at the end of their hold
+        assert all(b"503" in a.split(b"\r\n")[0] and b"--max-connections-per-client" in a for a in answers)
     finally:
-        for sock in held:
+        for sock in admitted + held + past:
             sock.close()
 
 
@@ -202,3 +227,17 @@ def test_a_head_deadline_is_spread_below_the_flag_never_past_it(timeout_s: float
     deadline = head_deadline_s(timeout_s, draw)
     assert (1 - HEAD_DEADLINE_SPREAD) * timeout_s - 1e-9 <= deadline <= timeout_s
     assert head_deadline_s(timeout_s, 0.0) == timeout_s
+
+
+def test_the_open_files_limit_is_raised_to_what_the_limits_need_up_to_the_hard_one() -> None:
+    """Admitted sockets, as many held refusals and the server's own files: a soft limit of 1,024
+    (many clusters' default) would stop the default server accepting at ~1,000 sockets."""
+    limits = Limits()
+    needed = open_files_needed(limits)
+    assert needed == 2 * limits.max_connections + OTHER_FILES
+    assert open_files_needed(Limits(refusal_hold_s=0)) == limits.max_connections + OTHER_FILES
+    assert open_files_target(1024, 1 << 20, needed) == needed
+    assert open_files_target(1024, 2048, needed) == 2048  # as far as the hard limit allows
+    assert open_files_target(1024, resource.RLIM_INFINITY, needed) == needed
+    assert open_files_target(1 << 20, 1 << 20, needed) == 1 << 20  # never lowered
+    assert open_files_target(resource.RLIM_INFINITY, resource.RLIM_INFINITY, needed) == resource.RLIM_INFINITY
