@@ -632,7 +632,8 @@ async def settle(server: ServerProcess, typical_s: float, limit_s: float = 120.0
 
 async def idle_check(server: ServerProcess, sockets: int, questions: list[str]) -> str:
     """`sockets` idle connections from `IDLE_ADDRESS`, then one good /retrieve from 127.0.0.1 on a new
-    connection: how many the server held and refused, and that request's status and latency."""
+    connection: how many are still open and how many were answered 503 by then (a refused socket
+    is held --refusal-hold-s first), and that request's status and latency."""
     host, port = server.url.removeprefix("http://").split(":")
     opened = [
         await asyncio.open_connection(host, int(port), local_addr=(IDLE_ADDRESS, 0)) for _ in range(sockets)
@@ -653,9 +654,9 @@ async def idle_check(server: ServerProcess, sockets: int, questions: list[str]) 
     finally:
         for _, writer in opened:
             writer.close()
-    return (f"idle check: {sockets} idle sockets from {IDLE_ADDRESS} ({sockets - refused} held, {refused} "
-            f"refused at once); a /retrieve from 127.0.0.1 on a new connection: HTTP {answer.status} in "
-            f"{1000 * took:.0f} ms")  # fmt: skip
+    return (f"idle check: {sockets} idle sockets from {IDLE_ADDRESS} ({sockets - refused} open, {refused} "
+            "answered 503 by then: past --max-connections-per-client, after --refusal-hold-s); a /retrieve "
+            f"from 127.0.0.1 on a new connection: HTTP {answer.status} in {1000 * took:.0f} ms")  # fmt: skip
 
 
 # ---------------------------------------------------------------- report

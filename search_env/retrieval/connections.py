@@ -1,7 +1,7 @@
 """Connection-level limits of the retrieval server, as a subclass of uvicorn's h11 protocol
 (`guarded_protocol`): at most --max-connections-per-client open connections per IP address (a
 connection past it held unread for --refusal-hold-s, then answered 503 and closed), a
-deadline for each complete request head (--header-timeout-s, spread: `head_deadline_s`) and a write deadline
+deadline for each complete request head (--header-timeout-s; both spread: `spread_s`) and a write deadline
 (--write-timeout-s). uvicorn's and h11's own limits do the rest: --max-connections
 (`limit_concurrency`), --keep-alive-timeout-s (`timeout_keep_alive`), --max-header-bytes
 (`h11_max_incomplete_event_size`). Mechanisms: docs/security.md ("Connections").
@@ -56,12 +56,16 @@ HEAD_DEADLINE_SPREAD = 0.2
 together (a reconnecting client's, or an abuser's thousand idle sockets) are closed over a spread of
 moments, not in one event-loop tick that stalls every other client (measured: 512 idle sockets
 timing out at once held good requests ~100 ms, tripling the abuse benchmark's p99)."""
+REFUSAL_HOLD_SPREAD = 0.5
+"""A refused connection's hold is drawn from [1 - this, 1] x --refusal-hold-s, for the same reason:
+the abuse benchmark's 512 refused idle sockets, held 2 s from one burst of connects, answered in
+one burst held good requests ~300 ms (p99 14x alone, every other type alone under 2x)."""
 
 
-def head_deadline_s(timeout_s: float, draw: float) -> float:
-    """Seconds until a connection's head deadline for a uniform ``draw`` in [0, 1): within
-    [(1 - HEAD_DEADLINE_SPREAD) x timeout_s, timeout_s], never past the flag's value."""
-    return timeout_s * (1.0 - HEAD_DEADLINE_SPREAD * draw)
+def spread_s(limit_s: float, draw: float, spread: float) -> float:
+    """Seconds until a connection's deadline or end of hold for a uniform ``draw`` in [0, 1): within
+    [(1 - spread) x limit_s, limit_s], never past the flag's value."""
+    return limit_s * (1.0 - spread * draw)
 
 
 def refusal(per_client: int) -> bytes:
@@ -153,7 +157,8 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             if not table.admit(address):
                 if table.hold():  # answered later: a reopening client waits, the loop does not spin
                     transport.pause_reading()
-                    self.refusal_timer = self.loop.call_later(hold_s, self._refuse, transport)
+                    hold = spread_s(hold_s, random.random(), REFUSAL_HOLD_SPREAD)
+                    self.refusal_timer = self.loop.call_later(hold, self._refuse, transport)
                     return
                 self._refuse(transport)
                 return
@@ -209,7 +214,7 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
         def _await_head(self) -> None:
             if self.head_timer is not None:
                 self.head_timer.cancel()
-            deadline = head_deadline_s(limits.header_timeout_s, random.random())
+            deadline = spread_s(limits.header_timeout_s, random.random(), HEAD_DEADLINE_SPREAD)
             self.head_timer = self.loop.call_later(deadline, self.transport.close)
 
         def pause_writing(self) -> None:

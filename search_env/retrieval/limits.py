@@ -104,9 +104,10 @@ class Limits:
     refusal_hold_s: float = _setting(
         2.0,
         "seconds a connection past --max-connections-per-client is held, unread, before its 503 and "
-        "close (at most --max-connections held at once, then answered at once), so a client reopening "
-        "refused sockets makes the server accept and refuse one per socket per this long, not in a "
-        "busy loop (0 = answer at once)",
+        "close (each drawn from half this to this, so sockets refused together are not answered in one "
+        "burst; at most --max-connections held at once, then answered at once), so a client reopening "
+        "refused sockets makes the server accept and refuse one per socket per hold, not in a busy loop "
+        "(0 = answer at once)",
         zero=True,
     )
     header_timeout_s: float = _setting(

@@ -20,9 +20,10 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.connections import (
     HEAD_DEADLINE_SPREAD,
     OTHER_FILES,
-    head_deadline_s,
+    REFUSAL_HOLD_SPREAD,
     open_files_needed,
     open_files_target,
+    spread_s,
 )
 from search_env.retrieval.corpus import Corpus
 from search_env.retrieval.limits import Limits, add_flags, from_args
@@ -32,8 +33,8 @@ WAIT_S = 30.0
 PER_CLIENT = 4
 TOTAL = 16
 HOLD_S = 5.0
-"""--refusal-hold-s of the module's server: far longer than the moments the test checks a held
-socket has been sent nothing (a slow machine only makes the answer later, never sooner)."""
+"""--refusal-hold-s of the module's server (each hold 2.5-5 s): far longer than the moments the test
+checks a held socket has been sent nothing (a slow machine only makes the answer later, never sooner)."""
 
 
 @pytest.fixture(scope="module")
@@ -221,12 +222,19 @@ def test_every_limit_is_one_flag_with_its_default_and_bad_values_name_the_flag()
         Limits(write_timeout_s=0)
 
 
-@given(timeout_s=st.floats(0.01, 3600), draw=st.floats(0.0, 1.0, exclude_max=True))
-def test_a_head_deadline_is_spread_below_the_flag_never_past_it(timeout_s: float, draw: float) -> None:
-    """Connections opened together close over [(1 - spread) x T, T], never after --header-timeout-s."""
-    deadline = head_deadline_s(timeout_s, draw)
-    assert (1 - HEAD_DEADLINE_SPREAD) * timeout_s - 1e-9 <= deadline <= timeout_s
-    assert head_deadline_s(timeout_s, 0.0) == timeout_s
+@given(
+    limit_s=st.floats(0.01, 3600),
+    draw=st.floats(0.0, 1.0, exclude_max=True),
+    spread=st.sampled_from([HEAD_DEADLINE_SPREAD, REFUSAL_HOLD_SPREAD]),
+)
+def test_deadlines_and_holds_are_spread_below_the_flag_never_past_it(
+    limit_s: float, draw: float, spread: float
+) -> None:
+    """Connections opened together close (or are answered) over [(1 - spread) x T, T], never after
+    the flag's T (--header-timeout-s, --refusal-hold-s)."""
+    deadline = spread_s(limit_s, draw, spread)
+    assert (1 - spread) * limit_s - 1e-9 <= deadline <= limit_s
+    assert spread_s(limit_s, 0.0, spread) == limit_s
 
 
 def test_the_open_files_limit_is_raised_to_what_the_limits_need_up_to_the_hard_one() -> None:
