@@ -413,11 +413,11 @@ FILES_LAST = (
 :data:`EXCLUSIVE_FILES` as one unit): FILES_FIRST, every other file in collection order,
 then FILES_LAST. First the group that holds every heavy-run slot (~20 min) and, beside it, the files
 that take no slot, longest first; last the files of CPU demo runs (one slot each), side by side once
-the group is done. An xdist worker starts a test only once it holds the next one, so the worker that
-takes the demo file (one ~7 min test) takes the next file with it: the faults file (~3 min), while
-the other worker runs the judge and transfer files (~4 min each). (With the judge file second, the
-demo worker ran demo and judge, ~640 s, and the other worker sat idle its last ~250 s: fresh-clone
-CI, 06 Dec 2026.)"""
+the group is done. An xdist worker starts a test only once it holds the next one, so a worker that
+takes a one-test file also holds the file after it; the scheduler (:func:`pytest_xdist_make_scheduler`)
+hands a worker a file only when it holds a single test, so no worker holds more (with xdist's own
+rule, up to two tests, one worker ran the demo, faults and judge files while the other ran out of
+files ~490 s before the end: fresh-clone CI, 06 Dec 2026)."""
 
 
 TIMELINE_ENV = "RLVR_TEST_TIMELINE"
@@ -460,7 +460,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile`` with :data:`EXCLUSIVE_FILES` as one unit of work (xdist's scheduler
     hook; its ``loadgroup`` mode, made for this, adds nothing under pytest 9, whose node ids it can no
-    longer rewrite). Other modes: xdist's own scheduler."""
+    longer rewrite), and a file handed to a worker only when it holds one test (see
+    :data:`FILES_LAST`). Other modes: xdist's own scheduler."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -471,6 +472,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             return EXCLUSIVE_UNIT if scope in exclusive else scope
+
+        def _reschedule(self, node: Any) -> None:
+            # A worker runs a test once it holds the next one: hand it a file only when it holds one
+            # test (xdist's own rule, up to two, let one worker queue a long one-test file behind
+            # another while the other worker ran out of files).
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
 
     return Scheduling(config, log)
 

@@ -80,3 +80,47 @@ def test_the_files_that_hold_every_slot_are_one_unit_of_work_for_the_workers():
     assert scheduler._split_scope("tests/e2e/test_demo_e2e.py::test_x") == "tests/e2e/test_demo_e2e.py"
     options["dist"] = "load"
     assert conftest.pytest_xdist_make_scheduler(config, None) is None  # xdist's own
+
+
+class _Worker:
+    """What xdist's scheduler calls on a worker: the test indices it is sent, and its shutdown."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent: list[int] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_a_worker_is_handed_a_file_only_when_it_holds_one_test():
+    """A worker runs a test once it holds the next one. Holding up to two (xdist's rule), the worker
+    that ran the demo file also queued the faults and judge files while the other ran out of files;
+    here it gets the next file only when down to one test, and shuts down when none is left."""
+    from types import SimpleNamespace
+
+    import conftest
+
+    options = {"dist": "loadfile", "tx": ["2*popen"]}
+    config = SimpleNamespace(
+        getvalue=options.get, rootpath=conftest.TESTS.parent, option=SimpleNamespace(loadscopereorder=False)
+    )
+    scheduler = conftest.pytest_xdist_make_scheduler(config, None)
+    tests = ["a.py::1", "a.py::2", "a.py::3", "b.py::1", "c.py::1", "d.py::1"]
+    first, second = _Worker("gw0"), _Worker("gw1")
+    for worker in (first, second):
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, tests)
+    scheduler.schedule()
+    assert [tests[i] for i in first.sent] == ["a.py::1", "a.py::2", "a.py::3"]  # three: no second file
+    assert [tests[i] for i in second.sent] == ["b.py::1", "c.py::1"]  # one test: the next file too
+    scheduler.mark_test_complete(first, 0)
+    assert len(first.sent) == 3, "handed a file while it still held two tests"
+    scheduler.mark_test_complete(first, 1)
+    assert [tests[i] for i in first.sent[3:]] == ["d.py::1"]
+    scheduler.mark_test_complete(second, 3)
+    assert second.shutting_down  # nothing left to hand out
