@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from search_env.retrieval.process import free_ports
+
 PACKAGES = {
     "slurm-wlm": "22.05.8-4+deb12u3",
     "slurmctld": "22.05.8-4+deb12u3",
@@ -76,12 +78,6 @@ def install(timeout_s: float = 600.0) -> None:
         raise SlurmSetupError(f"installed, but still missing: {', '.join(missing_programs())}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class PrivateSlurm:
     """A started cluster: its folder; ``env`` points client commands at it."""
@@ -121,11 +117,12 @@ def write_config(root: Path) -> None:
     for i in range(FAKE_GPUS):
         os.mknod(root / "dev" / f"gpu{i}", 0o600 | 0o020000, os.makedev(1, 3))
     host = socket.gethostname().split(".")[0]
+    ctld_port, slurmd_port = free_ports(2)
     conf = f"""\
 ClusterName=rlvrtest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

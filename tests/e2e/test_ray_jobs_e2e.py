@@ -31,7 +31,7 @@ from heavy_slot import acquire_all, slot_count
 from launch import ray_guard
 from search_env.paths import REPO_ROOT
 from search_env.retrieval import SAMPLE_CORPUS
-from search_env.retrieval.process import free_port
+from search_env.retrieval.process import free_port, free_ports
 from study import ray_cluster, ray_jobs, retrievers
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -56,12 +56,13 @@ pytestmark = pytest.mark.timeout(STUDY_TIMEOUT_S + 600)
 STAGE_SETS = ("data.train_batch_size=4", "trainer.save_freq=1")
 
 
-def _node_args(name: str, ip: str) -> tuple[list[str], dict[str, int]]:
-    ports = {flag: free_port() for flag in NODE_PORTS + (HEAD_PORTS if name == "head" else ())}
+def _node_args(name: str, ip: str, pool: Iterator[int]) -> tuple[list[str], dict[str, int]]:
+    """A node's ``ray start`` arguments, its ports drawn from ``pool`` (distinct across both nodes)."""
+    ports = {flag: next(pool) for flag in NODE_PORTS + (HEAD_PORTS if name == "head" else ())}
     args = [f"--node-ip-address={ip}", "--num-cpus=1", "--resources", json.dumps({ray_jobs.LANE: 1})]
     args += ["--block", "--disable-usage-stats", "--include-log-monitor=false"]
     args += [f"{flag}={port}" for flag, port in ports.items()]
-    args.append("--worker-port-list=" + ",".join(str(free_port()) for _ in range(WORKER_PORTS)))
+    args.append("--worker-port-list=" + ",".join(str(next(pool)) for _ in range(WORKER_PORTS)))
     return args, ports
 
 
@@ -77,21 +78,22 @@ def cluster() -> Iterator[dict]:
     os.close(fd)
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     client = {**base, "HOME": str(temp), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    pool = iter(free_ports(2 + 2 * (len(NODE_PORTS) + WORKER_PORTS) + len(HEAD_PORTS)))
     node_env = {
         **client,
         "RAY_JOB_START_TIMEOUT_SECONDS": "3600",
         "RAY_JOB_STOP_WAIT_TIME_S": "60",
-        "DASHBOARD_METRIC_PORT": str(free_port()),
-        "AUTOSCALER_METRIC_PORT": str(free_port()),
+        "DASHBOARD_METRIC_PORT": str(next(pool)),
+        "AUTOSCALER_METRIC_PORT": str(next(pool)),
     }
     procs: dict[str, subprocess.Popen] = {}
     try:
-        args, ports = _node_args("head", NODES["head"])
+        args, ports = _node_args("head", NODES["head"], pool)
         args += ["--include-dashboard=true", f"--dashboard-host={NODES['head']}"]
         gcs = f"{NODES['head']}:{ports['--port']}"
         procs["head"] = _start(["--head", f"--temp-dir={temp}", *args], node_env, temp / "head.log")
         _wait(lambda: ray_guard.cluster_has_token_auth(gcs, timeout_s=2), procs["head"], temp / "head.log")
-        args, _ = _node_args("worker", NODES["worker"])
+        args, _ = _node_args("worker", NODES["worker"], pool)
         procs["worker"] = _start(
             [f"--address={gcs}", f"--temp-dir={temp}", *args], node_env, temp / "worker.log"
         )

@@ -25,7 +25,7 @@ from launch import ray_guard, resume, train
 from launch.procs import group_alive
 from launch.recipe import compose_recipe
 from search_env.paths import REPO_ROOT
-from search_env.retrieval.process import free_port
+from search_env.retrieval.process import free_port, free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 HEAD_START_S = 90.0
@@ -47,7 +47,7 @@ HEAD_PORT_FLAGS = (
 def _start_head(temp: Path, auth: str) -> tuple[subprocess.Popen, str]:
     """``ray start --head --block`` on 127.0.0.1 with every port fixed and free, its own temp dir
     and HOME (no ~/.ray token), in its own process group; the process and its GCS address."""
-    ports = {flag: free_port() for flag in HEAD_PORT_FLAGS}
+    ports = dict(zip(HEAD_PORT_FLAGS, free_ports(len(HEAD_PORT_FLAGS)), strict=True))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
     env.update(ray_guard.LOOPBACK_ENV, HOME=str(temp), RAY_AUTH_MODE=auth)
     if auth == "token":

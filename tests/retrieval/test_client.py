@@ -3,6 +3,7 @@ failures, a retry budget in seconds that rides out a server restart, and failove
 replicas (one SIGKILLed by PID, restarted on its port, taken back after its /health answers)."""
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -13,7 +14,7 @@ from search_env.retrieval import SAMPLE_CORPUS
 from search_env.retrieval.bm25 import BM25Retriever
 from search_env.retrieval.client import RetrievalClient, RetrievalError, parse_retrieve_response
 from search_env.retrieval.corpus import Corpus, Passage
-from search_env.retrieval.process import free_port, spawn_server
+from search_env.retrieval.process import free_port, free_ports, spawn_server
 
 SERVE_ARGS = ["--backend", "bm25", "--corpus", str(SAMPLE_CORPUS)]
 
@@ -82,7 +83,7 @@ def test_client_error_is_not_retried(servers) -> None:
 
 
 def test_unreachable_servers_raise_after_bounded_tries() -> None:
-    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    urls = [f"http://127.0.0.1:{port}" for port in free_ports(2)]
 
     async def run() -> None:
         async with RetrievalClient(urls, timeout=1.0, max_retries=2, backoff=0.01) as client:
@@ -227,7 +228,7 @@ def test_failover_skips_a_killed_replica_and_takes_it_back(tmp_path, monkeypatch
 
 def test_all_replicas_down_are_still_tried() -> None:
     """Every replica marked down: calls still go to them (no deadlock) and fail after the budget."""
-    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    urls = [f"http://127.0.0.1:{port}" for port in free_ports(2)]
 
     async def run() -> list[str]:
         async with RetrievalClient(urls, timeout=1.0, backoff=0.05, retry_budget_s=0.3) as client:
@@ -263,3 +264,12 @@ def test_empty_query_list_needs_no_server() -> None:
             return await client.retrieve([])
 
     assert asyncio.run(run()) == []
+
+
+def test_free_ports_are_distinct_and_free() -> None:
+    """Ports read one at a time can repeat (a Ray head refused two components on one port)."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
