@@ -100,11 +100,16 @@ OTHER_FILES = 256
 """Open files the server needs besides its sockets (index, corpus, model files, logs, pipes)."""
 
 
+def max_held(limits: Limits) -> int:
+    """Refused connections held at once before their answer: --max-connections, or 0 when
+    --refusal-hold-s is 0 (refused at once)."""
+    return limits.max_connections if limits.refusal_hold_s > 0 else 0
+
+
 def open_files_needed(limits: Limits) -> int:
-    """File descriptors a server under `limits` can hold: --max-connections admitted sockets, as
-    many held refusals (--refusal-hold-s) and :data:`OTHER_FILES`."""
-    held = limits.max_connections if limits.refusal_hold_s > 0 else 0
-    return limits.max_connections + held + OTHER_FILES
+    """File descriptors a server under `limits` can hold: --max-connections admitted sockets,
+    :func:`max_held` held refusals and :data:`OTHER_FILES`."""
+    return limits.max_connections + max_held(limits) + OTHER_FILES
 
 
 def open_files_target(soft: int, hard: int, needed: int) -> int:
@@ -137,7 +142,7 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the per-address cap, the head deadline and the write deadline of
     `limits` (one `ConnectionTable` per call: pass the class to one server)."""
     hold_s = limits.refusal_hold_s
-    table = ConnectionTable(limits.max_connections_per_client, limits.max_connections if hold_s > 0 else 0)
+    table = ConnectionTable(limits.max_connections_per_client, max_held(limits))
     refused = refusal(limits.max_connections_per_client)
     too_large = head_too_large(limits.max_header_bytes)
 
