@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_env.retrieval.process import free_ports
-
 PACKAGES = {
     "slurm-wlm": "22.05.8-4+deb12u3",
     "slurmctld": "22.05.8-4+deb12u3",
@@ -117,7 +115,10 @@ def write_config(root: Path) -> None:
     for i in range(FAKE_GPUS):
         os.mknod(root / "dev" / f"gpu{i}", 0o600 | 0o020000, os.makedev(1, 3))
     host = socket.gethostname().split(".")[0]
-    ctld_port, slurmd_port = free_ports(2)
+    with socket.socket() as ctld, socket.socket() as slurmd:  # both held while read: two distinct ports
+        ctld.bind(("127.0.0.1", 0))
+        slurmd.bind(("127.0.0.1", 0))
+        ctld_port, slurmd_port = ctld.getsockname()[1], slurmd.getsockname()[1]
     conf = f"""\
 ClusterName=rlvrtest
 SlurmctldHost={host}(127.0.0.1)
