@@ -598,15 +598,29 @@ def start_demo(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     )
 
 
-RETRIEVER_FROZEN_S = 4.0
-"""How long :func:`run_killing_the_retriever` freezes the retriever before killing it: step 2's
-rollouts start as step 1 is logged; their first searches come within about a second."""
+RETRIEVER_FROZEN_S = 1.0
+"""How long :func:`run_killing_the_retriever` keeps the retriever frozen once a search waits on it,
+before killing it (so that several rollouts' searches are in flight)."""
+
+
+def searches_waiting(port: int) -> bool:
+    """Whether a request to the loopback server on ``port`` waits unread: a TCP socket on that local
+    port with bytes or connections in its receive queue (``/proc/net/tcp``: an established
+    connection's unread request, or a listening socket's accept backlog)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    for fields in (line.split() for line in lines):
+        local, queues = fields[1], fields[4]  # "0100007F:1F90", "tx_queue:rx_queue" (hex)
+        if int(local.rsplit(":", 1)[1], 16) == port and int(queues.split(":")[1], 16) > 0:
+            return True
+    return False
 
 
 def run_killing_the_retriever(run_dir: Path, port: int, *overrides: str) -> tuple[int, str, int]:
     """Run the demo (no checkpoints, then ``overrides``); once step 1 is logged, SIGSTOP its retriever
-    (PID from retriever.pid) for :data:`RETRIEVER_FROZEN_S`, then SIGKILL it. Returns the exit
-    status, run.sh's stderr and the killed PID."""
+    (PID from retriever.pid), wait until a search waits on it (:func:`searches_waiting`: step 2's,
+    or step 3's when step 2's searches were all answered before the stop), then
+    :data:`RETRIEVER_FROZEN_S` more, and SIGKILL it. Returns the exit status, run.sh's stderr and the
+    killed PID."""
     proc = start_demo(run_dir, port, "trainer.save_freq=-1", *overrides)
     killed = 0
     try:
@@ -614,9 +628,17 @@ def run_killing_the_retriever(run_dir: Path, port: int, *overrides: str) -> tupl
         while not ((run_dir / "metrics.jsonl").is_file() and 1 in logged_steps(run_dir)):
             assert proc.poll() is None, f"the run ended before step 1: {proc.stderr.read()[-4000:]}"
             assert time.monotonic() < deadline, f"step 1 was not logged within {DEMO_RUN_TIMEOUT_S} s"
-            time.sleep(0.5)
+            time.sleep(0.1)
         killed = int((run_dir / "retriever.pid").read_text())
         os.kill(killed, signal.SIGSTOP)
+        while not searches_waiting(port):
+            assert proc.poll() is None, (
+                f"the run ended with no search after step 1: {proc.stderr.read()[-4000:]}"
+            )
+            assert time.monotonic() < deadline, (
+                f"no search reached the retriever within {DEMO_RUN_TIMEOUT_S} s"
+            )
+            time.sleep(0.1)
         time.sleep(RETRIEVER_FROZEN_S)
         os.kill(killed, signal.SIGKILL)
         _, err = proc.communicate(timeout=DEMO_RUN_TIMEOUT_S)

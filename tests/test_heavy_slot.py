@@ -1,15 +1,18 @@
 """tests/heavy_slot.py: at most RLVR_HEAVY_SLOTS heavy commands at once, each holding its slot
-until it and its children exit; a bad slot count is named."""
+until it and its children exit; a bad slot count is named. And conftest's helpers for those runs:
+the scheduling of their files, ``searches_waiting`` (when the fault tests kill the retriever)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import searches_waiting
 from heavy_slot import slot_count
 
 SLOT = Path(__file__).with_name("heavy_slot.py")
@@ -124,3 +127,23 @@ def test_a_worker_is_handed_a_file_only_when_it_holds_one_test():
     assert [tests[i] for i in first.sent[3:]] == ["d.py::1"]
     scheduler.mark_test_complete(second, 3)
     assert second.shutting_down  # nothing left to hand out
+
+
+def test_a_request_waiting_unread_is_seen_and_an_idle_port_is_not() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        assert not searches_waiting(port)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            assert searches_waiting(port)  # in the accept backlog
+            conn, _ = server.accept()
+            with conn:
+                assert not searches_waiting(port)  # accepted, nothing sent
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            conn, _ = server.accept()
+            with conn:
+                client.sendall(b"POST /retrieve HTTP/1.1\r\n\r\n")
+                assert searches_waiting(port)  # sent, not read
+                conn.recv(1024)
+                assert not searches_waiting(port)

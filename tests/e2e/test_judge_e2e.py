@@ -166,7 +166,10 @@ def test_judge_reward_trains_until_a_retriever_that_stays_down_stops_the_run(jud
     )
     # the judge's reward reached verl, was logged every step and its verdicts were cached
     steps = logged_steps(run_dir)
-    assert sorted(steps) == [1, 2, 3], "stopped after the 2nd step with failed searches, its metrics logged"
+    # the first step whose searches failed: 2, or 3 when step 2's were all answered before the stop
+    first = min((s for s, m in steps.items() if m["rollout/retrieval_failures"] > 0), default=None)
+    assert first in (2, 3), steps
+    assert sorted(steps) == list(range(1, first + 2)), "stopped after the 2nd step with failed searches"
     for step in steps.values():
         assert 0.0 <= step["reward/mean"] <= 1.0 and "reward/em" in step
     verdicts = [json.loads(line) for line in (run_dir / "judge_verdicts.jsonl").read_text().splitlines()]
@@ -176,12 +179,12 @@ def test_judge_reward_trains_until_a_retriever_that_stays_down_stops_the_run(jud
     # the retriever stayed down: the run stopped, naming it
     assert rc != 0, err[-4000:]
     assert f"retriever (PID {killed}) exited with status 137 and is not restarted" in err
-    assert steps[1]["rollout/retrieval_failures"] == 0
-    assert steps[2]["rollout/retrieval_failures"] > 0 and steps[3]["rollout/retrieval_failures"] > 0
+    assert steps[first + 1]["rollout/retrieval_failures"] > 0
     url = f"http://127.0.0.1:{port}"
-    assert f"step 2: {int(steps[2]['rollout/retrieval_failures'])} of " in err and url in err
+    assert f"step {first}: {int(steps[first]['rollout/retrieval_failures'])} of " in err and url in err
     stop = next(line for line in err.splitlines() if "retriever down:" in line)
-    for part in ("2 consecutive training steps", url, "steps 2 (", ", 3 (", str(run_dir / "retriever.log")):
+    consecutive = (f"steps {first} (", f", {first + 1} (")
+    for part in ("2 consecutive training steps", url, *consecutive, str(run_dir / "retriever.log")):
         assert part in stop, part
     assert "training FAILED" in err
     assert port_free(port)
