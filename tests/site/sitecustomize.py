@@ -7,7 +7,7 @@ servers), and most of their CPU time is importing torch, tensordict, transformer
 imports build millions: ~15 % of a verl import (``import verl.trainer.main_ppo``: 9.8 CPU-s at the
 defaults, 7.9 at these thresholds) and ~14 % of a one-step CPU training run, every process
 included (136 -> 118 CPU-s). Cycles are still collected, later. Training and evaluation outside
-the tests keep Python's defaults; docs/training.md "Tests and CI"."""
+the tests keep Python's defaults; docs/training.md "Tests"."""
 
 import gc
 
