@@ -154,6 +154,20 @@ def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
     return _em(normalize_answer(prediction), _golds(golds))
 
 
+PHRASE_WORDS = ("in", "by")
+"""Leading words a phrased answer adds ("in Velmora"); :func:`form_normalised_em` drops one."""
+
+
+def form_normalised_em(prediction: str | None, golds: str | Iterable[str]) -> float:
+    """EM after dropping one leading :data:`PHRASE_WORDS` word ("in X" -> "X"): the answer's form
+    told apart from its content (the transfer world's reports); 0 for no answer (None)."""
+    if prediction is None:
+        return 0.0
+    words = prediction.strip().split(" ", 1)
+    bare = words[1] if len(words) == 2 and words[0].lower() in PHRASE_WORDS else prediction
+    return max(exact_match(prediction, golds), exact_match(bare, golds))
+
+
 def cover_match(prediction: str, golds: str | Iterable[str]) -> float:
     """ACC: 1.0 when any normalised gold is a substring of the normalised prediction."""
     return _acc(normalize_answer(prediction), _golds(golds))

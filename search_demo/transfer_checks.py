@@ -10,7 +10,7 @@
   surfaces its hop's passage and that passage states the hop's answer.
 - A3/A4 (:func:`warm_start_rollouts`): warm-start rollouts through verl's agent loop
   (``cpu_engine.local_rollout``) against a real BM25 server, scored form-normalised
-  (:func:`form_normalised_em`).
+  (``reward_fns.metrics.form_normalised_em``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reward_fns import exact_match
 from reward_fns.answer import extract_answer
 from search_demo import transfer_warm_start, transfer_world
 from search_demo.trajectories import render_trajectory
@@ -35,8 +34,6 @@ from search_env.retrieval.corpus import Corpus
 
 MIN_SEQUENCES = 20
 """A1: training sequences each held-out prompt token must occur in."""
-PHRASE_WORDS = ("in", "by")
-"""Leading words a phrased answer adds ("in Velmora"); :func:`form_normalised_em` drops one."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +44,6 @@ class Limits:
     max_turn_tokens: int = 64
     max_response_tokens: int = 768
     topk: int = protocol.TOPK
-
-
-def form_normalised_em(prediction: str | None, golds: Sequence[str]) -> float:
-    """EM after dropping one leading :data:`PHRASE_WORDS` word ("in X" -> "X"); 0 for no answer."""
-    if prediction is None:
-        return 0.0
-    words = prediction.strip().split(" ", 1)
-    bare = words[1] if len(words) == 2 and words[0].lower() in PHRASE_WORDS else prediction
-    return max(exact_match(prediction, golds), exact_match(bare, golds))
 
 
 # ---- A1 surface ----------------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 The shipped base model SFT-trained on scripted-teacher rollouts (the machinery of
 ``search_demo.warm_start``: verl's agent loop against a real BM25 server, the same SFT loop) over
 the train regions of transfer worlds of ``warm_start.SFT_WORLD_SEEDS``. Demonstrated: one hop on
-each of the four relations, person -> city -> country (the generic two-search loop), and selection
-on located_in ("Which of A, B or C is in K?"). Never demonstrated: company -> country or region,
-city -> region, person -> region, selection on any other relation. Why: docs/micro_transfer.md.
+each of the four relations, person and company -> city -> country, company -> city -> country ->
+region, and selection on located_in and headquartered_in. Never demonstrated: city -> region,
+person -> region, selection on region_of or born_in. Why: docs/micro_transfer.md.
 
     python -m search_demo.transfer_warm_start --out DIR [--base DIR] [--steps N] [--force]
 """
@@ -37,7 +37,7 @@ from search_env.jsonl import write_jsonl
 from search_env.paths import REPO_ROOT
 from search_env.safe_fs import UnsafeDeleteError
 
-TRANSFER_WARM_START_VERSION = 1
+TRANSFER_WARM_START_VERSION = 2
 """Bumped when this module's output changes for the same inputs."""
 SHIPPED = REPO_ROOT / "assets" / "warm_start_transfer"
 """The built transfer warm start (default config, the shipped base model), committed."""
@@ -54,8 +54,16 @@ class TransferWarmStart:
     """One-hop questions per relation (four relations; region_of has one per country: 19)."""
     two_hop: int = 40
     """Person -> city -> country questions (the demonstrated search loop)."""
+    company_two_hop: int = 40
+    """Company -> city -> country questions (an RL training type). With companies asked at one, two
+    and three hops, the number of searches has to follow the asked type, not the subject: without
+    them the warm start never searched three times for a person (pass@5 0 on H3, measured)."""
     selection: int = 24
     """Selection questions on located_in (the teacher searches the options in order up to the right one)."""
+    company_selection: int = 24
+    """Selection questions on headquartered_in ("Which of Co1, Co2 or Co3 is in City?"). With them H3
+    had support at both SFT seeds tried (pass@5 0.15 and 0.35 on 20 questions), without them at one
+    (0.00 and 0.15): two relations of selection make the search loop less tied to one subject kind."""
     three_hop: int = 36
     """Company -> city -> country -> region questions (the search loop three deep; an RL training
     type, never a held-out one). Without them the warm start answers the first search's city on
@@ -66,7 +74,7 @@ class TransferWarmStart:
     teacher of ``warm_start.stopped_early``: a behaviour for RL to correct)."""
     phrased_answer: float = 0.8
     """Share of the chain demonstrations answered "in X" instead of "X" (EM 0, F1 partial)."""
-    steps: int = 300
+    steps: int = 450
     """SFT steps (batch 8)."""
     max_turns: int = 5
     """Assistant turns of a demonstration rollout (a selection may need 4)."""
@@ -104,17 +112,25 @@ def pick_rows(
         for rel in sorted(by_relation)
         for r in rng.sample(by_relation[rel], min(cfg.single_hop, len(by_relation[rel])))
     ]
-    picked += rng.sample(tagged["two_hop"], cfg.two_hop) + rng.sample(tagged["selection"], cfg.selection)
-    picked += rng.sample(tagged["three_hop"], cfg.three_hop)
+    counts = {
+        "two_hop": cfg.two_hop,
+        "two_hop_company": cfg.company_two_hop,
+        "selection": cfg.selection,
+        "company_selection": cfg.company_selection,
+        "three_hop": cfg.three_hop,
+    }
+    for kind, n in counts.items():
+        picked += rng.sample(tagged[kind], n)
     rng.shuffle(picked)
     early = random.Random(f"transfer_stop_early:{cfg.seed}:{world_seed}")
     picked = [
-        stopped_early(r) if r["type"] == "two_hop" and early.random() < cfg.two_hop_stop_early else r
+        stopped_early(r) if r["type"].startswith("two_hop") and early.random() < cfg.two_hop_stop_early else r
         for r in picked
     ]
     phrase = random.Random(f"transfer_phrased:{cfg.seed}:{world_seed}")
     return [
-        phrased(r) if r["type"] != "selection" and phrase.random() < cfg.phrased_answer else r for r in picked
+        phrased(r) if "selection" not in r["type"] and phrase.random() < cfg.phrased_answer else r
+        for r in picked
     ]
 
 

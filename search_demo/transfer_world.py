@@ -6,10 +6,10 @@ relation, ``region_of``: "Drelmor is a country in the Kaithor region."). Every q
 "In which {city|country|region} {unit}?", the unit naming the subject ("was P born", "is Co
 based", "is City", "is K"); the asked type is where the search chain stops, so the depth follows
 from the subject and the asked type. Selection questions ("Which of A, B or C is in K?") answer
-with a name copied from the question. Training (RL) sees person and company -> country (two hops)
-and company -> region (three hops, :attr:`TransferKnobs.deep_share`); the test suite holds those
-and the held-out types H1-H5 and a stretch type (:data:`BENCHMARKS`). What each type tests and
-why: docs/micro_transfer.md.
+with a name copied from the question. Training (RL) sees person and company -> country (two hops),
+company -> region (three hops, :attr:`TransferKnobs.deep_share`) and selection on located_in
+(:attr:`TransferKnobs.select_share`); the test suite holds those and the held-out types H1-H5 and
+a stretch type (:data:`BENCHMARKS`). What each type tests and why: docs/micro_transfer.md.
 
     python -m search_demo.transfer_world --seed 0 --unseen-seed 1 --out DIR
 """
@@ -28,7 +28,7 @@ from typing import Any
 from search_demo import world
 from search_env.jsonl import write_jsonl
 
-TRANSFER_WORLD_VERSION = 1
+TRANSFER_WORLD_VERSION = 2
 """Bumped whenever this module's output for the same seeds and knobs changes (the world's stamp)."""
 
 NEXT: dict[str, tuple[str, str]] = {
@@ -44,23 +44,24 @@ SELECT_UNITS = {"person": "was born in", "company": "is in", "city": "is in", "c
 """The selection grammar's relation units ("Which of A, B or C {unit} {object}?")."""
 SELECT = "Which of {a}, {b} or {c} {unit} {o}?"
 
-RL_TYPES = ("xfer_two_hop", "xfer_three_hop")
+RL_TYPES = ("xfer_two_hop", "xfer_three_hop", "xfer_city_selection")
 """The training types (test benchmarks of the same names hold the test region's questions)."""
 HELD_OUT = {
     "xfer_single_hop": "H1: one hop, every relation",
     "xfer_new_pair": "H2: city -> region, a two-hop pair never trained",
     "xfer_new_triple": "H3: person -> region, a three-hop chain never trained",
-    "xfer_selection": "H4: selection on born_in and headquartered_in, the answer copied from the question",
+    "xfer_selection": "H4: selection on region_of, a relation never trained in selection",
     "xfer_unseen_world": "H5: the training types in a world of another seed",
 }
 """The asserted held-out benchmarks and what each holds."""
 STRETCH = "xfer_stretch_selection"
-"""Reported, not asserted: selection on region_of ("Which of K1, K2 or K3 is in R?"), a relation
-never seen in selection, answered with a country."""
+"""Reported, not asserted: selection on born_in ("Which of P1, P2 or P3 was born in X?"), answered
+with a person's name: two tokens copied from the question, a skill the base model lacks
+(docs/micro_transfer.md)."""
 BENCHMARKS = (*RL_TYPES, *HELD_OUT, STRETCH)
 """The test suite, training's types first."""
 SELECTION_CHANCE = 1 / 3
-"""H4's chance rate: one of three named options, picked at random."""
+"""A selection's chance rate (H4): one of three named options, picked at random."""
 
 # (subject kind, asked kind) of each question kind of the grammar
 _CHAINS = {
@@ -70,7 +71,12 @@ _CHAINS = {
     "xfer_new_pair": (("city", "region"),),
     "xfer_new_triple": (("person", "region"),),
 }
-_SELECTIONS = {"xfer_selection": ("person", "company"), STRETCH: ("country",), "sft_selection": ("city",)}
+_SELECTIONS = {
+    "xfer_city_selection": ("city",),
+    "xfer_selection": ("country",),
+    STRETCH: ("person",),
+    "sft_company_selection": ("company",),
+}
 """Selection benchmarks -> the subject kinds whose first relation they ask about."""
 
 
@@ -83,14 +89,17 @@ class TransferKnobs:
     """RL training questions (the train region's two- and three-hop questions, drawn)."""
     deep_share: float = 0.25
     """Share of the RL training questions that are three-hop (company -> region)."""
+    select_share: float = 0.125
+    """Share of the RL training questions that are selections on located_in ("Which of A, B or C is
+    in K?"; the train region has one per city, 40)."""
     regions: dict[str, int] = field(default_factory=lambda: {"train": 5, "val": 2, "test": 6})
     """Regions per split (each split's countries are dealt among them, every region gets one)."""
     test_size: world.RegionSize = world.RegionSize(countries=12, cities=60, people=100, companies=40)
     """The test region: more cities and countries than the demo's, so H2 (one question per city)
     and the stretch type (per country) have enough questions."""
     val_size: world.RegionSize = world.RegionSize(countries=4, cities=12, people=30, companies=12)
-    stretch_per_country: int = 3
-    """Selection questions per country of the stretch type (the test region has few countries)."""
+    country_selections: int = 3
+    """H4's selection questions per country (the test region has few countries)."""
     min_name_rows: int = 20
     """A place, country or company stem is used only if at least this many base-curriculum questions
     (``base_model.BASE_WORLD_SEEDS``, every split) name it in their text or answer: a name the base
@@ -289,32 +298,45 @@ def suite(
     """Every benchmark of one split's region but the unseen world's (ids ``{split}-{benchmark}-i``)."""
     out = {}
     for name in BENCHMARKS:
-        if name == "xfer_unseen_world":
-            continue
-        if name in _CHAINS:
-            rows = chain_questions(facts, split, name)
-        else:
-            per = knobs.stretch_per_country if name == STRETCH else 1
-            rows = selection_questions(facts, split, name, rng, per)
-        out[name] = _numbered(rows, f"{split}-{name}", rng)
+        if name != "xfer_unseen_world":
+            out[name] = _numbered(type_questions(facts, split, name, rng, knobs), f"{split}-{name}", rng)
     return out
 
 
+def type_questions(
+    facts: Facts, split: str, name: str, rng: random.Random, knobs: TransferKnobs
+) -> list[dict[str, Any]]:
+    """Every question of type ``name`` (a chain or a selection benchmark) in one split's region."""
+    if name in _CHAINS:
+        return chain_questions(facts, split, name)
+    per = knobs.country_selections if name == "xfer_selection" else 1
+    return selection_questions(facts, split, name, rng, per)
+
+
 def training_rows(facts: Facts, knobs: TransferKnobs, rng: random.Random) -> list[dict[str, Any]]:
-    """The RL training questions: ``knobs.train_prompts``, ``knobs.deep_share`` of them three-hop."""
-    if not 0.0 <= knobs.deep_share <= 1.0:
-        raise ValueError(f"knobs.deep_share: {knobs.deep_share} is not a share in [0, 1]")
-    deep_pool = chain_questions(facts, "train", "xfer_three_hop")
-    two_pool = chain_questions(facts, "train", "xfer_two_hop")
-    deep = round(knobs.deep_share * knobs.train_prompts)
-    two = knobs.train_prompts - deep
-    if deep > len(deep_pool) or two > len(two_pool):
+    """The RL training questions: ``knobs.train_prompts``, ``knobs.deep_share`` of them three-hop,
+    ``knobs.select_share`` selections on located_in, the rest two-hop."""
+    for name in ("deep_share", "select_share"):
+        if not 0.0 <= getattr(knobs, name) <= 1.0:
+            raise ValueError(f"knobs.{name}: {getattr(knobs, name)} is not a share in [0, 1]")
+    pools = {
+        "three-hop": chain_questions(facts, "train", "xfer_three_hop"),
+        "selection": selection_questions(facts, "train", "xfer_city_selection", rng),
+    }
+    wanted = {
+        "three-hop": round(knobs.deep_share * knobs.train_prompts),
+        "selection": round(knobs.select_share * knobs.train_prompts),
+    }
+    pools["two-hop"] = chain_questions(facts, "train", "xfer_two_hop")
+    wanted["two-hop"] = knobs.train_prompts - wanted["three-hop"] - wanted["selection"]
+    short = [k for k in pools if not 0 <= wanted[k] <= len(pools[k])]
+    if short:
         raise ValueError(
-            f"knobs.train_prompts: {knobs.train_prompts} at deep_share {knobs.deep_share} needs {deep} "
-            f"three-hop and {two} two-hop questions; the train region has {len(deep_pool)} and "
-            f"{len(two_pool)}. Fix: fewer train_prompts or another deep_share"
+            f"knobs.train_prompts: {knobs.train_prompts} at deep_share {knobs.deep_share} and select_share "
+            f"{knobs.select_share} needs {wanted}; the train region has "
+            f"{ {k: len(v) for k, v in pools.items()} }. Fix: fewer train_prompts or other shares"
         )
-    return _numbered(rng.sample(deep_pool, deep) + rng.sample(two_pool, two), "train", rng)
+    return _numbered([r for k in pools for r in rng.sample(pools[k], wanted[k])], "train", rng)
 
 
 def build_transfer_world(seed: int, unseen_seed: int, knobs: TransferKnobs = DEFAULT_KNOBS) -> TransferWorld:
@@ -335,7 +357,7 @@ def build_transfer_world(seed: int, unseen_seed: int, knobs: TransferKnobs = DEF
     train = training_rows(facts["train"], knobs, rng)
     val = suite(facts["val"], "val", rng, knobs)
     test = suite(facts["test"], "test", rng, knobs)
-    unseen = [r for t in RL_TYPES for r in chain_questions(unseen_facts["test"], "test", t)]
+    unseen = [r for t in RL_TYPES for r in type_questions(unseen_facts["test"], "test", t, rng, knobs)]
     test["xfer_unseen_world"] = _numbered(unseen, "unseen", rng)
     order = [*RL_TYPES, *HELD_OUT, STRETCH]
     offset = len(passages)
@@ -360,17 +382,19 @@ def _sft_world(seed: int) -> tuple[list[dict[str, str]], dict[str, Facts]]:
 def sft_rows(seed: int) -> dict[str, list[dict[str, Any]]]:
     """The warm start's pools from every region of the world of ``seed`` (the demo world's default
     sizes, :data:`SFT_KNOBS`; never an evaluated world): ``single_hop`` (every relation),
-    ``two_hop`` (person -> country), ``selection`` (on located_in: "Which of A, B or C is in K?")
-    and ``three_hop`` (company -> region, an RL training type)."""
+    ``two_hop`` (person -> country), ``two_hop_company`` (company -> country), ``selection`` (on
+    located_in: "Which of A, B or C is in K?"), ``company_selection`` (on headquartered_in: "Which
+    of Co1, Co2 or Co3 is in City?") and ``three_hop`` (company -> region)."""
     rng = random.Random(f"transfer_sft:{seed}")
-    out: dict[str, list[dict[str, Any]]] = {"single_hop": [], "two_hop": [], "selection": [], "three_hop": []}
+    kinds = ("single_hop", "two_hop", "two_hop_company", "selection", "company_selection", "three_hop")
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for split, f in _sft_world(seed)[1].items():
         out["three_hop"] += chain_questions(f, split, "xfer_three_hop")
         out["single_hop"] += chain_questions(f, split, "xfer_single_hop")
-        out["two_hop"] += [
-            r for r in chain_questions(f, split, "xfer_two_hop") if r["hops"][0]["relation"] == "born_in"
-        ]
-        out["selection"] += selection_questions(f, split, "sft_selection", rng)
+        for r in chain_questions(f, split, "xfer_two_hop"):
+            out["two_hop" if r["hops"][0]["relation"] == "born_in" else "two_hop_company"].append(r)
+        out["selection"] += selection_questions(f, split, "xfer_city_selection", rng)
+        out["company_selection"] += selection_questions(f, split, "sft_company_selection", rng)
     return out
 
 

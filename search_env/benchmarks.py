@@ -57,6 +57,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # the micro study's transfer world (search_demo.transfer_world): RL trains on the first two types
     Benchmark("xfer_two_hop", "T two-hop", True, in_training=True),
     Benchmark("xfer_three_hop", "T three-hop", True, in_training=True),
+    Benchmark("xfer_city_selection", "T city selection", False, in_training=True),
     Benchmark("xfer_single_hop", "T one-hop", False),
     Benchmark("xfer_new_pair", "T new pair", True),
     Benchmark("xfer_new_triple", "T new triple", True),

@@ -22,7 +22,7 @@ from eval.stats import seed_ci
 from search_env.markdown import markdown_table
 from search_env.paths import repo_path
 from search_env.safe_fs import write_atomic
-from study import regimes
+from study import regimes, transfer
 from study.hypotheses import METRICS, Gap, LastPlace, axis_column, gap_lines, last_place_lines, parse_tests
 from study.spec import Cell, Study, axis_value
 from study.store import Layout, raw_complete, reuse_root, tree_root
@@ -287,4 +287,29 @@ def write_study_report(study: Study, where: Layout, out: Path | None = None, dra
     frame.to_csv(out / "study_cells.csv", index=False, float_format="%.6f")
     (out / "study.md").write_text(study_markdown(study, frame, matched, spec.bootstrap), encoding="utf-8")
     written += [out / "study_cells.csv", out / "study.md"]
+    if spec.transfer:
+        written += write_transfer_report(study, found, matched, spec.bootstrap, out)
     return written
+
+
+def write_transfer_report(
+    study: Study, found: dict[str, Source], matched: int, n_boot: int, out: Path
+) -> list[Path]:
+    """``transfer.md`` and ``transfer_types.csv`` (``study.transfer``) over the cells of ``found``."""
+    by_root: dict[Path, list[str]] = {}
+    for cell in study.cells:
+        if cell.name in found:
+            by_root.setdefault(found[cell.name].root, []).append(cell.name)
+    frames = [
+        transfer.transfer_frame(load_results(root / "test"), names, matched)
+        for root, names in by_root.items()
+    ]
+    frame = pd.concat(frames, ignore_index=True)
+    if frame.empty:
+        raise ResultsError(
+            f"report.transfer: no cell has rows at step 0 and at the matched horizon (step {matched}). "
+            f"Fix: python -m study run {rel(study.path)}"
+        )
+    frame.to_csv(out / "transfer_types.csv", index=False, float_format="%.6f")
+    (out / "transfer.md").write_text(transfer.transfer_markdown(frame, matched, n_boot), encoding="utf-8")
+    return [out / "transfer_types.csv", out / "transfer.md"]

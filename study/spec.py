@@ -125,6 +125,9 @@ class ReportSpec(BaseModel):
     bootstrap: int = 1000
     compare: str = "shape"
     regimes: Regimes | None = None
+    transfer: bool = False
+    """Also write ``transfer.md``: per test type EM, form-normalised EM and searches, step 0 -> the
+    matched horizon, and the transfer world's checks (``study.transfer``)."""
 
 
 class Cost(BaseModel):

@@ -2,7 +2,8 @@
 of recipes/micro_transfer.yaml (the launcher builds the transfer world and copies the shipped transfer
 warm start, ~7 s), 2 GRPO steps of 4 prompts x 5 rollouts, then both evaluation splits and the report.
 The cell trains on the transfer world, every test type is evaluated at step 0 and at the last step,
-and the report averages the held-out types apart from the two RL trains on. One trainer start-up
+and the report averages the held-out types apart from those RL trains on, and reports each type
+from step 0 to the last step (study.transfer). One trainer start-up
 (~2.5 min alone on 2 cores), in one heavy-run slot (tests/heavy_slot.py)."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ axes: {shape: [f1_format], seed: [42]}
 steps: 2
 overrides: {data.train_batch_size: 4, actor_rollout_ref.actor.ppo_mini_batch_size: 4}
 eval: {test_limit: 1, val_limit: 1, backend: hf}
+report: {transfer: true}
 """
 
 
@@ -52,7 +54,7 @@ def test_one_transfer_cell_trains_evaluates_every_type_and_reports_the_held_out_
         for step in (0, 2):
             summary = json.loads((res / split / CELL / f"global_step_{step}" / "summary.json").read_text())
             assert summary["complete"] and summary["step"] == step, (split, step)
-            if split == "test":  # every type: the two RL trains on, H1-H5 and the stretch type
+            if split == "test":  # every type: those RL trains on, H1-H5 and the stretch type
                 assert summary["benchmarks"].keys() == set(transfer_world.BENCHMARKS)
                 assert all(b["n"] == 1 for b in summary["benchmarks"].values())
     table = (res / "report" / "table3_em.md").read_text()
@@ -60,3 +62,6 @@ def test_one_transfer_cell_trains_evaluates_every_type_and_reports_the_held_out_
     held = len(transfer_world.BENCHMARKS) - len(transfer_world.RL_TYPES)
     assert f"excluded as the training set's: {trained}" in table and f"Avg (held-out {held})" in table
     assert (res / "report" / "study.md").is_file()
+    by_type = (res / "report" / "transfer.md").read_text()  # step 0 -> step 2, type by type
+    assert all(f"| {BY_KEY[b].label} | f1_format | 1 |" in by_type for b in transfer_world.BENCHMARKS)
+    assert "- gain, H3 T new triple, f1_format (1 seeds)" in by_type

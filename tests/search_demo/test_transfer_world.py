@@ -12,6 +12,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from reward_fns.metrics import form_normalised_em
 from search_demo import base_model, transfer_checks, transfer_warm_start, transfer_world
 from search_env.benchmarks import BY_KEY, IN_DISTRIBUTION, order_benchmarks
 from search_env.paths import REPO_ROOT
@@ -34,6 +35,8 @@ A3_PER_RELATION = 20
 """A3: greedy rollouts per relation."""
 A4_PER_TYPE = 10
 """A4: questions per type, each sampled 5 times."""
+A4_DEEPEST = 20
+"""A4: questions of the deepest held-out type (H3), each sampled 5 times."""
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +58,25 @@ def test_the_reports_know_each_type_and_average_only_the_held_out_ones():
     types RL trains on count as in-distribution, so the held-out average is over H1-H5 and the stretch."""
     assert set(transfer_world.BENCHMARKS) <= set(BY_KEY)
     assert {b for b in transfer_world.BENCHMARKS if b in IN_DISTRIBUTION} == set(transfer_world.RL_TYPES)
-    assert order_benchmarks(transfer_world.BENCHMARKS)[:2] == list(transfer_world.RL_TYPES)
+    assert order_benchmarks(transfer_world.BENCHMARKS)[: len(transfer_world.RL_TYPES)] == list(
+        transfer_world.RL_TYPES
+    )
 
 
 def test_one_grammar_and_the_training_mix(world_dir: Path) -> None:
     train = [json.loads(x) for x in (world_dir / "train.jsonl").read_text().splitlines()]
     knobs = transfer_world.DEFAULT_KNOBS
     assert len(train) == knobs.train_prompts
-    assert sum(len(r["hops"]) == 3 for r in train) == round(knobs.deep_share * knobs.train_prompts)
+    selections = [r for r in train if r["question"].startswith("Which of")]
+    assert len(selections) == round(knobs.select_share * knobs.train_prompts)
+    chains = [r for r in train if r not in selections]
+    assert sum(len(r["hops"]) == 3 for r in chains) == round(knobs.deep_share * knobs.train_prompts)
     trained = {r["relation"] for r in train}
     assert trained == {
         "born_in+located_in",
         "headquartered_in+located_in",
         "headquartered_in+located_in+region_of",
+        "located_in",
     }
     train_entities = {e for r in train for e in r["entities"]}
     for name in transfer_world.BENCHMARKS:
@@ -78,11 +87,14 @@ def test_one_grammar_and_the_training_mix(world_dir: Path) -> None:
             assert not train_entities & set(r["entities"]), (name, r["question"])
     assert {r["relation"] for r in _rows(world_dir, "xfer_new_pair")} == {"located_in+region_of"}
     assert {r["relation"] for r in _rows(world_dir, "xfer_new_triple")} == {"born_in+located_in+region_of"}
-    for r in _rows(world_dir, "xfer_selection"):  # the answer is one of the three named options
-        assert (
-            r["golden_answers"][0] in r["entities"][:3] and r["question"].count(r["golden_answers"][0]) == 1
-        )
-        assert r["relation"] in {"born_in", "headquartered_in"}
+    relations = {"xfer_city_selection": {"located_in"}, "xfer_selection": {"region_of"}}
+    relations[transfer_world.STRETCH] = {"born_in"}
+    for name, wanted in relations.items():  # the answer is one of the three named options
+        rows = _rows(world_dir, name)
+        for r in rows:
+            gold = r["golden_answers"][0]
+            assert gold in r["entities"][:3] and r["question"].count(gold) == 1, r["question"]
+        assert {r["relation"] for r in rows} == wanted, name
 
 
 def test_a1_every_held_out_prompt_token_is_in_20_training_sequences(world_dir: Path, tokenizer) -> None:
@@ -131,18 +143,18 @@ def test_a3_the_warm_start_has_every_atomic_skill(world_dir: Path, answers) -> N
     rows = [r for rel in sorted(by_relation) for r in by_relation[rel][:A3_PER_RELATION]]
     acc = defaultdict(list)
     for r, (got,) in zip(rows, answers(rows, 1, True), strict=True):
-        acc[r["relation"]].append(transfer_checks.form_normalised_em(got, r["golden_answers"]))
+        acc[r["relation"]].append(form_normalised_em(got, r["golden_answers"]))
     assert set(acc) == {"born_in", "headquartered_in", "located_in", "region_of"}
     means = {k: sum(v) / len(v) for k, v in acc.items()}
     assert min(means.values()) >= 0.6, means
 
 
-def _pass5(world_dir: Path, answers, types: list[str]) -> dict[str, float]:
-    """pass@5 at T = 1, form-normalised, on the first ``A4_PER_TYPE`` questions of each type."""
-    rows = [r for name in types for r in _rows(world_dir, name)[:A4_PER_TYPE]]
+def _pass5(world_dir: Path, answers, types: list[str], per_type: int = A4_PER_TYPE) -> dict[str, float]:
+    """pass@5 at T = 1, form-normalised, on the first ``per_type`` questions of each type."""
+    rows = [r for name in types for r in _rows(world_dir, name)[:per_type]]
     hit = defaultdict(list)
     for r, got in zip(rows, answers(rows, 5, False), strict=True):
-        hit[r["type"]].append(max(transfer_checks.form_normalised_em(a, r["golden_answers"]) for a in got))
+        hit[r["type"]].append(max(form_normalised_em(a, r["golden_answers"]) for a in got))
     return {k: sum(v) / len(v) for k, v in hit.items()}
 
 
@@ -151,17 +163,13 @@ def test_a4_the_warm_start_samples_every_rl_type(world_dir: Path, answers) -> No
     assert min(pass5.values()) >= 0.2, pass5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A4 fails on H3 with the shipped base model: pass@5 0.00 on person -> region (20 x 5 samples; the warm "
-    "start stops after one or two searches); docs/micro_transfer.md, 'Where the checks stand'",
-)
 def test_a4_the_warm_start_samples_the_deepest_held_out_type(world_dir: Path, answers) -> None:
-    assert _pass5(world_dir, answers, ["xfer_new_triple"])["xfer_new_triple"] > 0
+    """On 20 questions: the warm start samples a person's region rarely (0.15-0.35 at the SFT seeds tried)."""
+    assert _pass5(world_dir, answers, ["xfer_new_triple"], A4_DEEPEST)["xfer_new_triple"] > 0
 
 
 def test_form_normalisation_drops_one_phrase_word_only() -> None:
-    em = transfer_checks.form_normalised_em
+    em = form_normalised_em
     assert em("in Velmora", ["Velmora"]) == em("Velmora", ["Velmora"]) == 1.0
     assert (
         em("in in Velmora", ["Velmora"])
