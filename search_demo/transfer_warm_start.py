@@ -99,9 +99,9 @@ def pick_rows(
     pools: dict[str, list[dict[str, Any]]], cfg: TransferWarmStart, world_seed: int
 ) -> list[dict[str, Any]]:
     """The demonstrated rows of one SFT world (``transfer_world.sft_rows``), in SFT order: per
-    relation ``cfg.single_hop`` one-hop rows, ``cfg.two_hop`` two-hop, ``cfg.selection`` selection
-    and ``cfg.three_hop`` three-hop rows (seeded draws); then early stops (two-hop only) and phrased
-    answers (each its own draw)."""
+    relation ``cfg.single_hop`` one-hop rows, then the counts of ``cfg`` of each other pool (seeded
+    draws); then early stops (both two-hop pools) and phrased answers (chains only), each its own
+    draw."""
     rng = random.Random(f"transfer_warm_start:{cfg.seed}:{world_seed}")
     tagged = {kind: [{**r, "type": kind} for r in rows] for kind, rows in pools.items()}
     by_relation: dict[str, list[dict[str, Any]]] = {}
