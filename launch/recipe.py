@@ -5,12 +5,18 @@ evaluation both read."""
 from __future__ import annotations
 
 import importlib.util
+import threading
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from search_env import recipe_values
+
+_HYDRA = threading.Lock()
+"""Hydra's global state (``GlobalHydra``) holds one initialised config source per process: two
+threads composing at once (a study's stages of two cells starting together) fail with "GlobalHydra
+is already initialized"."""
 
 
 def verl_config_dir() -> Path:
@@ -30,12 +36,12 @@ def verl_config_dir() -> Path:
 def compose_recipe(recipe: Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """``recipe`` (a YAML file: a recipe, or a run's saved recipe.yaml) composed with verl's
     ``ppo_trainer`` and ``overrides`` (hydra syntax), interpolations not resolved but the protocol's
-    limits (``${rlvr:NAME}``) written as numbers (:func:`search_env.recipe_values.fill`). verl's config
+    limits (``${rlvr:NAME}``) written as numbers (:func:`search_env.recipe_values.fill`); thread-safe. verl's config
     folder is the search path, as the recipes' ``pkg://verl.trainer.config`` names it (given here so
     that recipes/base.yaml, which declares none, composes on its own too)."""
     searchpath = f"hydra.searchpath=[file://{verl_config_dir()}]"
     recipe_values.register()
-    with initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
+    with _HYDRA, initialize_config_dir(config_dir=str(recipe.resolve().parent), version_base=None):
         return recipe_values.fill(compose(config_name=recipe.stem, overrides=[searchpath, *overrides]))
 
 

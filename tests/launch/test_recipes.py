@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -426,3 +427,20 @@ def test_compose_without_verl_names_the_fix(monkeypatch):
     monkeypatch.setattr(recipe_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="verl is not installed in this interpreter.*make venv"):
         compose_recipe(RECIPES / "demo_cpu.yaml")
+
+
+def test_recipes_compose_from_many_threads_at_once() -> None:
+    """A study starts two cells' stages together, each composing its recipe in a thread: hydra's
+    global state must not make one fail ("GlobalHydra is already initialized")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    recipe = REPO_ROOT / "recipes" / "micro_transfer.yaml"
+    start = threading.Barrier(8)
+
+    def compose_one(i: int) -> int:
+        start.wait(timeout=30)
+        return compose_recipe(recipe, [f"trainer.experiment_name=t{i}"]).trainer.total_training_steps
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(compose_one, range(8), timeout=120))
+    assert len(set(got)) == 1
