@@ -1,4 +1,5 @@
-"""The micro study (launch/micro_study.sh, docs/micro_study/, docs/micro_study_sparse/): its committed
+"""The micro study (launch/micro_study.sh, docs/micro_study/, docs/micro_study_sparse/,
+docs/micro_study_transfer/): its committed
 reports are exactly what `python -m eval report` and `python -m eval regimes` regenerate from the
 committed raw results, its cells mirror the GPU cells,
 and the report options it relies on (`--matched-horizon auto`, `--val-results`, the zero-variance
@@ -28,6 +29,7 @@ GPU_CAPS = {42: 180, 43: 230, 44: 312}
 SPARSE = REPO_ROOT / "docs" / "micro_study_sparse"
 SPARSE_CAPS = {42: 18, 43: 23, 44: 31, 45: 18, 46: 23}
 """The caps rule for five seeds (docs/micro_study/regimes.md): seed 42 + k takes seed 42 + (k mod 3)'s."""
+TRANSFER = REPO_ROOT / "docs" / "micro_study_transfer"
 
 
 @pytest.mark.parametrize(
@@ -38,6 +40,11 @@ SPARSE_CAPS = {42: 18, 43: 23, 44: 31, 45: 18, 46: 23}
             SPARSE / "raw",
             {f"{sh}_s{sd}": cap for sh in SHAPES for sd, cap in SPARSE_CAPS.items()},
             id="sparse",
+        ),
+        pytest.param(
+            TRANSFER / "raw",
+            {f"{sh}_s{sd}": 18 for sh in SHAPES for sd in range(42, 47)},
+            id="transfer",
         ),
         pytest.param(
             SPARSE / "raw" / "g10",

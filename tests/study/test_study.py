@@ -171,6 +171,7 @@ def test_gpu_hours_counts_steps_checkpoints_and_step0_once(capsys):
         ("micro_dense", "micro_study"),
         ("micro_sparse", "micro_study_sparse"),
         ("mechanism", "micro_study_mechanism"),
+        ("micro_transfer", "micro_study_transfer"),
     ],
 )
 @pytest.mark.slow
