@@ -149,7 +149,7 @@ def cache_key(cfg: TransferWarmStart, base: Path) -> str:
             "version": world.WORLD_VERSION,
             "transfer": transfer_world.TRANSFER_WORLD_VERSION,
             "sft_seeds": list(SFT_WORLD_SEEDS),
-            "knobs": asdict(transfer_world.SFT_KNOBS),
+            "knobs": transfer_world.sft_world_knobs(),
         },
         "config": asdict(cfg),
     }

@@ -373,6 +373,13 @@ region answers repeat, and the SFT learns to answer a frequent region name inste
 passage's (measured: one-hop region_of 0/20 greedy with 3-4 regions per region of the world)."""
 
 
+def sft_world_knobs() -> dict[str, Any]:
+    """The knobs the warm start's worlds depend on (:func:`_base_world` reads these two): the warm
+    start's cache key holds them, so tuning an RL knob (``deep_share``, ``train_prompts`` ...) keeps
+    the built warm start."""
+    return {"regions": SFT_KNOBS.regions, "min_name_rows": SFT_KNOBS.min_name_rows}
+
+
 @functools.cache
 def _sft_world(seed: int) -> tuple[list[dict[str, str]], dict[str, Facts]]:
     _, passages, facts, _ = _base_world(seed, dict(world.DEFAULT_SIZES), frozenset(), SFT_KNOBS)
