@@ -26,6 +26,7 @@ import pandas as pd
 from eval.report.results import Results, benchmark_label
 from eval.report.tables import order_shapes
 from eval.stats import ci_text, seed_ci
+from reward_fns import PRIMARY
 from reward_fns.metrics import form_normalised_em
 from search_env.jsonl import iter_jsonl
 from search_env.markdown import markdown_table
@@ -50,7 +51,8 @@ MAX_HALF_WIDTH = 0.05
 HELD_OUT_MEAN = "held-out mean"
 """The pseudo-type: the mean over the asserted types, per cell."""
 ROW_FIX = "re-run the evaluation of this checkpoint (eval.run writes rows.jsonl)"
-COLUMNS = ["em", "form", "searches"]
+COLUMNS = [PRIMARY, "form", "searches"]
+"""Per type: the primary metric (EM), form-normalised EM and searches per question."""
 
 
 def checkpoint_types(rows_path: Path) -> dict[str, dict[str, float]]:
@@ -60,7 +62,9 @@ def checkpoint_types(rows_path: Path) -> dict[str, dict[str, float]]:
     for _, row in iter_jsonl(rows_path, ROW_FIX, ValueError):
         prediction = row.get("prediction")
         form = form_normalised_em(prediction if isinstance(prediction, str) else None, row["golds"])
-        acc.setdefault(row["benchmark"], []).append((float(row["em"]), form, float(row.get("searches") or 0)))
+        acc.setdefault(row["benchmark"], []).append(
+            (float(row[PRIMARY]), form, float(row.get("searches") or 0))
+        )
     return {b: dict(zip(COLUMNS, map(_mean, zip(*v, strict=True)), strict=True)) for b, v in acc.items()}
 
 
@@ -103,7 +107,7 @@ def transfer_frame(results: Results, runs: Sequence[str], matched: int) -> pd.Da
             [f"{c}_0" for c in COLUMNS] + COLUMNS
         ].mean()
         frame = pd.concat([frame, mean.assign(benchmark=HELD_OUT_MEAN)], ignore_index=True)
-    frame["gain"] = frame["em"] - frame["em_0"]
+    frame["gain"] = frame[PRIMARY] - frame[f"{PRIMARY}_0"]
     return frame
 
 
@@ -137,7 +141,7 @@ def profile_table(frame: pd.DataFrame, n_boot: int) -> str:
                     _label(bench),
                     shape,
                     str(len(cells)),
-                    f"{m['em_0']:.3f} -> {m['em']:.3f}",
+                    f"{m[f'{PRIMARY}_0']:.3f} -> {m[PRIMARY]:.3f}",
                     f"{m['form_0']:.3f} -> {m['form']:.3f}",
                     f"{m['searches_0']:.2f} -> {m['searches']:.2f}",
                     f"{m['gain']:+.3f}",
@@ -162,7 +166,7 @@ def check_lines(frame: pd.DataFrame, n_boot: int) -> list[str]:
             ok = gain >= MIN_GAIN and ci[0] > 0
             said = f"gain {gain:+.3f}, 95 % CI {ci_text(ci)}"
             if bench == SELECTION:
-                end = float(cells["em"].mean())
+                end = float(cells[PRIMARY].mean())
                 ok = ok and end > SELECTION_CHANCE
                 said += f", end EM {end:.3f} against chance {SELECTION_CHANCE:.3f}"
             lines.append(
@@ -173,7 +177,7 @@ def check_lines(frame: pd.DataFrame, n_boot: int) -> list[str]:
             cells = frame[(frame["benchmark"] == bench) & (frame["shape"] == shape)]
             if cells.empty:
                 continue
-            end = float(cells["em"].mean())
+            end = float(cells[PRIMARY].mean())
             ok = end <= A2_CEILING - MIN_HEADROOM
             lines.append(
                 f"- headroom, {_label(bench)}, {shape}: end EM {end:.3f}, A2 ceiling {A2_CEILING:.2f}: "
@@ -181,8 +185,8 @@ def check_lines(frame: pd.DataFrame, n_boot: int) -> list[str]:
             )
     held = frame[frame["benchmark"] == HELD_OUT_MEAN]
     for better, worse in itertools.combinations(shapes, 2):
-        a = held[held["shape"] == better].set_index("seed")["em"]
-        b = held[held["shape"] == worse].set_index("seed")["em"]
+        a = held[held["shape"] == better].set_index("seed")[PRIMARY]
+        b = held[held["shape"] == worse].set_index("seed")[PRIMARY]
         diffs = (a - b).dropna()
         if len(diffs) < 2:
             lines.append(f"- resolution, {better} - {worse}: {len(diffs)} paired seeds, too few.")
