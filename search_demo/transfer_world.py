@@ -60,8 +60,6 @@ with a person's name: two tokens copied from the question, a skill the base mode
 (docs/micro_transfer.md)."""
 BENCHMARKS = (*RL_TYPES, *HELD_OUT, STRETCH)
 """The test suite, training's types first."""
-SELECTION_CHANCE = 1 / 3
-"""A selection's chance rate (H4): one of three named options, picked at random."""
 
 # (subject kind, asked kind) of each question kind of the grammar
 _CHAINS = {

@@ -17,15 +17,15 @@ The checks (docs/micro_transfer.md, "The study"):
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from eval.report.results import Results, benchmark_label
+from eval.report.select import floor_checkpoints
 from eval.report.tables import order_shapes
-from eval.stats import ci_text, seed_ci
+from eval.stats import ci_text, mean, seed_ci
 from reward_fns import PRIMARY
 from reward_fns.metrics import form_normalised_em
 from search_env.jsonl import iter_jsonl
@@ -65,28 +65,24 @@ def checkpoint_types(rows_path: Path) -> dict[str, dict[str, float]]:
         acc.setdefault(row["benchmark"], []).append(
             (float(row[PRIMARY]), form, float(row.get("searches") or 0))
         )
-    return {b: dict(zip(COLUMNS, map(_mean, zip(*v, strict=True)), strict=True)) for b, v in acc.items()}
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+    return {b: dict(zip(COLUMNS, map(mean, zip(*v, strict=True)), strict=True)) for b, v in acc.items()}
 
 
 def transfer_frame(results: Results, runs: Sequence[str], matched: int) -> pd.DataFrame:
     """One row per (run, benchmark) of ``runs`` evaluated at step ``matched``: shape, seed, and
     ``COLUMNS`` at step 0 (``*_0``: the seed's step-0 checkpoint, whichever run holds it) and at
     ``matched``; plus the pseudo-benchmark :data:`HELD_OUT_MEAN` (the mean over :data:`ASSERTED`)."""
-    scores = results.scores
-    zero = scores[scores["step"] == 0][["seed", "run"]].drop_duplicates().sort_values(["seed", "run"])
-    floor = {int(s): r for s, r in zero.drop_duplicates("seed").itertuples(index=False)}
+    floor = {
+        int(seed): checkpoint_types(results.rows_path(run, 0))
+        for seed, run in floor_checkpoints(results.scores).itertuples(index=False)
+    }
     records = []
     for name in runs:
         run = results.runs[name]
         end_path = results.rows_path(name, matched)
         if run.seed not in floor or not end_path.is_file():
             continue
-        start = checkpoint_types(results.rows_path(floor[run.seed], 0))
-        end = checkpoint_types(end_path)
+        start, end = floor[run.seed], checkpoint_types(end_path)
         for bench in sorted(set(start) & set(end)):
             records.append(
                 {

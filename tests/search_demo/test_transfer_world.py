@@ -17,6 +17,7 @@ from reward_fns.metrics import form_normalised_em
 from search_demo import base_model, transfer_checks, transfer_warm_start, transfer_world
 from search_env.benchmarks import BY_KEY, IN_DISTRIBUTION, order_benchmarks
 from search_env.paths import REPO_ROOT
+from study import transfer
 
 RECIPE = yaml.safe_load((REPO_ROOT / "recipes" / "micro_transfer.yaml").read_text())
 WORLD_SEED = yaml.safe_load((REPO_ROOT / "recipes" / "demo_cpu_base.yaml").read_text())["launch"]["assets"][
@@ -62,6 +63,13 @@ def test_the_reports_know_each_type_and_average_only_the_held_out_ones():
     assert order_benchmarks(transfer_world.BENCHMARKS)[: len(transfer_world.RL_TYPES)] == list(
         transfer_world.RL_TYPES
     )
+
+
+def test_the_study_report_asserts_the_held_out_types_of_the_world() -> None:
+    """study.transfer may not import search_demo (tests/test_import_graph.py): its own list of the
+    asserted types must stay the world's."""
+    assert set(transfer.ASSERTED) == set(transfer_world.HELD_OUT)
+    assert {transfer.DEEPEST, transfer.SELECTION} <= set(transfer_world.HELD_OUT)
 
 
 def test_one_grammar_and_the_training_mix(world_dir: Path) -> None:
