@@ -30,12 +30,13 @@ def _template(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
 
 
 def assistant_message(row: dict[str, Any], turn: int) -> dict[str, Any]:
-    """The oracle's assistant message on ``turn`` (0-based): search hop ``turn``'s subject, or answer."""
+    """The oracle's assistant message on ``turn`` (0-based): search hop ``turn``'s query
+    (``world.hop_query``), or answer."""
     hops = row["hops"]
     if turn < len(hops):
         call = {
             "type": "function",
-            "function": {"name": protocol.TOOL_NAME, "arguments": {"query": hops[turn]["subject"]}},
+            "function": {"name": protocol.TOOL_NAME, "arguments": {"query": world.hop_query(hops[turn])}},
         }
         return {"role": "assistant", "content": "", "reasoning_content": "", "tool_calls": [call]}
     return {

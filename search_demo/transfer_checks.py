@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reward_fns.answer import extract_answer
-from search_demo import transfer_warm_start, transfer_world
+from search_demo import transfer_warm_start, transfer_world, world
 from search_demo.trajectories import render_trajectory
 from search_demo.warm_start import SFT_WORLD_SEEDS, bm25_server
 from search_env import protocol
@@ -119,7 +119,7 @@ def training_sequence_counts(
     for seed in SFT_WORLD_SEEDS:
         picked = transfer_warm_start.pick_rows(transfer_world.sft_rows(seed), cfg, seed)
         contents, hits = _hits(
-            transfer_world.sft_passages(seed), [h["subject"] for r in picked for h in r["hops"]], topk
+            transfer_world.sft_passages(seed), [world.hop_query(h) for r in picked for h in r["hops"]], topk
         )
         turns = [
             protocol.tool_turn_text(
@@ -174,7 +174,7 @@ def oracle_feasibility(
     out = {}
     for name in benchmarks or transfer_world.BENCHMARKS:
         rows = [json.loads(x) for x in (world_dir / "test" / f"{name}.jsonl").read_text().splitlines()]
-        queries = [h["subject"] for r in rows for h in r["hops"]]
+        queries = [world.hop_query(h) for r in rows for h in r["hops"]]
         hits, _ = bm25.search_rows(queries, limits.topk)
         k, solved = 0, 0
         for row in rows:

@@ -6,7 +6,8 @@ relation, ``region_of``: "Drelmor is a country in the Kaithor region."). Every q
 "In which {city|country|region} {unit}?", the unit naming the subject ("was P born", "is Co
 based", "is City", "is K"); the asked type is where the search chain stops, so the depth follows
 from the subject and the asked type. Selection questions ("Which of A, B or C is in K?") answer
-with a name copied from the question. Training (RL) sees person and company -> country (two hops),
+with a name copied from the question: one search with the question as the query, then the title
+of the passage that names K. Training (RL) sees person and company -> country (two hops),
 company -> region (three hops, :attr:`TransferKnobs.deep_share`) and selection on located_in
 (:attr:`TransferKnobs.select_share`); the test suite holds those and the held-out types H1-H5 and
 a stretch type (:data:`BENCHMARKS`). What each type tests and why: docs/micro_transfer.md.
@@ -28,7 +29,7 @@ from typing import Any
 from search_demo import world
 from search_env.jsonl import write_jsonl
 
-TRANSFER_WORLD_VERSION = 2
+TRANSFER_WORLD_VERSION = 3
 """Bumped whenever this module's output for the same seeds and knobs changes (the world's stamp)."""
 
 NEXT: dict[str, tuple[str, str]] = {
@@ -83,11 +84,13 @@ class TransferKnobs:
     """The world's difficulty knobs (counts, shares); the warm start's are in
     ``search_demo.transfer_warm_start.TransferWarmStart``."""
 
-    train_prompts: int = 320
-    """RL training questions (the train region's two- and three-hop questions, drawn)."""
-    deep_share: float = 0.25
-    """Share of the RL training questions that are three-hop (company -> region)."""
-    select_share: float = 0.125
+    train_prompts: int = 160
+    """RL training questions (the train region's questions of the RL types, drawn)."""
+    deep_share: float = 0.5
+    """Share of the RL training questions that are three-hop (company -> region). At 0.25 (and 320
+    prompts) the person questions, all two-hop, taught the policy to answer a person's region with
+    the country: H3 rose, then fell to step 0 (docs/micro_transfer.md)."""
+    select_share: float = 0.25
     """Share of the RL training questions that are selections on located_in ("Which of A, B or C is
     in K?"; the train region has one per city, 40)."""
     regions: dict[str, int] = field(default_factory=lambda: {"train": 5, "val": 2, "test": 6})
@@ -174,8 +177,10 @@ def selection_questions(
     facts: Facts, split: str, qtype: str, rng: random.Random, per_subject: int = 1
 ) -> list[dict[str, Any]]:
     """ "Which of A, B or C {unit} O?": per subject (``per_subject`` draws), it and two subjects of
-    its kind whose object differs, in random order. The hops are the options searched in that order
-    up to the right one (the scripted teacher's searches); the answer is that option."""
+    its kind whose object differs, in random order; the answer is that subject. One hop: the
+    scripted teacher searches the question itself (the hop's ``query``; BM25 drops "which", "of",
+    "or", "is", "in", so the passage naming both an option and O ranks first) and answers that
+    passage's title (the hop's subject; its answer is O)."""
     out = []
     for kind in _SELECTIONS[qtype]:
         relation, _ = NEXT[kind]
@@ -187,11 +192,8 @@ def selection_questions(
                 options = [subject, *rng.sample(others, 2)]
                 rng.shuffle(options)
                 a, b, c = options
-                hops = [
-                    {"subject": s, "relation": relation, "answer": table[s]}
-                    for s in options[: options.index(subject) + 1]
-                ]
                 text = SELECT.format(a=a, b=b, c=c, unit=SELECT_UNITS[kind], o=table[subject])
+                hops = [{"subject": subject, "query": text, "relation": relation, "answer": table[subject]}]
                 row = _row(split, qtype, text, subject, hops)
                 row["entities"] = [*options, table[subject]]
                 row["relation"] = relation

@@ -295,6 +295,12 @@ def _facts(r: Region) -> dict[str, dict[str, str]]:
     }
 
 
+def hop_query(hop: dict[str, str]) -> str:
+    """What the scripted teacher searches for ``hop``: its ``query`` where it has one (a transfer
+    world's selection searches the options at once), else its subject."""
+    return hop.get("query", hop["subject"])
+
+
 def _questions(r: Region, rng: random.Random) -> list[dict[str, Any]]:
     facts = _facts(r)
     rows: list[dict[str, Any]] = []

@@ -139,9 +139,9 @@ def test_the_shipped_warm_start_is_current() -> None:
 
 def test_the_warm_start_key_holds_the_sft_worlds_knobs_only(monkeypatch) -> None:
     """Tuning an RL knob keeps the built warm start (its SFT data does not change; measured: the same
-    weights byte for byte with deep_share 0.5 and 160 prompts); a knob of the SFT worlds rebuilds it."""
+    weights byte for byte at deep_share 0.25 and 0.5); a knob of the SFT worlds rebuilds it."""
     key = transfer_warm_start.cache_key(transfer_warm_start.TransferWarmStart(), base_model.SHIPPED)
-    rl = replace(transfer_world.SFT_KNOBS, deep_share=0.5, select_share=0.25, train_prompts=160)
+    rl = replace(transfer_world.SFT_KNOBS, deep_share=0.25, select_share=0.125, train_prompts=320)
     monkeypatch.setattr(transfer_world, "SFT_KNOBS", rl)
     assert transfer_warm_start.cache_key(transfer_warm_start.TransferWarmStart(), base_model.SHIPPED) == key
     monkeypatch.setattr(transfer_world, "SFT_KNOBS", replace(rl, min_name_rows=5))

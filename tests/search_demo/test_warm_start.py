@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from search_demo import tiny, trajectories, warm_start, world
+from search_demo import base_model, tiny, trajectories, warm_start, world
 from search_env import protocol
 from search_env.safe_fs import UnsafeDeleteError
 
@@ -173,3 +173,30 @@ def test_the_flawed_teacher_answers_the_bridge_entity_on_a_seeded_share_of_two_h
     flawless = warm_start._pick_rows(rows, replace(cfg, two_hop_stop_early=0.0))
     assert [r["id"] for r in flawless] == [r["id"] for r in picked]  # the same questions, in order
     assert all(r == originals[r["id"]] for r in flawless)
+
+
+def test_a_world_whose_teacher_rollouts_fail_stops_the_build(tmp_path: Path, demo_world: Path):
+    """Searches that miss their passages (here: the corpus of another world) drop the world's
+    demonstrations; past MAX_DROPPED_SHARE the build stops, naming the world, and writes nothing."""
+    wrong = tmp_path / "world_wrong_corpus"
+    wrong.mkdir()
+    shutil.copy(demo_world / "train.jsonl", wrong / "train.jsonl")
+    (wrong / "corpus.jsonl").write_text(
+        "".join(json.dumps(p) + "\n" for p in world.build_world(9).passages), encoding="utf-8"
+    )
+    out = tmp_path / "ws"
+    cfg = replace(warm_start.REGIMES["sparse"], steps=1)
+    with pytest.raises(
+        RuntimeError, match=r"world_wrong_corpus: \d+ of \d+ teacher rollouts dropped.*Fix: build again"
+    ):
+        warm_start.sft_into(
+            out,
+            base_model.SHIPPED,
+            "key",
+            cfg,
+            lambda tmp: iter([(wrong, None)]),
+            {},
+            "warm start",
+            log=print,
+        )
+    assert not out.exists()
