@@ -1,13 +1,22 @@
 """The demo assets a ``launch.build_demo_assets`` recipe (the CPU demo) has the launcher build
-before training: which recipe paths they are, and the ``python -m search_demo assets`` arguments."""
+before training: which recipe paths they are, the ``python -m search_demo assets`` arguments, and
+the record of them a run directory keeps (:data:`RECORD`), so that a run is never resumed, or
+counted done, on assets other than the ones it was trained on."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
 from search_env.paths import repo_path
+from search_env.safe_fs import write_atomic
+
+RECORD = "demo_assets.json"
+"""In a run directory: the stamps of the demo assets its checkpoints were trained on (the world's
+stamp and the warm start's key, ``search_demo.driver.asset_stamps``)."""
 
 
 def demo_asset(cfg: DictConfig, path: Path | None) -> bool:
@@ -53,3 +62,32 @@ def demo_assets_args(cfg: DictConfig, problems: list[str]) -> list[str] | None:
             else []
         ),
     ]
+
+
+def asset_stamps(args: list[str]) -> dict[str, Any]:
+    """The stamps the demo assets of ``args`` (:func:`demo_assets_args`) have once current."""
+    from search_demo.driver import asset_stamps as stamps  # heavy: torch, only for demo recipes
+    from search_demo.driver import build_parser
+
+    return stamps(build_parser().parse_args(["assets", *args]))
+
+
+def record_mismatch(run_dir: Path, stamps: dict[str, Any]) -> str | None:
+    """Why the checkpoints in ``run_dir`` may not be of the demo assets ``stamps``: the record is
+    missing, unreadable or differs (each differing item, recorded -> now); None when it matches."""
+    path = run_dir / RECORD
+    try:
+        held = json.loads(path.read_text())
+    except FileNotFoundError:
+        return f"{path} is missing (no record of the assets it was trained on)"
+    except (OSError, ValueError) as err:
+        return f"{path} is unreadable ({err})"
+    if not isinstance(held, dict):
+        return f"{path} holds no record"
+    diffs = [f"{k} {held.get(k)!r} -> {v!r}" for k, v in stamps.items() if held.get(k) != v]
+    return "; ".join(diffs) or None
+
+
+def write_record(run_dir: Path, stamps: dict[str, Any]) -> None:
+    """Record ``stamps`` as the demo assets of the run in ``run_dir`` (atomic)."""
+    write_atomic(run_dir / RECORD, json.dumps(stamps, indent=2, sort_keys=True) + "\n")

@@ -28,7 +28,7 @@ from typing import IO
 import psutil
 from omegaconf import OmegaConf
 
-from launch import preflight, progress, ray_guard, resume
+from launch import demo_assets, preflight, progress, ray_guard, resume
 from launch.procs import exit_status, stop_group, stop_on_sigterm
 from launch.retriever import LocalRetriever
 from search_demo.driver import assets_ready, build_parser
@@ -435,6 +435,23 @@ def summary(rc: int, setup: preflight.RunSetup, run: RunDir) -> None:
     print("\n".join(text), file=sys.stderr, flush=True)
 
 
+def keep_asset_record(args: list[str], run: RunDir) -> None:
+    """Record the demo assets of ``args`` in the run directory (``launch.demo_assets.RECORD``); a run
+    with checkpoints keeps its record, and is refused when the assets are no longer the ones it
+    was trained on (resuming would train one run on two worlds or warm starts)."""
+    stamps = demo_assets.asset_stamps(args)
+    if not resume.step_dirs(run.ckpt):
+        demo_assets.write_record(run.path, stamps)
+        return
+    why = demo_assets.record_mismatch(run.path, stamps)
+    if why:
+        raise LaunchError(
+            f"{run.path} holds checkpoints that may be of other demo assets than this recipe's: {why}. "
+            "Resuming would mix them in one run. Fix: train this recipe in a new RLVR_RUN_DIR, or move "
+            f"{run.path} aside to start it over"
+        )
+
+
 def run(recipe: Path, overrides: list[str], run_dir: Path) -> int:
     """One training run (module docstring); its exit status: the trainer's, 2 when it stopped
     before training, 130 when interrupted."""
@@ -449,6 +466,7 @@ def run(recipe: Path, overrides: list[str], run_dir: Path) -> int:
         check_ray_join(setup)
         if setup.demo_assets is not None:
             build_demo_assets(setup.demo_assets, paths)
+            keep_asset_record(setup.demo_assets, paths)
         start_retriever(setup, started)
         rc = train(recipe, overrides, setup, started)
         started.stop()

@@ -47,14 +47,19 @@ def ensure_world(seed: int, out: Path) -> Path:
     return world_mod.write_world(world_mod.build_world(seed), out)
 
 
-def _world_current(seed: int, unseen_seed: int | None, out: Path, regime: str | None = None) -> bool:
-    """Whether ``out`` holds the world of ``seed`` (the study world with ``unseen_seed``; the
+def _world_stamp(seed: int, unseen_seed: int | None, regime: str | None = None) -> dict[str, Any]:
+    """What ``world.json`` of the world of ``seed`` holds (the study world with ``unseen_seed``; the
     transfer world for the transfer regime)."""
     if regime == TRANSFER_REGIME:
-        return world_mod.stamp_matches(out, transfer_world_stamp(seed, unseen_seed))
+        return transfer_world_stamp(seed, unseen_seed)
     if unseen_seed is None:
-        return world_mod.stamp_matches(out, {"seed": seed, "version": world_mod.WORLD_VERSION})
-    return world_mod.stamp_matches(out, study_world_stamp(seed, unseen_seed))
+        return {"seed": seed, "version": world_mod.WORLD_VERSION}
+    return study_world_stamp(seed, unseen_seed)
+
+
+def _world_current(seed: int, unseen_seed: int | None, out: Path, regime: str | None = None) -> bool:
+    """Whether ``out`` holds the world of ``seed`` (:func:`_world_stamp`)."""
+    return world_mod.stamp_matches(out, _world_stamp(seed, unseen_seed, regime))
 
 
 def _ready_line(args: argparse.Namespace, model: Path, key: str) -> str:
@@ -77,23 +82,35 @@ def _transfer_config(args: argparse.Namespace) -> Any:
     return cfg if args.sft_steps is None else replace(cfg, steps=args.sft_steps)
 
 
+def asset_stamps(args: argparse.Namespace) -> dict[str, Any]:
+    """What the world and the warm start of ``args`` (the ``assets`` subcommand's arguments) are
+    stamped with once current, as JSON values: ``world`` (its ``world.json`` stamp) and
+    ``warm_start`` (its cache key). Builds nothing; hashes the warm start's inputs (~0.3 s once
+    torch is imported)."""
+    from search_demo.warm_start import base_model, cache_key  # heavy: torch/transformers
+
+    base = Path(args.base or base_model.SHIPPED)
+    if args.regime == TRANSFER_REGIME:
+        from search_demo import transfer_warm_start  # heavy: torch/transformers
+
+        key = transfer_warm_start.cache_key(_transfer_config(args), base)
+    else:
+        key = cache_key(_warm_start_config(args), base)
+    world = _world_stamp(args.world_seed, args.unseen_world_seed, args.regime)
+    return json.loads(json.dumps({"world": world, "warm_start": key}))
+
+
 def assets_ready(args: argparse.Namespace) -> str | None:
     """The ``assets`` ready line when the world and the warm start of ``args`` (the ``assets``
-    subcommand's arguments) are both current, so that there is nothing to build; else None. Reads
-    two stamps and hashes the warm start's inputs (~0.3 s once torch is imported)."""
-    from search_demo.warm_start import base_model, cache_key, stamp_key  # heavy: torch/transformers
+    subcommand's arguments) are both current, so that there is nothing to build; else None
+    (:func:`asset_stamps`)."""
+    from search_demo.warm_start import stamp_key  # heavy: torch/transformers
 
     if args.unseen_world_seed == args.world_seed or not _world_current(
         args.world_seed, args.unseen_world_seed, args.world, args.regime
     ):
         return None
-    if args.regime == TRANSFER_REGIME:
-        from search_demo import transfer_warm_start  # heavy: torch/transformers
-
-        cfg = _transfer_config(args)
-        key = transfer_warm_start.cache_key(cfg, Path(args.base or base_model.SHIPPED))
-    else:
-        key = cache_key(_warm_start_config(args), Path(args.base or base_model.SHIPPED))
+    key = asset_stamps(args)["warm_start"]
     return _ready_line(args, args.warm_start, key) if stamp_key(args.warm_start) == key else None
 
 

@@ -20,15 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from launch.demo_assets import asset_stamps, demo_assets_args, record_mismatch
 from launch.evaluate import ENV_ALIASES
 from launch.preflight import visible_gpus
 from launch.procs import stop_group
 from search_env.cli import hydra_quoted
 from search_env.paths import REPO_ROOT, repo_path, repo_relative
-from study.spec import Cell, Study, StudyError, resolved
+from study.spec import Cell, Study, StudyError, cell_config, resolved
 from study.store import (
     SPLITS,
+    TRAINED,
     Layout,
     cell_complete,
     export_cell,
@@ -208,9 +211,26 @@ class Runner:
                 return found
         return None
 
+    def asset_stamps(self, cell: Cell) -> dict[str, Any] | None:
+        """The demo assets ``cell``'s recipe trains on now (``launch.demo_assets``); None when it
+        builds none."""
+        args = demo_assets_args(cell_config(cell.recipe, cell.overrides), [])
+        return None if args is None else asset_stamps(args)
+
     def train(self, cell: Cell, slot: Slot) -> None:
         run_dir = self.where.runs / cell.name
         if latest_checkpoint(run_dir) == cell.cap:
+            stamps = (
+                None if (run_dir / TRAINED).is_file() else self.asset_stamps(cell)
+            )  # restored: checked then
+            why = None if stamps is None else record_mismatch(run_dir, stamps)
+            if why:
+                raise StudyError(
+                    f"{cell.name} train: {repo_relative(run_dir)} is trained to its cap, but its checkpoints "
+                    f"may be of other demo assets than its recipe's now: {why}. Its results would not be "
+                    f"this study's. Nothing was changed. Fix: move {repo_relative(run_dir)} and the cell's "
+                    f"results ({repo_relative(self.where.results_of(cell))}/*/{cell.name}) aside, then run again"
+                )
             self.progress(f"{cell.name} train: done before (step {cell.cap})")
             return
         t0 = time.monotonic()
@@ -273,7 +293,7 @@ class Runner:
             if reused is not None:
                 self.progress(f"{cell.name}: reused from {repo_relative(reused)} (not rerun)")
                 continue
-            if self.where.export is not None and restore_cell(self.where, cell):
+            if self.where.export is not None and restore_cell(self.where, cell, self.asset_stamps(cell)):
                 self.progress(
                     f"{cell.name}: restored from {repo_relative(self.where.export)}/raw (trained elsewhere)"
                 )

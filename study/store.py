@@ -14,7 +14,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from launch.demo_assets import RECORD, record_mismatch
 from search_env.checkpoint_layout import TRACKER, step_dir_name
 from search_env.paths import repo_path, repo_relative
 from search_env.safe_fs import (
@@ -182,12 +184,17 @@ def export_cell(where: Layout, cell: Cell) -> None:
     log = where.runs / cell.name / "metrics.jsonl"
     (staged / "logs").mkdir(parents=True)
     _copy(log, staged / "logs" / "metrics.jsonl")
+    record = where.runs / cell.name / RECORD
+    if os.path.lexists(record):
+        _copy(record, staged / "logs" / RECORD)
     for split in SPLITS:
         target = root / split / cell.name
         target.parent.mkdir(parents=True, exist_ok=True)
         _swap_in(staged / split, target, where.export)
     (root / "logs" / cell.name).mkdir(parents=True, exist_ok=True)
-    replace_durably(staged / "logs" / "metrics.jsonl", root / "logs" / cell.name / "metrics.jsonl")
+    for name in ("metrics.jsonl", RECORD):
+        if (staged / "logs" / name).exists():
+            replace_durably(staged / "logs" / name, root / "logs" / cell.name / name)
     remove_tree(staged, where.export)
     progress = where.runs / "progress.log"
     if progress.exists() or progress.is_symlink():
@@ -216,17 +223,30 @@ def local_copy(where: Layout, cell: Cell) -> list[str]:
     return held
 
 
-def restore_cell(where: Layout, cell: Cell) -> bool:
+def restore_cell(where: Layout, cell: Cell, stamps: dict[str, Any] | None = None) -> bool:
     """A cell complete in the export and absent here (trained on another machine): copy its results
     back and mark it trained and evaluated. False when there is nothing to restore (no export copy, or
     the cell is trained to its cap here). A cell partly here (checkpoints, log or results) is never
-    touched: StudyError saying what is here, what the export holds and how to take either."""
+    touched: StudyError saying what is here, what the export holds and how to take either. ``stamps``:
+    the demo assets the cell's recipe trains on now (``launch.demo_assets``); an export whose record
+    of the cell's assets differs is refused (an export written before records were kept has none)."""
     run_dir = where.runs / cell.name
     if where.export is None or latest_checkpoint(run_dir) == cell.cap:
         return False
     root = tree_root(where.export, cell.tree)
     if not raw_complete(root, cell):
         return False
+    record = root / "logs" / cell.name / RECORD
+    if stamps is not None and os.path.lexists(record):
+        _check_plain(record)
+        why = record_mismatch(record.parent, stamps)
+        if why:
+            raise StudyError(
+                f"{cell.name}: the export {root} holds it, trained on other demo assets than its recipe's "
+                f"now ({why}). Nothing was restored. Fix: to train it again, remove the cell from the export "
+                f"({root}/{{{','.join(SPLITS)}}}/{cell.name} and {root}/logs/{cell.name}) or run with "
+                "--export OTHER_FOLDER"
+            )
     held = local_copy(where, cell)
     if held:
         raise StudyError(
@@ -246,6 +266,8 @@ def restore_cell(where: Layout, cell: Cell) -> bool:
         fsync_tree(dst)
     _copy(root / "logs" / cell.name / "metrics.jsonl", run_dir / "metrics.jsonl")
     fsync_tree(run_dir / "metrics.jsonl")
+    if os.path.lexists(record):
+        _copy(record, run_dir / RECORD)
     for split in SPLITS:
         write_marker(run_dir / f".study_eval_{split}", f"restored from {repo_relative(root)}")
     write_marker(run_dir / TRAINED, f"{cell.cap} restored from {repo_relative(root)} (no checkpoints here)")
