@@ -74,12 +74,12 @@ class BatchStats:
 
 class MicroBatcher:
     """Collects concurrent `submit` calls into batches, answered in one worker thread: each query
-    from `cache` (per client) when it holds it, the rest by one call of `search_fn`. Cached queries
+    from `cache` (per client) when it holds it, the rest by `search_fn` (one call per topk asked). Cached queries
     queue, count against the bounds and share batches like searched ones; a batch's time, cache
     look-ups included, can shrink the shared batch (only searched queries grow it).
 
-    search_fn(queries, topk) -> per query a list of hits; each job receives its own slice, cut to its
-    own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside), encoded as JSON once
+    search_fn(queries, topk) -> per query a list of hits (called once per topk asked in a batch);
+    each job receives its own slice, cut to its own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside), encoded as JSON once
     (`hits_json.encode_hits`: what is cached and what answers are joined from). When a batch's search
     raises, each of its requests is searched alone, so only a request that fails alone gets the error.
 
@@ -373,12 +373,14 @@ class MicroBatcher:
         return batch
 
     def _look_up_and_search(self, batch: list[_Slice]) -> tuple[list[list[tuple[int, int]]], list[list[Hit]]]:
-        """In the worker thread: `batch`'s answers from the cache (keyed by each job's client), then
-        ONE search of the rest at the largest topk of a slice with a query to search; per slice,
-        (query index, position in the search's hits) for each query searched, and those hits. Each
-        searched (query, topk) is encoded once and cached. Identical texts of one client in the batch
-        share one position (counted as hits)."""
-        topk = 0
+        """In the worker thread: `batch`'s answers from the cache (keyed by each job's client), then a
+        search of the rest, one call per topk asked (a text asked at several topk in the batch is
+        searched once, at the largest): so a client asking topk 100 does not make every other
+        client's queries of the batch search at 100. Per slice, (query index, position in the hits)
+        for each query searched, and the hits by position. Each searched (query, topk) is encoded
+        once and cached. Identical texts of one client in the batch share one position (counted as
+        hits)."""
+        topk: list[int] = []  # per position, the largest topk asked of it
         searched: list[str] = []
         position: dict[tuple[Hashable, str], int] = {}
         positions: list[list[tuple[int, int]]] = []
@@ -396,10 +398,15 @@ class MicroBatcher:
                     stats.misses += 1
                     position[key] = len(searched)
                     searched.append(query)
+                    topk.append(0)
                 where.append((i, position[key]))
-                topk = max(topk, job.topk)
+                topk[position[key]] = max(topk[position[key]], job.topk)
             positions.append(where)
-        hits = self.search_fn(searched, topk) if searched else []
+        hits: list[list[Hit]] = [[] for _ in searched]
+        for k in sorted(set(topk)):
+            group = [pos for pos, asked in enumerate(topk) if asked == k]
+            for pos, found in zip(group, self.search_fn([searched[pos] for pos in group], k), strict=True):
+                hits[pos] = found
         self.stats.searched += len(searched)
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(searched))
         encoded: dict[tuple[int, int], EncodedHits] = {}

@@ -187,3 +187,26 @@ def test_hit_rate_is_logged_per_interval(caplog) -> None:
     (line,) = [r.getMessage() for r in caplog.records if "cache hits" in r.getMessage()]
     assert "5 queries" in line and "cache hits 3 / misses 2 (hit rate 60.0%)" in line
     assert "1 batches" in line and "cache 2 entries" in line
+
+
+def test_a_batch_searches_each_topk_asked_apart_and_a_text_once_at_its_largest() -> None:
+    """A batch holding one client's topk-100 queries and another's topk-5 ones: one search per topk,
+    so the topk-5 queries are not searched (and their passages read) at 100; a client's text asked
+    at two topk in the batch is searched once, at the larger."""
+    from search_env.retrieval.batcher import _Job
+
+    calls: list = []
+    batcher = MicroBatcher(_recording_search(calls), 256, 0, QueryCache(100, 10**7))
+    loop = asyncio.new_event_loop()
+
+    def job(queries: list[str], topk: int, client: str) -> _Job:
+        return _Job(
+            queries, topk, loop.create_future(), [None] * len(queries), client, list(range(len(queries)))
+        )
+
+    wide, narrow, again = job(["wide", "shared"], 100, "a"), job(["narrow"], 5, "b"), job(["shared"], 7, "a")
+    batcher._look_up_and_search([(j, j.todo) for j in (wide, narrow, again)])
+    loop.close()
+    assert sorted(calls) == [(["narrow"], 5), (["wide", "shared"], 100)]
+    assert [len(_decoded(h)) for h in wide.answers] == [100, 100] and len(_decoded(narrow.answers[0])) == 5
+    assert _decoded(again.answers[0]) == _decoded(wide.answers[1])[:7]
