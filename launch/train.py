@@ -252,18 +252,25 @@ def build_demo_assets(args: list[str], run: RunDir) -> None:
                 print(ready, file=sink, flush=True)
                 print(f"  {ready}", file=sys.stderr, flush=True)
                 return
-            done = subprocess.run(
+            build = subprocess.Popen(
                 [sys.executable, "-m", "search_demo", "assets", *args],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
-                timeout=max(1.0, deadline - time.monotonic()),
-                check=False,
+                start_new_session=True,  # its own group: stopped whole, with the BM25 server it starts
             )
-        except subprocess.TimeoutExpired:
-            raise LaunchError(f"building the demo assets took over {ASSETS_TIMEOUT_S} s; see {out}") from None
+            try:
+                build.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise LaunchError(
+                    f"building the demo assets took over {ASSETS_TIMEOUT_S} s; see {out}"
+                ) from None
+            finally:
+                stop_group(build.pid, grace_s=10.0)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    build.wait(timeout=30)  # reaped
         finally:
             os.close(lock)
-    if done.returncode != 0:
+    if build.returncode != 0:
         raise LaunchError(f"building the demo assets failed; see {out}")
     last = [line for line in out.read_text(errors="replace").splitlines() if line.strip()]
     if last:

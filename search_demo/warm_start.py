@@ -19,7 +19,9 @@ import json
 import math
 import random
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -129,9 +131,17 @@ class TeacherClient:
 
 @contextlib.contextmanager
 def bm25_server(corpus: Path, port: int | None = None) -> Iterator[str]:
-    """A real BM25 retrieval server (``python -m search_env.retrieval serve``) over ``corpus``; yields its URL."""
-    with spawn_server(["--backend", "bm25", "--corpus", str(corpus)], port=port) as server:
-        yield server.url
+    """A real BM25 retrieval server (``python -m search_env.retrieval serve``) over ``corpus``; yields
+    its URL. Meanwhile SIGTERM to this process (in its main thread) raises KeyboardInterrupt, so a
+    terminated build stops the server instead of leaving it behind."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
+    try:
+        with spawn_server(["--backend", "bm25", "--corpus", str(corpus)], port=port) as server:
+            yield server.url
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def stopped_early(row: dict[str, Any]) -> dict[str, Any]:

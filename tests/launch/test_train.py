@@ -170,12 +170,17 @@ def test_current_demo_assets_start_no_build_process_and_stale_ones_do(tmp_path: 
     run.path.mkdir()
     started: list[list[str]] = []
 
-    def fake_build(cmd: list[str], **kwargs):
-        started.append(cmd)
-        print("demo assets ready: rebuilt", file=kwargs["stdout"], flush=True)
-        return subprocess.CompletedProcess(cmd, 0)
+    class FakeBuild:
+        pid, returncode = 2**30, 0  # no such process group
 
-    monkeypatch.setattr(train.subprocess, "run", fake_build)
+        def __init__(self, cmd: list[str], **kwargs):
+            started.append(cmd)
+            print("demo assets ready: rebuilt", file=kwargs["stdout"], flush=True)
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(train.subprocess, "Popen", FakeBuild)
     args = ["--world-seed", "3", "--world", str(tmp_path / "world"), "--warm-start", str(tmp_path / "warm")]
     train.build_demo_assets(args, run)
     ready = (
@@ -187,6 +192,30 @@ def test_current_demo_assets_start_no_build_process_and_stale_ones_do(tmp_path: 
     train.build_demo_assets([*args, "--sft-steps", "7"], run)  # other inputs: another key
     assert started == [[sys.executable, "-m", "search_demo", "assets", *args, "--sft-steps", "7"]]
     assert "demo assets ready: rebuilt" in capsys.readouterr().err
+
+
+def test_a_demo_asset_build_past_its_deadline_is_stopped_with_what_it_started(tmp_path, monkeypatch):
+    """The build runs in a process group of its own; past ASSETS_TIMEOUT_S (or on Ctrl-C) the whole
+    group stops, so a BM25 server the warm start's teacher started is not left behind."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setattr(train, "ASSETS_TIMEOUT_S", 1)
+    monkeypatch.setattr(train, "assets_ready", lambda _: None)
+    real_popen, builds = subprocess.Popen, []
+
+    def build_with_a_child(cmd: list[str], **kwargs):  # the builder and a server it started
+        builds.append(
+            real_popen(["bash", "-c", "sleep 120 & echo $! > child.pid; wait"], cwd=tmp_path, **kwargs)
+        )
+        return builds[-1]
+
+    monkeypatch.setattr(train.subprocess, "Popen", build_with_a_child)
+    run = train.RunDir(tmp_path / "run")
+    run.path.mkdir()
+    with pytest.raises(train.LaunchError, match="took over 1 s"):
+        train.build_demo_assets(["--world-seed", "3", "--world", "w", "--warm-start", "ws"], run)
+    child = int((tmp_path / "child.pid").read_text())
+    assert builds[0].poll() is not None
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def _orphan() -> psutil.Process:

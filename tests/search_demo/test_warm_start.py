@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from search_demo import base_model, tiny, trajectories, warm_start, world
 from search_env import protocol
+from search_env.paths import REPO_ROOT
 from search_env.safe_fs import UnsafeDeleteError
 
 
@@ -200,3 +205,38 @@ def test_a_world_whose_teacher_rollouts_fail_stops_the_build(tmp_path: Path, dem
             log=print,
         )
     assert not out.exists()
+
+
+def test_sigterm_during_a_build_stops_the_teacher_server(tmp_path: Path, demo_world: Path):
+    """A builder terminated while its BM25 server runs (``python -m search_demo.transfer_warm_start``
+    stopped by SIGTERM) stops the server: it was left running before."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from search_demo.warm_start import bm25_server\n"
+        "with bm25_server(Path(sys.argv[1])) as url:\n"
+        "    Path(sys.argv[2]).write_text(url)\n"
+        "    time.sleep(120)\n"
+    )
+    marker = tmp_path / "url"
+    builder = subprocess.Popen(
+        [sys.executable, "-c", script, str(demo_world / "corpus.jsonl"), str(marker)], cwd=REPO_ROOT
+    )
+    servers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        servers += [
+            p for p in psutil.Process(builder.pid).children() if "search_env.retrieval" in p.cmdline()
+        ]
+        assert len(servers) == 1
+        builder.terminate()
+        assert builder.wait(timeout=30) != 0
+        servers[0].wait(timeout=15)  # gone (psutil.TimeoutExpired otherwise)
+    finally:
+        builder.kill()
+        builder.wait(timeout=30)
+        for server in servers:  # stopped by PID if the test failed
+            if server.is_running():
+                server.kill()
