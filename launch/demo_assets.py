@@ -66,10 +66,9 @@ def demo_assets_args(cfg: DictConfig, problems: list[str]) -> list[str] | None:
 
 def asset_stamps(args: list[str]) -> dict[str, Any]:
     """The stamps the demo assets of ``args`` (:func:`demo_assets_args`) have once current."""
-    from search_demo.driver import asset_stamps as stamps  # heavy: torch, only for demo recipes
-    from search_demo.driver import build_parser
+    from search_demo import driver  # heavy: torch, only for demo recipes
 
-    return stamps(build_parser().parse_args(["assets", *args]))
+    return driver.asset_stamps(driver.build_parser().parse_args(["assets", *args]))
 
 
 def record_mismatch(run_dir: Path, stamps: dict[str, Any]) -> str | None:

@@ -174,7 +174,7 @@ def test_malformed_flashrag_requests(server, path, payload, field) -> None:
 # ---------------------------------------------------------------- in-process
 
 
-def test_micro_batcher_merges_concurrent_requests_into_one_call() -> None:
+def test_micro_batcher_merges_concurrent_requests_into_one_batch_searched_once_per_topk() -> None:
     calls: list[tuple[list[str], int]] = []
 
     def search(queries: list[str], topk: int) -> list:
@@ -190,7 +190,9 @@ def test_micro_batcher_merges_concurrent_requests_into_one_call() -> None:
             await batcher.stop()
 
     results = asyncio.run(run())
-    assert len(calls) == 1 and len(calls[0][0]) == 20 and calls[0][1] == 3
+    assert sorted(topk for _, topk in calls) == [1, 2, 3]  # one batch: one search per topk asked
+    for queries, topk in calls:
+        assert queries == [f"{c}{i}" for i in range(10) if 1 + i % 3 == topk for c in "qr"]
     for i, per_request in enumerate(results):
         assert [[doc["id"] for doc in json.loads(hits.docs())] for hits in per_request] == [
             [f"q{i}"] * (1 + i % 3),
