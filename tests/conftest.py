@@ -198,6 +198,18 @@ def broken_retriever() -> Iterator[str]:
     server.server_close()
 
 
+def fake_cell_results(out: Path, cell: str, cap: int) -> None:
+    """``out/<cell>`` as an evaluation leaves it, complete at steps 0 and ``cap`` (one empty row
+    each), with merged weights at step 0 that an export must leave out."""
+    for step in (0, cap):
+        d = out / cell / f"global_step_{step}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"complete": True, "step": step}))
+        (d / "rows.jsonl").write_text("{}\n")
+    (out / cell / "run.json").write_text("{}")
+    (out / cell / "global_step_0" / "merged").mkdir()
+
+
 # ---- a small synthetic study with a world-like suite (no paper benchmark) ----------------------
 # tests/study/test_micro_study.py reports it; tests/e2e/test_micro_study_e2e.py runs a study over it.
 

@@ -74,14 +74,15 @@ class BatchStats:
 
 class MicroBatcher:
     """Collects concurrent `submit` calls into batches, answered in one worker thread: each query
-    from `cache` (per client) when it holds it, the rest by `search_fn` (one call per topk asked). Cached queries
-    queue, count against the bounds and share batches like searched ones; a batch's time, cache
-    look-ups included, can shrink the shared batch (only searched queries grow it).
+    from `cache` (per client) when it holds it, the rest by `search_fn` (one call per topk asked).
+    Cached queries queue, count against the bounds and share batches like searched ones; a batch's
+    time, cache look-ups included, can shrink the shared batch (only searched queries grow it).
 
     search_fn(queries, topk) -> per query a list of hits (called once per topk asked in a batch);
-    each job receives its own slice, cut to its own topk (a top-k list is a prefix of a top-K list for K >= k, ties aside), encoded as JSON once
-    (`hits_json.encode_hits`: what is cached and what answers are joined from). When a batch's search
-    raises, each of its requests is searched alone, so only a request that fails alone gets the error.
+    each job receives its own slice, cut to its own topk (a top-k list is a prefix of a top-K list
+    for K >= k, ties aside), encoded as JSON once (`hits_json.encode_hits`: what is cached and what
+    answers are joined from). When a batch's search raises, each of its requests is searched alone,
+    so only a request that fails alone gets the error.
 
     Fairness: each request carries a client key (a token, an IP address). With one client active, a
     batch takes its requests first come first served, whole, up to `max_batch` queries (the first one

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import fake_cell_results
 
 from launch import demo_assets
 from launch.train import LaunchError, RunDir, keep_asset_record
@@ -91,20 +92,11 @@ def test_a_cell_trained_on_its_assets_is_done(tmp_path, study, stamps):
     assert said == [f"f1_only_s42 train: done before (step {cell.cap})"]
 
 
-def _results(out: Path, cell: str, cap: int) -> None:
-    for step in (0, cap):
-        d = out / cell / f"global_step_{step}"
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"complete": True, "step": step}))
-        (d / "rows.jsonl").write_text("{}\n")
-    (out / cell / "run.json").write_text("{}")
-
-
 def test_export_carries_the_record_and_restore_refuses_an_export_of_other_assets(tmp_path, study, stamps):
     cell = study.cell("em_only_s43")
     where = Layout(tmp_path / "runs", tmp_path / "results", tmp_path / "export")
     for split in ("test", "val"):
-        _results(where.results_of(cell) / split, cell.name, cell.cap)
+        fake_cell_results(where.results_of(cell) / split, cell.name, cell.cap)
     _trained(where.runs / cell.name, cell.cap, stamps)
     export_cell(where, cell)
     root = tree_root(where.export, cell.tree)

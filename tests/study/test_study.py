@@ -4,7 +4,6 @@ tests compute what they say."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import fake_cell_results
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -230,22 +230,12 @@ def test_parse_tests_reads_both_kinds():
     assert tests[1].metric == "gain" and not tests[1].labelled
 
 
-def _fake_results(out: Path, cell: str, cap: int) -> None:
-    for step in (0, cap):
-        d = out / cell / f"global_step_{step}"
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text(json.dumps({"complete": True, "step": step}))
-        (d / "rows.jsonl").write_text("{}\n")
-    (out / cell / "run.json").write_text("{}")
-    (out / cell / "global_step_0" / "merged").mkdir()  # merged weights stay out of the export
-
-
 def test_export_then_restore_round_trips_a_cell_without_weights(tmp_path):
     study = load_study(STUDIES / "micro_sparse.yaml")
     cell = study.cell("f1_only_g10_s43")
     where = Layout(tmp_path / "runs", tmp_path / "results", tmp_path / "export")
     for split in ("test", "val"):
-        _fake_results(where.results_of(cell) / split, cell.name, cell.cap)
+        fake_cell_results(where.results_of(cell) / split, cell.name, cell.cap)
     (where.runs / cell.name).mkdir(parents=True)
     (where.runs / cell.name / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n')
     export_cell(where, cell)
@@ -318,7 +308,7 @@ def _exported(tmp_path: Path, cell) -> Layout:
     """A layout whose export holds ``cell`` complete, trained and evaluated elsewhere."""
     there = Layout(tmp_path / "there_runs", tmp_path / "there_results", tmp_path / "export")
     for split in ("test", "val"):
-        _fake_results(there.results_of(cell) / split, cell.name, cell.cap)
+        fake_cell_results(there.results_of(cell) / split, cell.name, cell.cap)
     (there.runs / cell.name).mkdir(parents=True)
     (there.runs / cell.name / "metrics.jsonl").write_text('{"step": 2, "data": {}}\n')
     export_cell(there, cell)
