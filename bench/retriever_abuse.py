@@ -99,6 +99,9 @@ CONNECTIONS = {
 """Per abuse type with several connections: the default count (`--<type>-connections`) and what they are."""
 REOPEN_S = 0.5
 """a held-socket abuser reopens a connection this long after the server closed or refused it."""
+START_S = 1.0
+"""the all-abuse phase's start, when the abusers open their connections together: also reported left
+out, beside the whole phase's p99 (R; docs/benchmarks.md "the start transient")."""
 
 
 def load_questions() -> list[str]:
@@ -213,6 +216,11 @@ class Good:
     def p(self, q: float) -> float:
         ordered = sorted(self.latencies)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    def sent_from(self, start_s: float) -> Good:
+        """The requests sent `start_s` or more after the phase's start."""
+        kept = [(lat, at) for lat, at in zip(self.latencies, self.sent_at, strict=True) if at >= start_s]
+        return Good([lat for lat, _ in kept], sent_at=[at for _, at in kept])
 
 
 @dataclass
@@ -718,6 +726,10 @@ async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str])
     for kind, (good, abused) in per_type.items():
         row(f"good + {kind} alone", good, abused, kind)
     print(f"slowest good requests: alone {base.slowest()}; with all abuse {mixed.slowest()}")
+    start, steady = mixed.sent_from(0.0), mixed.sent_from(START_S)
+    print(f"with all abuse, sent in its first {START_S:.0f} s: {len(start.latencies) - len(steady.latencies)} "
+          f"requests; sent after: p99 {1000 * steady.p(0.99):.1f} ms = {steady.p(0.99) / base.p(0.99):.2f} x alone "
+          "(the abusers' start, when they open their connections together, left out)")  # fmt: skip
     for kind, (good, _) in per_type.items():
         print(f"  with {kind} alone: {good.slowest()}")
     print("settle after abuse (s): " + ", ".join(f"{k} {v:.1f}" for k, v in settled.items()))
