@@ -726,8 +726,8 @@ async def run(server: ServerProcess, abuser: Abuser, opts, questions: list[str])
     for kind, (good, abused) in per_type.items():
         row(f"good + {kind} alone", good, abused, kind)
     print(f"slowest good requests: alone {base.slowest()}; with all abuse {mixed.slowest()}")
-    start, steady = mixed.sent_from(0.0), mixed.sent_from(START_S)
-    print(f"with all abuse, sent in its first {START_S:.0f} s: {len(start.latencies) - len(steady.latencies)} "
+    steady = mixed.sent_from(START_S)
+    print(f"with all abuse, sent in its first {START_S:.0f} s: {len(mixed.latencies) - len(steady.latencies)} "
           f"requests; sent after: p99 {1000 * steady.p(0.99):.1f} ms = {steady.p(0.99) / base.p(0.99):.2f} x alone "
           "(the abusers' start, when they open their connections together, left out)")  # fmt: skip
     for kind, (good, _) in per_type.items():
