@@ -90,9 +90,15 @@ def _study(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 def _wait(what: str, ready, deadline: float, slurm: PrivateSlurm, logs: Path) -> None:  # noqa: ANN001
-    """Poll ``ready()`` until ``deadline``; fail at once, with the batch logs, when no job is left."""
-    while not ready():
+    """Poll ``ready()`` until ``deadline``; fail at once, with the batch logs, when no job is left.
+
+    The queue is read before ``ready()``: a job that ends between the two reads has then done its
+    work before ``ready()`` looks, so an empty queue with ``ready()`` still false means it never will.
+    """
+    while True:
         gone = not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
+        if ready():
+            return
         if gone or time.monotonic() > deadline:
             tails = {p.name: p.read_text(errors="replace")[-1500:] for p in sorted(logs.glob("*.out"))}
             pytest.fail(f"not {what} {'and no job left' if gone else 'in time'}; batch logs: {tails}")
