@@ -89,6 +89,11 @@ def _study(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return done
 
 
+def _queue_empty(slurm: PrivateSlurm) -> bool:
+    """Whether the private cluster's queue lists no job (completing ones count as listed)."""
+    return not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
+
+
 def _wait(what: str, ready, deadline: float, slurm: PrivateSlurm, logs: Path) -> None:  # noqa: ANN001
     """Poll ``ready()`` until ``deadline``; fail at once, with the batch logs, when no job is left.
 
@@ -96,7 +101,7 @@ def _wait(what: str, ready, deadline: float, slurm: PrivateSlurm, logs: Path) ->
     work before ``ready()`` looks, so an empty queue with ``ready()`` still false means it never will.
     """
     while True:
-        gone = not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()
+        gone = _queue_empty(slurm)
         if ready():
             return
         if gone or time.monotonic() > deadline:
@@ -168,13 +173,7 @@ def test_a_study_on_slurm_resumes_a_requeued_cell_and_reports_as_a_local_run(
 
         report = res / "report" / "study.md"
         _wait("the report", report.is_file, deadline, slurm, runs / "slurm")
-        _wait(
-            "every job ended",
-            lambda: not slurm.run("squeue", "-h", "-o", "%i").stdout.strip(),
-            deadline,
-            slurm,
-            runs / "slurm",
-        )
+        _wait("every job ended", lambda: _queue_empty(slurm), deadline, slurm, runs / "slurm")
         elapsed = time.monotonic() - t0
     finally:
         for fd in slots:
